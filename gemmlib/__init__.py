@@ -1,0 +1,28 @@
+"""gemmlib: matrix-multiplication kernels for NVIDIA GPUs, written in Python.
+
+>>> import gemmlib
+>>> C = gemmlib.matmul(A, B, kernel="shared")      # CuPy / numba / NumPy arrays
+>>> gemmlib.verify("shared", [(37, 29, 53)])        # against a float64 oracle
+>>> gemmlib.list_kernels()                          # the ladder, in course order
+"""
+
+from gemmlib import _compat  # noqa: F401  (before numba)
+from gemmlib.api import DEFAULT_KERNEL, matmul
+from gemmlib.backend import SIMULATOR, NoGPUError, device_info
+from gemmlib.kernels import LADDER, all_specs, get as get_kernel
+from gemmlib.spec import ConstraintError, KernelSpec
+from gemmlib.verify import Report, verify
+
+__version__ = "0.1.0"
+
+
+def list_kernels() -> list[str]:
+    """Names of every registered kernel, in course order."""
+    return list(LADDER)
+
+
+__all__ = [
+    "matmul", "verify", "list_kernels", "get_kernel", "all_specs", "device_info",
+    "ConstraintError", "NoGPUError", "KernelSpec", "Report", "SIMULATOR", "LADDER",
+    "DEFAULT_KERNEL", "__version__",
+]

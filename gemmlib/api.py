@@ -1,0 +1,185 @@
+"""``gemmlib.matmul``: checks the operands, picks the kernel, launches it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gemmlib import backend
+from gemmlib.backend import SIMULATOR, cuda
+from gemmlib.kernels import get as get_kernel
+from gemmlib.spec import KernelSpec
+
+#: The kernel ``matmul`` uses when none is named.
+DEFAULT_KERNEL = "shared"
+
+
+@dataclass
+class _Operand:
+    """What matmul needs to know about one array, whatever library made it."""
+
+    obj: object  # the array as the kernel will receive it
+    shape: tuple
+    dtype: np.dtype
+    c_contiguous: bool
+    on_host: bool
+    ptr: int = 0
+    nbytes: int = 0
+    device: int | None = None
+    kind: str = "numpy"  # numpy | cupy | numba | other
+
+
+def _c_contiguous(shape, strides, itemsize) -> bool:
+    expected = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n > 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _describe(x, name: str) -> _Operand:
+    if isinstance(x, np.ndarray):
+        return _Operand(x, x.shape, x.dtype, x.flags.c_contiguous, on_host=True)
+    if SIMULATOR:
+        raise TypeError(
+            f"{name}: in the simulator gemmlib works on NumPy arrays; got {type(x).__name__}")
+    if not hasattr(x, "__cuda_array_interface__") and hasattr(x, "__dlpack__"):
+        x = backend.array_module().from_dlpack(x)  # e.g. a JAX array; zero-copy
+    if not hasattr(x, "__cuda_array_interface__"):
+        raise TypeError(
+            f"{name} must be a NumPy array or a GPU array (CuPy, numba, or anything with "
+            f"__cuda_array_interface__ or __dlpack__, such as a torch tensor); "
+            f"got {type(x).__name__}")
+    cai = x.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides") or None
+    contiguous = True if strides is None else _c_contiguous(shape, strides, dtype.itemsize)
+    ptr = int(cai["data"][0])
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    device = None
+    if ptr and nbytes:
+        device = backend.array_module().cuda.runtime.pointerGetAttributes(ptr).device
+    kind = "numba" if cuda.is_cuda_array(x) and type(x).__module__.startswith("numba") else (
+        "cupy" if type(x).__module__.startswith("cupy") else "other")
+    return _Operand(x, shape, dtype, contiguous, on_host=False, ptr=ptr, nbytes=nbytes,
+                    device=device, kind=kind)
+
+
+def _overlap(a: _Operand, b: _Operand) -> bool:
+    if a.on_host:
+        return np.shares_memory(a.obj, b.obj)
+    return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+
+
+def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | None):
+    for op, name in ((a, "A"), (b, "B")):
+        if len(op.shape) != 2:
+            raise ValueError(f"{name} must be a 2-D matrix; got shape {op.shape}")
+    (M, K), (K2, N) = a.shape, b.shape
+    if K != K2:
+        raise ValueError(
+            f"inner dimensions differ: A is {M}x{K} and B is {K2}x{N}; "
+            f"C = A @ B needs A's columns ({K}) to equal B's rows ({K2})")
+    want = np.dtype(spec.dtype)
+    ops = [(a, "A"), (b, "B")] + ([(c, "out")] if c is not None else [])
+    for op, name in ops:
+        if op.dtype != want:
+            raise TypeError(
+                f"{name} has dtype {op.dtype}, but kernel {spec.name!r} computes in {want}: "
+                f"convert it first (e.g. {name}.astype(np.{want}))")
+    if a.on_host != b.on_host or (c is not None and c.on_host != a.on_host):
+        where = ", ".join(f"{n} on {'host' if o.on_host else 'GPU'}" for o, n in ops)
+        raise TypeError(
+            f"operands must all be NumPy (host) arrays or all GPU arrays; got {where}. "
+            f"Move them with cupy.asarray(...) or cupy.asnumpy(...)")
+    if c is not None:
+        if c.shape != (M, N):
+            raise ValueError(f"out has shape {c.shape}, but A @ B has shape {(M, N)}")
+        if not c.c_contiguous:
+            raise ValueError("out must be C-contiguous (row-major); pass a fresh array or None")
+        for op, name in ((a, "A"), (b, "B")):
+            if _overlap(c, op):
+                raise ValueError(
+                    f"out shares memory with {name}: the kernel would overwrite its own input "
+                    f"while reading it. Pass a separate output array")
+    if not a.on_host:
+        for op, name in ((a, "A"), (b, "B")):
+            if not op.c_contiguous:
+                raise ValueError(
+                    f"{name} is not C-contiguous (a transposed or strided view?): the kernels "
+                    f"read row-major memory directly. Pass cupy.ascontiguousarray({name})")
+        current = backend.array_module().cuda.runtime.getDevice()
+        for op, name in ops:
+            if op.device is not None and op.device != current:
+                raise ValueError(
+                    f"{name} lives on GPU {op.device} but the current device is GPU {current}: "
+                    f"call matmul inside `with cupy.cuda.Device({op.device}):`")
+    return M, N, K
+
+
+def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=None):
+    """C = A @ B with one of gemmlib's kernels.
+
+    Parameters
+    ----------
+    A, B : 2-D arrays, (M, K) and (K, N), float32.
+        GPU arrays -- CuPy, numba device arrays, or anything exposing
+        ``__cuda_array_interface__`` or ``__dlpack__`` (torch, JAX) -- are
+        used in place and must be C-contiguous (row-major): a transposed or
+        sliced view is refused with a message, not silently copied.  NumPy
+        arrays (any strides) are copied to the GPU and the result comes back
+        as NumPy.  Mixing host and GPU operands is refused.
+    out : optional array of shape (M, N), same dtype and place as A and B.
+        Must not share memory with A or B.  Allocated when None (CuPy, or a
+        numba device array when A is one).
+    kernel : rung name (see ``gemmlib.list_kernels()``) or a KernelSpec.
+    stream : CuPy or numba stream to launch on; default CuPy's current stream.
+
+    Any M, N, K >= 0 is accepted; nothing needs padding.  A kernel that
+    cannot run the problem on this GPU raises ``ConstraintError`` naming the
+    constraint, before anything is launched.
+    """
+    spec = get_kernel(kernel or DEFAULT_KERNEL)
+    a, b = _describe(A, "A"), _describe(B, "B")
+    c = _describe(out, "out") if out is not None else None
+    M, N, K = _check_operands(spec, a, b, c)
+    backend.require_device()
+    spec.check(M, N, K, backend.device_info())
+
+    if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
+        xp = backend.array_module()
+        C = matmul(xp.asarray(np.ascontiguousarray(A)), xp.asarray(np.ascontiguousarray(B)),
+                   kernel=spec, stream=stream)
+        result = xp.asnumpy(C)
+        if out is None:
+            return result
+        out[...] = result
+        return out
+
+    if a.on_host:  # simulator: kernels run on NumPy arrays directly
+        A_, B_ = np.ascontiguousarray(A), np.ascontiguousarray(B)
+        C = out if out is not None else np.empty((M, N), dtype=spec.dtype)
+    else:
+        A_ = cuda.as_cuda_array(a.obj, sync=False)
+        B_ = cuda.as_cuda_array(b.obj, sync=False)
+        if out is not None:
+            C = out
+        elif a.kind == "numba":
+            C = cuda.device_array((M, N), dtype=spec.dtype)
+        else:
+            C = backend.array_module().empty((M, N), dtype=spec.dtype)
+    if M == 0 or N == 0:
+        return C  # nothing to compute (K == 0 still launches: C must become zeros)
+    C_ = C if a.on_host else cuda.as_cuda_array(C, sync=False)
+    launch(spec, A_, B_, C_, M, N, K, stream=stream)
+    return C
+
+
+def launch(spec: KernelSpec, A, B, C, M: int, N: int, K: int, stream=None) -> None:
+    """Launch ``spec`` on arrays the kernel can take as they are (no checks)."""
+    geo = spec.launch(M, N, K)
+    s = backend.kernel_stream(stream)
+    spec.kernel[geo.grid, geo.block, s, geo.dynamic_shared_bytes](A, B, C)

@@ -1,0 +1,40 @@
+"""The kernel ladder: one module per rung, in the order the course builds them.
+
+Each module exposes ``SPEC`` (its default configuration, a
+:class:`gemmlib.spec.KernelSpec`) and ``build(**params)`` returning a spec for
+other tile parameters.  Modules are imported on first use, so importing
+gemmlib compiles nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from gemmlib.spec import KernelSpec
+
+#: Rung names in course order (each is a module of this package).
+LADDER: tuple[str, ...] = (
+    "naive",
+    "coalesced",
+    "shared",
+)
+
+
+def get(name: str) -> KernelSpec:
+    """The default spec of the rung called ``name``."""
+    if isinstance(name, KernelSpec):
+        return name
+    if name not in LADDER:
+        raise KeyError(f"unknown kernel {name!r}; known kernels: {', '.join(LADDER)}")
+    return importlib.import_module(f"{__name__}.{name}").SPEC
+
+
+def all_specs() -> list[KernelSpec]:
+    """Every registered rung, in course order."""
+    return [get(n) for n in LADDER]
+
+
+def module(name: str):
+    """The module that implements rung ``name`` (to show its source)."""
+    get(name)
+    return importlib.import_module(f"{__name__}.{name}")

@@ -1,0 +1,142 @@
+"""What a kernel rung declares about itself, and the checks made before launch.
+
+Every module in ``gemmlib.kernels`` builds one :class:`KernelSpec`: the numba
+kernel plus everything needed to launch it safely (tile, block, shared
+memory, minimum compute capability) and to teach it (chapter, one-line idea,
+tile parameters).  :meth:`KernelSpec.check` runs before every launch and
+names the constraint that failed, so a bad configuration never reaches the
+GPU as an opaque launch failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from gemmlib.backend import DeviceInfo
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: how many tiles of size b cover a."""
+    return -(-a // b)
+
+
+class ConstraintError(ValueError):
+    """A kernel cannot run this problem on this device; the message says why."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A named condition on (spec, M, N, K, device); ``why`` explains the rule."""
+
+    name: str
+    holds: Callable[["KernelSpec", int, int, int, DeviceInfo], bool]
+    why: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_shared_bytes: int = 0
+
+
+def _threads(spec, M, N, K, dev):
+    return spec.threads <= dev.max_threads_per_block
+
+
+def _shared(spec, M, N, K, dev):
+    # Static shared memory above 48 KiB does not compile; dynamic needs opt-in.
+    limit = dev.max_shared_per_block_optin if spec.dynamic_shared else dev.max_shared_per_block
+    return spec.shared_bytes <= limit
+
+
+def _cc(spec, M, N, K, dev):
+    return tuple(dev.compute_capability) >= tuple(spec.min_cc)
+
+
+def _grid(spec, M, N, K, dev):
+    grid = spec.launch(M, N, K).grid
+    return all(g <= lim for g, lim in zip(grid, dev.max_grid))
+
+
+COMMON_CONSTRAINTS = (
+    Constraint("threads per block", _threads,
+               "a block may hold at most the device's MAX_THREADS_PER_BLOCK threads"),
+    Constraint("shared memory per block", _shared,
+               "the block's shared-memory tiles must fit the device's per-block limit"),
+    Constraint("compute capability", _cc,
+               "the kernel uses instructions this GPU generation does not have"),
+    Constraint("grid size", _grid,
+               "gridDim.y and gridDim.z are limited to 65535 blocks: the problem is too "
+               "large along that axis for this kernel's tile"),
+)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One rung of the kernel ladder.
+
+    ``grid`` maps (M, N, K) to the launch grid; ``tile`` is the (rows, cols)
+    of C one block computes.  ``ptx_must`` / ``ptx_must_not`` are regular
+    expressions the compiled PTX must (not) contain: the compile gate checks
+    them for every target, so a rung's claim ("16-byte loads", "no local
+    memory") is proven by the compiler's output, not asserted in prose.
+    """
+
+    name: str
+    chapter: str
+    idea: str
+    kernel: object
+    block: tuple[int, int, int]
+    tile: tuple[int, int]
+    grid: Callable[[int, int, int], tuple[int, int, int]]
+    params: Mapping[str, int] = field(default_factory=dict)
+    shared_bytes: int = 0
+    dynamic_shared: bool = False
+    min_cc: tuple[int, int] = (5, 0)
+    dtype: str = "float32"
+    constraints: tuple[Constraint, ...] = ()
+    ptx_must: tuple[str, ...] = ()
+    ptx_must_not: tuple[str, ...] = (r"\bld\.local", r"\bst\.local")
+    #: plain-Python index functions the kernel itself calls (for figures)
+    index: Mapping[str, Callable] = field(default_factory=dict)
+    module: str = ""
+
+    @property
+    def threads(self) -> int:
+        x, y, z = self.block
+        return x * y * z
+
+    def launch(self, M: int, N: int, K: int) -> Launch:
+        gx, gy, gz = self.grid(M, N, K)
+        return Launch(grid=(max(gx, 1), max(gy, 1), max(gz, 1)), block=self.block,
+                      dynamic_shared_bytes=self.shared_bytes if self.dynamic_shared else 0)
+
+    def failed_constraints(self, M: int, N: int, K: int, dev: DeviceInfo) -> list[str]:
+        """Messages for every constraint that does not hold (empty when it can run)."""
+        out = []
+        for c in COMMON_CONSTRAINTS + tuple(self.constraints):
+            if not c.holds(self, M, N, K, dev):
+                out.append(f"{c.name}: {c.why} ({self.describe_for(c.name, M, N, K, dev)})")
+        return out
+
+    def check(self, M: int, N: int, K: int, dev: DeviceInfo) -> None:
+        failed = self.failed_constraints(M, N, K, dev)
+        if failed:
+            raise ConstraintError(
+                f"kernel {self.name!r} cannot run M={M}, N={N}, K={K} on {dev.name}: "
+                + "; ".join(failed))
+
+    def describe_for(self, name, M, N, K, dev) -> str:
+        """The numbers behind a constraint, for error messages."""
+        if name == "threads per block":
+            return f"block {self.block} = {self.threads} threads > {dev.max_threads_per_block}"
+        if name == "shared memory per block":
+            return f"needs {self.shared_bytes} bytes; limit {dev.max_shared_per_block}"
+        if name == "compute capability":
+            return (f"needs sm_{self.min_cc[0]}{self.min_cc[1]}+, device is "
+                    f"sm_{dev.compute_capability[0]}{dev.compute_capability[1]}")
+        if name == "grid size":
+            return f"grid {self.launch(M, N, K).grid} exceeds {dev.max_grid}"
+        return f"M={M}, N={N}, K={K}, params={dict(self.params)}"

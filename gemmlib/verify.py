@@ -1,0 +1,104 @@
+"""``gemmlib.verify``: prove a kernel right on given shapes against a float64 oracle.
+
+Each check draws fresh random non-integer inputs, fills the output with NaN
+before the launch (an element the kernel forgets to write stays NaN and
+fails the check), and compares with the float64 product by the relative
+Frobenius error ||C - ref|| / ||ref||.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gemmlib import backend
+from gemmlib.api import matmul
+from gemmlib.kernels import get as get_kernel
+
+#: Unit roundoff of each precision: the tolerance scales with it.
+EPS = {"float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.float64).eps)}
+
+
+def tolerance(dtype: str, K: int) -> float:
+    """Relative-error bound for a K-long dot product in ``dtype``.
+
+    Rounding errors of a sum of K random terms grow like sqrt(K) * eps; the
+    factor 4 leaves room for any summation order.  For float32 this stays far
+    below TF32's ~2e-4, so a kernel (or reference) that silently used TF32
+    fails.
+    """
+    return 4.0 * EPS[dtype] * math.sqrt(max(K, 1))
+
+
+@dataclass
+class Check:
+    kernel: str
+    shape: tuple[int, int, int]
+    rel_error: float
+    tolerance: float
+    unwritten: int  # elements still NaN (never written) or non-finite
+
+    @property
+    def ok(self) -> bool:
+        return self.unwritten == 0 and self.rel_error <= self.tolerance
+
+    def __str__(self) -> str:
+        M, N, K = self.shape
+        status = "ok" if self.ok else "FAIL"
+        extra = f", {self.unwritten} unwritten" if self.unwritten else ""
+        return (f"{self.kernel:>14} {M:>6}x{N:<6}x{K:<6} rel.err {self.rel_error:9.2e} "
+                f"(tol {self.tolerance:.1e}{extra}) {status}")
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def __str__(self) -> str:
+        return "\n".join(str(c) for c in self.checks)
+
+
+def check_once(spec, M: int, N: int, K: int, rng=None) -> Check:
+    """One verification of ``spec`` at (M, N, K); never raises on a wrong result."""
+    A = backend.random_matrix((M, K), spec.dtype, rng)
+    B = backend.random_matrix((K, N), spec.dtype, rng)
+    C = backend.poisoned((M, N), spec.dtype)
+    matmul(A, B, out=C, kernel=spec)
+    ref = backend.reference(A, B)
+    xp = backend.array_module()
+    unwritten = int((~xp.isfinite(C)).sum()) if M * N else 0
+    err = backend.relative_error(C, ref) if M * N else 0.0
+    if unwritten:
+        err = math.inf if math.isnan(err) else err
+    return Check(spec.name, (M, N, K), err, tolerance(spec.dtype, K), unwritten)
+
+
+def verify(kernel, shapes, *, seed=None, raise_on_failure: bool = True) -> Report:
+    """Verify ``kernel`` (name or spec) on every (M, N, K) in ``shapes``.
+
+    Returns a :class:`Report`; raises ``AssertionError`` naming the kernel,
+    the shapes and the errors if any check fails (after running them all).
+    """
+    spec = get_kernel(kernel)
+    rng = np.random.default_rng(seed) if backend.SIMULATOR else seed
+    report = Report()
+    for shape in shapes:
+        M, N, K = (int(s) for s in shape)
+        report.checks.append(check_once(spec, M, N, K, rng))
+        if not backend.SIMULATOR and isinstance(rng, int):
+            rng += 1  # fresh inputs for every shape
+    if raise_on_failure and not report.ok:
+        lines = "\n".join(str(c) for c in report.failures)
+        raise AssertionError(f"kernel {spec.name!r} is wrong on {len(report.failures)} "
+                             f"shape(s):\n{lines}")
+    return report
