@@ -74,15 +74,24 @@ def _overlap(a: _Operand, b: _Operand) -> bool:
     return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
-def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | None):
+def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | None,
+                    transpose_b: bool = False):
     for op, name in ((a, "A"), (b, "B")):
         if len(op.shape) != 2:
             raise ValueError(f"{name} must be a 2-D matrix; got shape {op.shape}")
-    (M, K), (K2, N) = a.shape, b.shape
-    if K != K2:
+    want_b = "NK" if transpose_b else "KN"
+    if spec.b_operand != want_b:
         raise ValueError(
-            f"inner dimensions differ: A is {M}x{K} and B is {K2}x{N}; "
-            f"C = A @ B needs A's columns ({K}) to equal B's rows ({K2})")
+            f"kernel {spec.name!r} computes " + ("A @ B.T from B of shape (N, K); call it "
+            "with transpose_b=True" if spec.b_operand == "NK" else
+            "A @ B from B of shape (K, N); call it with transpose_b=False"))
+    (M, K) = a.shape
+    (N, K2) = b.shape if transpose_b else b.shape[::-1]
+    if K != K2:
+        expr = "A @ B.T needs B's columns" if transpose_b else "A @ B needs B's rows"
+        raise ValueError(
+            f"inner dimensions differ: A is {M}x{K} and B is {b.shape[0]}x{b.shape[1]}; "
+            f"{expr} ({K2}) to equal A's columns ({K})")
     want = np.dtype(spec.dtype)
     ops = [(a, "A"), (b, "B")] + ([(c, "out")] if c is not None else [])
     for op, name in ops:
@@ -120,8 +129,9 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
     return M, N, K
 
 
-def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=None):
-    """C = A @ B with one of gemmlib's kernels.
+def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=None,
+           transpose_b: bool = False):
+    """C = A @ B (or A @ B.T with ``transpose_b=True``) with one of gemmlib's kernels.
 
     Parameters
     ----------
@@ -137,6 +147,9 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         numba device array when A is one).
     kernel : rung name (see ``gemmlib.list_kernels()``) or a KernelSpec.
     stream : CuPy or numba stream to launch on; default CuPy's current stream.
+    transpose_b : if True, B is given as (N, K), row-major (K-major, the
+        layout of the CuTe chapters), and C = A @ B.T.  Only kernels whose
+        spec says ``b_operand="NK"`` take it.
 
     Any M, N, K >= 0 is accepted; nothing needs padding.  A kernel that
     cannot run the problem on this GPU raises ``ConstraintError`` naming the
@@ -145,14 +158,14 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     spec = get_kernel(kernel or DEFAULT_KERNEL)
     a, b = _describe(A, "A"), _describe(B, "B")
     c = _describe(out, "out") if out is not None else None
-    M, N, K = _check_operands(spec, a, b, c)
+    M, N, K = _check_operands(spec, a, b, c, transpose_b)
     backend.require_device()
     spec.check(M, N, K, backend.device_info())
 
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
         xp = backend.array_module()
         C = matmul(xp.asarray(np.ascontiguousarray(A)), xp.asarray(np.ascontiguousarray(B)),
-                   kernel=spec, stream=stream)
+                   kernel=spec, stream=stream, transpose_b=transpose_b)
         result = xp.asnumpy(C)
         if out is None:
             return result

@@ -96,6 +96,9 @@ class KernelSpec:
     dynamic_shared: bool = False
     min_cc: tuple[int, int] = (5, 0)
     dtype: str = "float32"
+    #: "KN": B is (K, N) and C = A @ B.  "NK": B is given transposed, (N, K)
+    #: row-major (K-major, as in CuTe/MoYe), and C = A @ B.T.
+    b_operand: str = "KN"
     constraints: tuple[Constraint, ...] = ()
     ptx_must: tuple[str, ...] = ()
     ptx_must_not: tuple[str, ...] = (r"\bld\.local", r"\bst\.local")

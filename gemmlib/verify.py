@@ -70,11 +70,12 @@ class Report:
 
 def check_once(spec, M: int, N: int, K: int, rng=None) -> Check:
     """One verification of ``spec`` at (M, N, K); never raises on a wrong result."""
+    nt = spec.b_operand == "NK"
     A = backend.random_matrix((M, K), spec.dtype, rng)
-    B = backend.random_matrix((K, N), spec.dtype, rng)
+    B = backend.random_matrix((N, K) if nt else (K, N), spec.dtype, rng)
     C = backend.poisoned((M, N), spec.dtype)
-    matmul(A, B, out=C, kernel=spec)
-    ref = backend.reference(A, B)
+    matmul(A, B, out=C, kernel=spec, transpose_b=nt)
+    ref = backend.reference(A, B.T if nt else B)
     xp = backend.array_module()
     unwritten = int((~xp.isfinite(C)).sum()) if M * N else 0
     err = backend.relative_error(C, ref) if M * N else 0.0

@@ -1,0 +1,121 @@
+"""The compile gate: compile every kernel to PTX for several GPUs, with no GPU.
+
+The simulator runs kernels as Python and accepts code the real compiler
+rejects (a local array whose shape is an expression, say).  numba-cuda with
+its CUDA 13 extra compiles to PTX on any machine, so every registered kernel
+is compiled here for sm_75 (T4), sm_80 (A100) and sm_90 (H100/H200), and the
+PTX is checked for what the rung claims: ``spec.ptx_must`` patterns present
+(e.g. ``ld.global.v4.f32`` for 16-byte loads) and ``spec.ptx_must_not``
+absent (by default any ``ld.local``/``st.local``: register tiles that spilled
+to local memory).
+
+Run it as ``python -m gemmlib.ptx`` (the simulator must be off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import sys
+import time
+import types
+
+from gemmlib import backend
+from gemmlib.kernels import LADDER, get as get_kernel
+
+TARGETS = ((7, 5), (8, 0), (9, 0))
+
+
+def signature(spec):
+    from numba import types
+
+    elem = getattr(types, spec.dtype)
+    return (elem[:, ::1], elem[:, ::1], elem[:, ::1])
+
+
+def compile_ptx(spec, cc=(9, 0)) -> str:
+    """PTX of ``spec.kernel`` for compute capability ``cc`` (needs the real compiler)."""
+    if backend.SIMULATOR:
+        raise RuntimeError("compile_ptx needs numba-cuda's compiler: unset NUMBA_ENABLE_CUDASIM")
+    from numba import cuda
+
+    opts = {k: v for k, v in spec.kernel.targetoptions.items()
+            if k in ("fastmath", "lineinfo", "debug", "opt")}
+    with _offline_device(cc):
+        ptx, _ = cuda.compile_ptx(spec.kernel.py_func, signature(spec), cc=cc, **opts)
+    return ptx
+
+
+@contextlib.contextmanager
+def _offline_device(cc):
+    """Let device functions compile with no GPU.
+
+    compile_ptx itself needs no driver, but a ``cuda.jit(device=True)``
+    function called from the kernel asks the driver for the current device's
+    compute capability.  Answer with the target's, for the compile only.
+    """
+    from numba.cuda import dispatcher
+
+    if backend.gpu_present():
+        yield
+        return
+    real = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=tuple(cc))
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = real
+
+
+def problems(spec, ptx: str) -> list[str]:
+    """What the PTX fails to show (empty list: it shows what the rung claims)."""
+    out = [f"missing /{p}/" for p in spec.ptx_must if not re.search(p, ptx)]
+    out += [f"forbidden /{p}/ found: {re.search(p, ptx).group(0)!r}"
+            for p in spec.ptx_must_not if re.search(p, ptx)]
+    return out
+
+
+def gate(names=None, targets=TARGETS) -> list[dict]:
+    """Compile each kernel for each target; one record per (kernel, target)."""
+    records = []
+    for name in names or LADDER:
+        spec = get_kernel(name)
+        for cc in targets:
+            t0 = time.perf_counter()
+            rec = {"kernel": spec.name, "cc": f"sm_{cc[0]}{cc[1]}"}
+            if tuple(cc) < tuple(spec.min_cc):
+                rec.update(skipped=f"needs sm_{spec.min_cc[0]}{spec.min_cc[1]}+", problems=[])
+            else:
+                try:
+                    ptx = compile_ptx(spec, cc)
+                    rec["problems"] = problems(spec, ptx)
+                    rec["ptx_lines"] = ptx.count("\n")
+                except Exception as e:  # a compile error is the finding
+                    rec["problems"] = [f"compile error: {type(e).__name__}: {e}".splitlines()[0]]
+            rec["seconds"] = round(time.perf_counter() - t0, 2)
+            records.append(rec)
+    return records
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gemmlib.ptx", description=__doc__.split("\n\n")[0])
+    p.add_argument("kernels", nargs="*", help="kernel names (default: all)")
+    p.add_argument("--cc", nargs="*", default=[f"{a}{b}" for a, b in TARGETS],
+                   help="targets as 75 80 90 (default: %(default)s)")
+    p.add_argument("--json", help="write the records to this file")
+    args = p.parse_args(argv)
+    targets = [(int(c[:-1]), int(c[-1])) for c in args.cc]
+    records = gate(args.kernels or None, targets)
+    for r in records:
+        status = r.get("skipped") or ("ok" if not r["problems"] else "; ".join(r["problems"]))
+        print(f"{r['kernel']:>16} {r['cc']}  {r['seconds']:5.1f}s  {status}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 1 if any(r["problems"] for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
