@@ -1,0 +1,5 @@
+import sys
+
+from gemmlib.cli import main
+
+sys.exit(main())

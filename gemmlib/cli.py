@@ -1,0 +1,145 @@
+"""``python -m gemmlib list | verify | bench | plot``."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import sys
+
+EPILOG = """
+examples:
+  python -m gemmlib list
+  python -m gemmlib verify                         # every kernel, odd shapes
+  python -m gemmlib verify shared --shape 4095x3073x2047
+  python -m gemmlib bench --kernels shared coalesced --shape 4096
+  python -m gemmlib bench --out results            # full sweep, written as JSON + CSV
+  python -m gemmlib plot results/bench-*.json --out figures
+
+Without a GPU set NUMBA_ENABLE_CUDASIM=1 to run kernels in numba's simulator
+(slow: keep shapes small; timings there mean nothing).
+"""
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'4096' -> (4096, 4096, 4096); '4095x3073x2047' -> (M, N, K)."""
+    parts = [int(p) for p in text.lower().replace("*", "x").split("x")]
+    if len(parts) == 1:
+        parts *= 3
+    if len(parts) != 3 or min(parts) < 0:
+        raise argparse.ArgumentTypeError(f"shape must be N or MxNxK, got {text!r}")
+    return tuple(parts)
+
+
+def default_verify_shapes(spec, simulator: bool):
+    """Odd shapes that exercise every edge: 1, primes, tile +/- 1, K below one k-tile."""
+    tm, tn = spec.tile
+    if simulator:
+        return [(1, 1, 1), (37, 29, 53), (tm + 1, tn - 1, 3), (2, 3, 1)]
+    return [(1, 1, 1), (37, 29, 53), (tm + 1, tn - 1, 7), (tm - 1, tn + 1, 1),
+            (1000, 1000, 1000), (4095, 3073, 2047), (127, 8191, 33), (4097, 65, 1025)]
+
+
+def cmd_list(args) -> int:
+    from gemmlib import backend
+    from gemmlib.kernels import all_specs
+
+    dev = backend.device_info() if (backend.SIMULATOR or backend.gpu_present()) else None
+    for s in all_specs():
+        runs = ""
+        if dev is not None and tuple(dev.compute_capability) < tuple(s.min_cc):
+            runs = f"  [needs sm_{s.min_cc[0]}{s.min_cc[1]}+]"
+        params = ", ".join(f"{k}={v}" for k, v in s.params.items())
+        print(f"{s.name:>14}  {s.chapter:<22} {params:<30} {s.idea}{runs}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from gemmlib import backend
+    from gemmlib.kernels import LADDER, get
+    from gemmlib.verify import verify
+
+    failures = 0
+    for name in args.kernels or LADDER:
+        spec = get(name)
+        if not backend.SIMULATOR:
+            dev = backend.device_info()
+            if tuple(dev.compute_capability) < tuple(spec.min_cc):
+                print(f"{name}: skipped (needs sm_{spec.min_cc[0]}{spec.min_cc[1]}+)")
+                continue
+        shapes = args.shape or default_verify_shapes(spec, backend.SIMULATOR)
+        report = verify(spec, shapes, raise_on_failure=False)
+        print(report, flush=True)
+        failures += len(report.failures)
+    where = "simulator" if backend.SIMULATOR else backend.device_info().name
+    print(f"verify ({where}): {'all ok' if not failures else f'{failures} FAILED'}")
+    return 1 if failures else 0
+
+
+def cmd_bench(args) -> int:
+    from gemmlib.bench import benchmark
+
+    result = benchmark(args.kernels or None, args.shape or None, reps=args.reps,
+                       warmup=args.warmup, budget_s=args.budget, flush_l2=not args.no_flush,
+                       progress=not args.quiet)
+    print(result.table())
+    if args.out and not result.meta.get("simulated"):
+        pj, pc = result.save(args.out, args.stem)
+        print(f"wrote {pj} and {pc}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from gemmlib.plot import plot_files
+
+    paths = sorted({p for pat in args.results for p in glob.glob(pat)})
+    if not paths:
+        print(f"no result files match {args.results}", file=sys.stderr)
+        return 1
+    for p in plot_files(paths, args.out):
+        print(f"wrote {p}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gemmlib", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="GEMM kernels in Python: list, verify, benchmark, plot.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("list", help="the registered kernels, in course order")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("verify", help="check kernels against a float64 reference",
+                       description="Fresh random inputs, NaN-poisoned output, relative error "
+                       "against float64. Exit status 1 if any check fails.")
+    s.add_argument("kernels", nargs="*", help="kernel names (default: all)")
+    s.add_argument("--shape", type=parse_shape, action="append",
+                   help="N or MxNxK; repeatable (default: odd shapes per kernel)")
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("bench", help="time kernels against cuBLAS",
+                       description="CUDA events, warm-up, L2 flushed before every run, median of "
+                       "--reps runs (>= 10), cuBLAS (TF32 off) in the same run.")
+    s.add_argument("--kernels", nargs="*", help="kernel names (default: all)")
+    s.add_argument("--shape", type=parse_shape, action="append",
+                   help="N or MxNxK; repeatable (default: squares 128..8192 and odd shapes)")
+    s.add_argument("--reps", type=int, default=30, help="timed runs per point (default 30)")
+    s.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
+    s.add_argument("--budget", type=float, default=20.0,
+                   help="max timed seconds per point; slow kernels get fewer runs, >= 10")
+    s.add_argument("--no-flush", action="store_true", help="do not flush L2 between runs")
+    s.add_argument("--out", help="directory for the JSON and CSV result files")
+    s.add_argument("--stem", help="file name stem (default bench-<gpu>-<date>)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("plot", help="figures from result files")
+    s.add_argument("results", nargs="+", help="result JSON files (globs allowed)")
+    s.add_argument("--out", default="figures", help="output directory (default figures)")
+    s.set_defaults(func=cmd_plot)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

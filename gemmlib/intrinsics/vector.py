@@ -1,0 +1,180 @@
+"""16-byte (float4) loads and stores, which numba-cuda has no API for.
+
+A GPU moves memory most efficiently in 16-byte pieces: one ``ld.global.v4.f32``
+brings four floats where four ``ld.global.f32`` would cost four instructions
+(and four times the address arithmetic).  numba-cuda offers ``float32x4`` only
+as a register value type, so this module writes the load itself, as an
+``@intrinsic``: a function whose body is LLVM IR that numba pastes into the
+kernel.  The IR takes the address of ``arr[i, j]``, reinterprets it as a
+pointer to ``<4 x float>`` and loads (or stores) it with ``align 16``; NVVM
+turns that into ``ld.global.v4.f32`` for a global array and
+``ld.shared.v4.f32`` for a shared one.
+
+The contract, which the caller must keep (the hardware does not forgive it):
+
+* ``arr`` is a C-contiguous 2-D float32 array, and the four elements
+  ``arr[i, j:j+4]`` lie in the same row;
+* the address of ``arr[i, j]`` is a multiple of 16 bytes.  For a row-major
+  matrix with ``n`` columns that needs ``n % 4 == 0``, ``j % 4 == 0`` and a
+  16-byte-aligned base pointer (:func:`aligned16` checks the last one at run
+  time).  Shared arrays get 16-byte alignment from
+  ``cuda.shared.array(..., alignment=SHARED_ALIGN)``.
+
+An intrinsic does not run in numba's simulator, so every function here has a
+plain-Python twin that the simulator uses instead.  The twins also *check*
+the contract (alignment and staying inside the row), so a kernel that would
+fault on a GPU fails loudly in CI.
+
+Functions (all usable inside ``@cuda.jit`` kernels):
+
+``load4(arr, i, j) -> (a, b, c, d)``
+    the four floats ``arr[i, j:j+4]``
+``store4(arr, i, j, a, b, c, d)``
+    write four floats to ``arr[i, j:j+4]``
+``aligned16(arr) -> bool``
+    whether ``arr``'s data pointer is a multiple of 16 bytes
+"""
+
+from __future__ import annotations
+
+from gemmlib.backend import SIMULATOR
+
+#: Pass as ``alignment=`` to ``cuda.shared.array``: 16 on a GPU; None in the
+#: simulator, which raises on any alignment (its NumPy arrays are aligned anyway).
+SHARED_ALIGN = None if SIMULATOR else 16
+
+
+class MisalignedAccess(RuntimeError):
+    """A float4 access the GPU would reject (raised by the simulator twins only)."""
+
+
+# --------------------------------------------------------------------------
+# Plain-Python twins (simulator)
+
+
+def _ndarray(arr):
+    """The NumPy array behind a simulator kernel argument (or the array itself)."""
+    seen = 0
+    while not hasattr(arr, "ctypes") and seen < 4:
+        inner = getattr(arr, "_item", None)
+        if inner is None:
+            inner = getattr(arr, "_ary", None)
+        if inner is None:
+            return None
+        arr = inner
+        seen += 1
+    return arr if hasattr(arr, "ctypes") else None
+
+
+def _check(arr, i, j, what):
+    a = _ndarray(arr)
+    if j < 0 or j + 4 > arr.shape[1]:
+        raise MisalignedAccess(f"{what}: columns {j}..{j + 3} leave a row of {arr.shape[1]}")
+    if a is None:
+        return
+    addr = a.ctypes.data + i * a.strides[0] + j * a.strides[1]
+    if addr % 16:
+        raise MisalignedAccess(
+            f"{what}: element [{i}, {j}] is at an address that is not a multiple of 16 "
+            f"(row stride {a.strides[0]} bytes): the GPU would fault on this float4 access")
+
+
+def load4_py(arr, i, j):
+    _check(arr, i, j, "load4")
+    return arr[i, j], arr[i, j + 1], arr[i, j + 2], arr[i, j + 3]
+
+
+def store4_py(arr, i, j, a, b, c, d):
+    _check(arr, i, j, "store4")
+    arr[i, j] = a
+    arr[i, j + 1] = b
+    arr[i, j + 2] = c
+    arr[i, j + 3] = d
+
+
+def aligned16_py(arr):
+    a = _ndarray(arr)
+    return True if a is None else a.ctypes.data % 16 == 0
+
+
+# --------------------------------------------------------------------------
+# The intrinsics (GPU)
+
+
+def _make_intrinsics():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.core.errors import NumbaTypeError
+    from numba.cuda.extending import intrinsic
+
+    f4 = ir.VectorType(ir.FloatType(), 4)
+
+    def _check_array(arr, i, j, name):
+        if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.float32
+                and arr.layout == "C"):
+            raise NumbaTypeError(f"{name} needs a C-contiguous 2-D float32 array, got {arr}")
+        if not (isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+            raise NumbaTypeError(f"{name} needs integer indices, got {i}, {j}")
+
+    def _vector_pointer(context, builder, sig, args):
+        """Address of arr[i, j] (no bounds check), as a <4 x float>* in its address space."""
+        aryty, ity, jty = sig.args[:3]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        inds = [context.cast(builder, args[1], ity, types.intp),
+                context.cast(builder, args[2], jty, types.intp)]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds, wraparound=False)
+        return builder.bitcast(ptr, ir.PointerType(f4, addrspace=ptr.type.addrspace))
+
+    @intrinsic
+    def load4(typingctx, arr, i, j):
+        _check_array(arr, i, j, "load4")
+        sig = types.UniTuple(types.float32, 4)(arr, i, j)
+
+        def codegen(context, builder, sig, args):
+            vec = builder.load(_vector_pointer(context, builder, sig, args), align=16)
+            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), e))
+                    for e in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def store4(typingctx, arr, i, j, a, b, c, d):
+        _check_array(arr, i, j, "store4")
+        sig = types.void(arr, i, j, types.float32, types.float32, types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            vec = ir.Constant(f4, ir.Undefined)
+            for e in range(4):
+                val = context.cast(builder, args[3 + e], sig.args[3 + e], types.float32)
+                vec = builder.insert_element(vec, val, ir.Constant(ir.IntType(32), e))
+            builder.store(vec, _vector_pointer(context, builder, sig, args), align=16)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def aligned16(typingctx, arr):
+        if not isinstance(arr, types.Array):
+            raise NumbaTypeError(f"aligned16 needs an array, got {arr}")
+        sig = types.boolean(arr)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            addr = builder.ptrtoint(ary.data, ir.IntType(64))
+            low = builder.and_(addr, ir.Constant(ir.IntType(64), 15))
+            return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))
+
+        return sig, codegen
+
+    return load4, store4, aligned16
+
+
+if SIMULATOR:
+    load4, store4, aligned16 = load4_py, store4_py, aligned16_py
+else:
+    load4, store4, aligned16 = _make_intrinsics()
+
+__all__ = ["load4", "store4", "aligned16", "SHARED_ALIGN", "MisalignedAccess",
+           "load4_py", "store4_py", "aligned16_py"]

@@ -1,0 +1,98 @@
+"""Figures from committed benchmark results (never drawn by hand).
+
+``python -m gemmlib plot results/bench-*.json --out figures`` writes, per GPU:
+
+* ``<gpu>-tflops.png``: TFLOP/s against square size for every kernel and cuBLAS;
+* ``<gpu>-pct-cublas.png``: each kernel's % of cuBLAS at every square size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from gemmlib.bench import Result, load  # noqa: E402
+
+
+def _order(result: Result) -> list[str]:
+    from gemmlib.kernels import LADDER
+
+    seen = [r.kernel for r in result.rows]
+    known = [k for k in LADDER if k in seen]
+    return known + sorted({k for k in seen if k not in known and k != "cublas"})
+
+
+def _squares(result: Result, kernel: str):
+    rows = sorted((r for r in result.rows if r.kernel == kernel and r.M == r.N == r.K),
+                  key=lambda r: r.M)
+    return rows
+
+
+def _title(result: Result, what: str) -> str:
+    m = result.meta
+    return (f"{what}: {m.get('gpu', '?')} (sm_{m.get('compute_capability', '?').replace('.', '')}), "
+            f"fp32, TF32 off, {m.get('date', '')[:10]}")
+
+
+def tflops_figure(result: Result):
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for name in _order(result) + ["cublas"]:
+        rows = _squares(result, name)
+        if not rows:
+            continue
+        style = dict(color="black", linewidth=2.5, linestyle="--") if name == "cublas" else {}
+        ax.plot([r.M for r in rows], [r.tflops for r in rows], marker="o", label=name, **style)
+    peak = result.meta.get("fp32_peak_tflops")
+    if peak:
+        ax.axhline(peak, color="grey", linewidth=1, linestyle=":")
+        ax.annotate(f"fp32 FMA peak {peak:.1f}", (0.01, peak), xycoords=("axes fraction", "data"),
+                    va="bottom", fontsize=8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M = N = K")
+    ax.set_ylabel("TFLOP/s (median)")
+    ax.set_title(_title(result, "Throughput"), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def pct_figure(result: Result):
+    names = _order(result)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for name in names:
+        rows = _squares(result, name)
+        ax.plot([r.M for r in rows], [r.pct_of_cublas for r in rows], marker="o", label=name)
+    ax.axhline(100, color="black", linewidth=1.5, linestyle="--", label="cuBLAS")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M = N = K")
+    ax.set_ylabel("% of cuBLAS (same run)")
+    ax.set_title(_title(result, "Share of cuBLAS"), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_files(paths, out_dir="figures") -> list[Path]:
+    """Write the figures for every result file; returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for p in paths:
+        result = load(p)
+        if result.meta.get("simulated"):
+            print(f"skipping {p}: simulator results carry no timings")
+            continue
+        stem = Path(p).stem.replace("bench-", "")
+        for suffix, make in (("tflops", tflops_figure), ("pct-cublas", pct_figure)):
+            fig = make(result)
+            path = out / f"{stem}-{suffix}.png"
+            fig.savefig(path)
+            plt.close(fig)
+            written.append(path)
+    return written
