@@ -30,6 +30,10 @@ from numba import float32, float64, int32  # noqa: F401  (re-exported for kernel
 
 SIMULATOR: bool = bool(numba.config.ENABLE_CUDASIM)
 
+# Small verification shapes launch few blocks on purpose; numba's
+# "low occupancy" warning would only bury real messages.
+numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+
 # cuBLAS must not use TF32 tensor cores for float32 products: that would make
 # the reference ~10x faster and ~1000x less accurate than the fp32 kernels it
 # is compared with.  CuPy reads this once per dtype, at its first matmul.

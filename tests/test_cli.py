@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from gemmlib import backend
 from gemmlib.bench import Result, Row, load
 from gemmlib.cli import main, parse_shape
 
@@ -26,6 +27,7 @@ def test_verify_one_kernel(capsys):
     assert "all ok" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(not backend.SIMULATOR, reason="checks simulator behaviour")
 def test_bench_in_simulator_says_timings_mean_nothing(capsys, tmp_path):
     assert main(["bench", "--kernels", "naive", "--shape", "5x6x7", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
