@@ -3,7 +3,8 @@
 ``python -m gemmlib plot results/bench-*.json --out figures`` writes, per GPU:
 
 * ``<gpu>-tflops.png``: TFLOP/s against square size for every kernel and cuBLAS;
-* ``<gpu>-pct-cublas.png``: each kernel's % of cuBLAS at every square size.
+* ``<gpu>-pct-cublas.png``: each kernel's % of cuBLAS at every square size;
+* ``<gpu>-ladder.png``: the ladder at one size (4096^3 when measured), a bar a rung.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def _squares(result: Result, kernel: str):
     return rows
 
 
+def _size_axis(ax, result: Result):
+    """Log2 x axis labelled with the measured sizes themselves (128, 256, ...)."""
+    sizes = sorted({r.M for r in result.rows if r.M == r.N == r.K})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("M = N = K")
+
+
 def _title(result: Result, what: str) -> str:
     m = result.meta
     return (f"{what}: {m.get('gpu', '?')} (sm_{m.get('compute_capability', '?').replace('.', '')}), "
@@ -51,8 +61,7 @@ def tflops_figure(result: Result):
         ax.axhline(peak, color="grey", linewidth=1, linestyle=":")
         ax.annotate(f"fp32 FMA peak {peak:.1f}", (0.01, peak), xycoords=("axes fraction", "data"),
                     va="bottom", fontsize=8, color="grey")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M = N = K")
+    _size_axis(ax, result)
     ax.set_ylabel("TFLOP/s (median)")
     ax.set_title(_title(result, "Throughput"), fontsize=10)
     ax.grid(True, alpha=0.3)
@@ -68,12 +77,34 @@ def pct_figure(result: Result):
         rows = _squares(result, name)
         ax.plot([r.M for r in rows], [r.pct_of_cublas for r in rows], marker="o", label=name)
     ax.axhline(100, color="black", linewidth=1.5, linestyle="--", label="cuBLAS")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M = N = K")
+    _size_axis(ax, result)
     ax.set_ylabel("% of cuBLAS (same run)")
     ax.set_title(_title(result, "Share of cuBLAS"), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def ladder_figure(result: Result, size: int = 4096):
+    sizes = {r.M for r in result.rows if r.M == r.N == r.K}
+    if size not in sizes:
+        size = max(sizes)
+    rows = {r.kernel: r for r in result.rows if r.M == r.N == r.K == size}
+    names = [n for n in _order(result) if n in rows]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.6), dpi=120)
+    pct = [rows[n].pct_of_cublas for n in names]
+    bars = ax.barh(names, pct, color="tab:blue")
+    for bar, n in zip(bars, names):
+        r = rows[n]
+        ax.text(bar.get_width() + 1, bar.get_y() + bar.get_height() / 2,
+                f"{r.pct_of_cublas:.1f}%  ({r.tflops:.1f} TFLOP/s)", va="center", fontsize=8)
+    ax.axvline(100, color="black", linestyle="--", linewidth=1.5)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(pct + [100]) * 1.3)
+    ax.set_xlabel(f"% of cuBLAS at {size}^3 (cuBLAS: {rows['cublas'].tflops:.1f} TFLOP/s)"
+                  if "cublas" in rows else f"% of cuBLAS at {size}^3")
+    ax.set_title(_title(result, "The ladder"), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -89,7 +120,8 @@ def plot_files(paths, out_dir="figures") -> list[Path]:
             print(f"skipping {p}: simulator results carry no timings")
             continue
         stem = Path(p).stem.replace("bench-", "")
-        for suffix, make in (("tflops", tflops_figure), ("pct-cublas", pct_figure)):
+        for suffix, make in (("tflops", tflops_figure), ("pct-cublas", pct_figure),
+                             ("ladder", ladder_figure)):
             fig = make(result)
             path = out / f"{stem}-{suffix}.png"
             fig.savefig(path)

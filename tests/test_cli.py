@@ -55,5 +55,6 @@ def test_result_roundtrip_and_plot(tmp_path):
     assert pc.read_text().splitlines()[0].startswith("kernel,M,N,K")
     assert main(["plot", str(pj), "--out", str(tmp_path / "fig")]) == 0
     assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == [
-        "test-gpu-2026-01-01-pct-cublas.png", "test-gpu-2026-01-01-tflops.png"]
+        "test-gpu-2026-01-01-ladder.png", "test-gpu-2026-01-01-pct-cublas.png",
+        "test-gpu-2026-01-01-tflops.png"]
     json.loads(pj.read_text())
