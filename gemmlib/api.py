@@ -39,7 +39,22 @@ def _c_contiguous(shape, strides, itemsize) -> bool:
     return True
 
 
+#: DLPack device types whose memory the CPU reads directly (kDLCPU, kDLCUDAHost).
+_DLPACK_HOST = (1, 3)
+
+
+def _dlpack_on_host(x) -> bool:
+    """True for a DLPack producer whose data is in host memory (e.g. a torch CPU tensor)."""
+    try:
+        return int(x.__dlpack_device__()[0]) in _DLPACK_HOST
+    except Exception:
+        return False
+
+
 def _describe(x, name: str) -> _Operand:
+    if (not isinstance(x, np.ndarray) and not hasattr(x, "__cuda_array_interface__")
+            and hasattr(x, "__dlpack__") and _dlpack_on_host(x)):
+        x = np.from_dlpack(x)  # e.g. a torch CPU tensor: a host array, zero-copy
     if isinstance(x, np.ndarray):
         return _Operand(x, x.shape, x.dtype, x.flags.c_contiguous, on_host=True)
     if SIMULATOR:
@@ -107,6 +122,8 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
     if c is not None:
         if c.shape != (M, N):
             raise ValueError(f"out has shape {c.shape}, but A @ B has shape {(M, N)}")
+        if isinstance(c.obj, np.ndarray) and not c.obj.flags.writeable:
+            raise ValueError("out is read-only; pass a writeable array or None")
         if not c.c_contiguous:
             raise ValueError("out must be C-contiguous (row-major); pass a fresh array or None")
         for op, name in ((a, "A"), (b, "B")):
@@ -127,6 +144,34 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
                     f"{name} lives on GPU {op.device} but the current device is GPU {current}: "
                     f"call matmul inside `with cupy.cuda.Device({op.device}):`")
     return M, N, K
+
+
+def _check_stream(stream) -> None:
+    """Refuse anything that is not a CuPy or numba stream before it reaches a launch."""
+    if stream is None or hasattr(stream, "ptr"):  # CuPy
+        return
+    if hasattr(stream, "synchronize") and (hasattr(stream, "handle") or SIMULATOR):  # numba
+        return
+    hint = ""
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        hint = "; wrap a torch stream as cupy.cuda.ExternalStream(s.cuda_stream)"
+    raise TypeError(f"stream must be a CuPy or numba stream, not {type(stream).__name__}{hint}")
+
+
+def _staging_stream(stream):
+    """The CuPy stream the host path copies on: the one the kernel runs on.
+
+    Copies on another stream would not be ordered with the kernel when the
+    caller's stream is non-blocking (the result could be read back before
+    the kernel has written it).
+    """
+    from contextlib import nullcontext
+
+    if stream is None:
+        return nullcontext()  # CuPy's current stream, where the kernel goes too
+    if hasattr(stream, "ptr"):
+        return stream
+    return backend.array_module().cuda.ExternalStream(int(stream))  # a numba stream
 
 
 def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=None,
@@ -156,6 +201,7 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     constraint, before anything is launched.
     """
     spec = get_kernel(kernel or DEFAULT_KERNEL)
+    _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
     c = _describe(out, "out") if out is not None else None
     M, N, K = _check_operands(spec, a, b, c, transpose_b)
@@ -164,17 +210,19 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
 
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
         xp = backend.array_module()
-        C = matmul(xp.asarray(np.ascontiguousarray(A)), xp.asarray(np.ascontiguousarray(B)),
-                   kernel=spec, stream=stream, transpose_b=transpose_b)
-        result = xp.asnumpy(C)
+        with _staging_stream(stream):  # copies in, kernel, copy out: one stream, in order
+            C = matmul(xp.asarray(np.ascontiguousarray(a.obj)),
+                       xp.asarray(np.ascontiguousarray(b.obj)),
+                       kernel=spec, stream=stream, transpose_b=transpose_b)
+            result = xp.asnumpy(C)  # blocking: waits for the kernel
         if out is None:
             return result
-        out[...] = result
+        c.obj[...] = result
         return out
 
     if a.on_host:  # simulator: kernels run on NumPy arrays directly
-        A_, B_ = np.ascontiguousarray(A), np.ascontiguousarray(B)
-        C = out if out is not None else np.empty((M, N), dtype=spec.dtype)
+        A_, B_ = np.ascontiguousarray(a.obj), np.ascontiguousarray(b.obj)
+        C = c.obj if out is not None else np.empty((M, N), dtype=spec.dtype)
     else:
         A_ = cuda.as_cuda_array(a.obj, sync=False)
         B_ = cuda.as_cuda_array(b.obj, sync=False)
@@ -184,11 +232,10 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
             C = cuda.device_array((M, N), dtype=spec.dtype)
         else:
             C = backend.array_module().empty((M, N), dtype=spec.dtype)
-    if M == 0 or N == 0:
-        return C  # nothing to compute (K == 0 still launches: C must become zeros)
-    C_ = C if a.on_host else cuda.as_cuda_array(C, sync=False)
-    launch(spec, A_, B_, C_, M, N, K, stream=stream)
-    return C
+    if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
+        C_ = C if a.on_host else cuda.as_cuda_array(C, sync=False)
+        launch(spec, A_, B_, C_, M, N, K, stream=stream)
+    return out if out is not None else C
 
 
 def launch(spec: KernelSpec, A, B, C, M: int, N: int, K: int, stream=None) -> None:

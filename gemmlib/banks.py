@@ -56,6 +56,8 @@ class Access:
     width: int = 1
     label: str = ""
     address: Callable[[int, int], int] | None = None
+    #: how many times each warp executes this instruction per k-tile (for predict())
+    count: int = 1
 
     def words(self, tid: int) -> list[int]:
         r, c = self.where(tid)
@@ -89,8 +91,9 @@ class Result:
 def wavefronts(words_per_thread: list[list[int]], width: int = 1) -> tuple[int, int]:
     """(wavefronts, ideal) for one warp instruction; ``words_per_thread[lane]`` lists the
     words lane touches (inactive lanes: empty lists)."""
-    phase = max(WARP * 1 // max(width, 1), 1) if width <= 4 else 1
-    lanes_per_phase = {1: 32, 2: 16, 4: 8}.get(width, phase)
+    if width not in (1, 2, 4):
+        raise ValueError(f"a thread moves 1, 2 or 4 words per shared access, not {width}")
+    lanes_per_phase = WARP // width  # 128 bytes per phase
     total = ideal = 0
     for start in range(0, len(words_per_thread), lanes_per_phase):
         words = {w for lane in words_per_thread[start:start + lanes_per_phase] for w in lane}
@@ -133,6 +136,30 @@ def analyze(spec, warps: str | int = "worst") -> list[Result]:
             out.append(max(res, key=lambda r: (r.degree, r.wavefronts)))
         else:
             out.append(analyze_access(acc, int(warps), spec.threads))
+    return out
+
+
+def predict(spec, M: int, N: int, K: int) -> dict:
+    """Predicted Nsight Compute counters for one launch on (M, N, K).
+
+    Sums, over every warp of every block and every k-tile, the shared-memory
+    instructions and their extra wavefronts (the model above), split into
+    loads and stores -- to compare with ``smsp__inst_executed_op_shared_{ld,st}.sum``
+    and ``l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{ld,st}.sum``.
+    Exact for problems that are multiples of the tile; the epilogue does not
+    touch shared memory.
+    """
+    geo = spec.launch(M, N, K)
+    blocks = geo.grid[0] * geo.grid[1] * geo.grid[2]
+    tiles = -(-K // spec.params["BK"])
+    nwarps = max(spec.threads // WARP, 1)
+    out = {"ld_instructions": 0, "st_instructions": 0, "ld_conflicts": 0, "st_conflicts": 0}
+    for acc in accesses(spec):
+        kind = "ld" if acc.op == "load" else "st"
+        for w in range(nwarps):
+            r = analyze_access(acc, w, spec.threads)
+            out[f"{kind}_instructions"] += acc.count * blocks * tiles
+            out[f"{kind}_conflicts"] += r.extra * acc.count * blocks * tiles
     return out
 
 

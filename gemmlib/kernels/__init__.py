@@ -17,13 +17,30 @@ LADDER: tuple[str, ...] = (
     "naive",
     "coalesced",
     "shared",
+    "blocktile_1d",
+    "blocktile_2d",
+    "vectorized",
+    "bank_free",
+    "warptile",
+    "layout_nt",
+    "async_copy",
+    "double_buffer",
 )
 
 
 def get(name: str) -> KernelSpec:
-    """The default spec of the rung called ``name``."""
+    """The default spec of the rung called ``name``.
+
+    ``"auto"`` is the fastest configuration the autotuner recorded for this GPU
+    (see :mod:`gemmlib.autotune`); without tuning data, or in the simulator, it
+    is the warptile rung's default.
+    """
     if isinstance(name, KernelSpec):
         return name
+    if name == "auto":
+        from gemmlib.autotune import auto_spec
+
+        return auto_spec()
     if name not in LADDER:
         raise KeyError(f"unknown kernel {name!r}; known kernels: {', '.join(LADDER)}")
     return importlib.import_module(f"{__name__}.{name}").SPEC

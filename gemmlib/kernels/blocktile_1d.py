@@ -122,14 +122,17 @@ def accesses(spec):
     from gemmlib.banks import Access
 
     p, ix = spec.params, spec.index
-    BK, BN = p["BK"], p["BN"]
+    BM, BN, BK, TM = p["BM"], p["BN"], p["BK"], p["TM"]
+    nt = spec.threads
     return [
-        Access("sA", "store", BK, lambda t: ix["a_load"](t, 0), label="copy A element"),
-        Access("sB", "store", BN, lambda t: ix["b_load"](t, 0), label="copy B element"),
+        Access("sA", "store", BK, lambda t: ix["a_load"](t, 0), label="copy A element",
+               count=max(BM * BK // nt, 1)),
+        Access("sB", "store", BN, lambda t: ix["b_load"](t, 0), label="copy B element",
+               count=max(BK * BN // nt, 1)),
         Access("sA", "load", BK, lambda t: (ix["thread_strip"](t)[0], 0),
-               label="sA[r0 + i, k] (inner loop)"),
+               label="sA[r0 + i, k] (inner loop)", count=BK * TM),
         Access("sB", "load", BN, lambda t: (0, ix["thread_strip"](t)[1]),
-               label="b = sB[k, col] (inner loop)"),
+               label="b = sB[k, col] (inner loop)", count=BK),
     ]
 
 SPEC = build()

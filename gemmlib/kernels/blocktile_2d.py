@@ -139,13 +139,17 @@ def accesses(spec):
     from gemmlib.banks import Access
 
     p, ix = spec.params, spec.index
-    BK, BN = p["BK"], p["BN"]
+    BM, BN, BK, TM, TN = p["BM"], p["BN"], p["BK"], p["TM"], p["TN"]
+    nt = spec.threads
     return [
-        Access("sA", "store", BK, lambda t: ix["a_load"](t, 0), label="copy A element"),
-        Access("sB", "store", BN, lambda t: ix["b_load"](t, 0), label="copy B element"),
-        Access("sA", "load", BK, lambda t: (ix["thread_tile"](t)[0], 0), label="fa[0] = sA[r0, k]"),
-        Access("sB", "load", BN, lambda t: (0, ix["thread_tile"](t)[1]), label="fb[0] = sB[k, c0]"),
+        Access("sA", "store", BK, lambda t: ix["a_load"](t, 0), label="copy A element",
+               count=max(BM * BK // nt, 1)),
+        Access("sB", "store", BN, lambda t: ix["b_load"](t, 0), label="copy B element",
+               count=max(BK * BN // nt, 1)),
+        Access("sA", "load", BK, lambda t: (ix["thread_tile"](t)[0], 0),
+               label="fa[i] = sA[r0 + i, k]", count=BK * TM),
+        Access("sB", "load", BN, lambda t: (0, ix["thread_tile"](t)[1]),
+               label="fb[j] = sB[k, c0 + j]", count=BK * TN),
     ]
-
 
 SPEC = build()

@@ -1,0 +1,488 @@
+"""Autotuning: search tile parameters, remember the fastest per GPU and shape class.
+
+The best tile sizes depend on the GPU (SM count, registers, shared memory)
+and on the problem's shape, and a few choices interact in ways no formula
+predicts well (registers vs occupancy vs instruction-level parallelism).
+So: try them.  :func:`tune` walks a search space of parameter sets for one
+rung (by default :mod:`gemmlib.kernels.warptile`):
+
+1. every candidate is *built* (cheap: compilation is lazy) and its
+   constraints -- threads, registers, shared memory, tile divisibility --
+   are checked against the device *before anything is compiled*; a
+   candidate that fails is recorded with the reason and skipped;
+2. the survivors are compiled, checked against cuBLAS for correctness and
+   timed (CUDA events, median of ``reps`` runs after warm-up); compiled
+   registers per thread, local-memory bytes (spills) and shared memory are
+   recorded too;
+3. the fastest is stored per *shape class* (M*N and K rounded to powers of
+   two) in a JSON file per GPU.
+
+Lookups (:func:`best_params`, :func:`select`, and ``kernel="auto"`` through
+:func:`gemmlib.kernels.get`) read, in order, the user cache
+(``$GEMMLIB_CACHE`` or ``$XDG_CACHE_HOME/gemmlib`` or ``~/.cache/gemmlib``,
+``tuning/<gpu-slug>.json``) and the tuning data committed with the course
+(``results/tuning/<gpu-slug>.json``); with neither -- or in the simulator --
+they fall back to the rung's default configuration.  Reads and writes hold a
+lock, and files are replaced atomically, so threads (and processes) never
+see half-written data.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gemmlib import backend
+
+DEFAULT_KERNEL = "warptile"
+_LOCK = threading.RLock()
+_MEMO: dict[str, dict] = {}  # path -> parsed file, invalidated by mtime
+
+REPO_TUNING_DIR = Path(__file__).resolve().parent.parent / "results" / "tuning"
+
+
+# --------------------------------------------------------------------------
+# Where tuning data lives
+
+
+def gpu_slug(name: str | None = None) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200' (the same slug the benchmark files use)."""
+    if name is None:
+        name = backend.device_info().name
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def user_cache_dir() -> Path:
+    root = os.environ.get("GEMMLIB_CACHE")
+    if root:
+        return Path(root) / "tuning"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "gemmlib" / "tuning"
+
+
+def cache_paths(slug: str) -> list[Path]:
+    """Files consulted for a GPU, most specific first."""
+    return [user_cache_dir() / f"{slug}.json", REPO_TUNING_DIR / f"{slug}.json"]
+
+
+def _read(path: Path) -> dict | None:
+    with _LOCK:
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            return None
+        memo = _MEMO.get(str(path))
+        if memo and memo["mtime"] == mtime:
+            return memo["data"]
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        _MEMO[str(path)] = {"mtime": mtime, "data": data}
+        return data
+
+
+def _write(path: Path, data: dict) -> None:
+    """Atomic replace: readers see the old file or the new one, never a mix."""
+    with _LOCK:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        _MEMO.pop(str(path), None)
+
+
+# --------------------------------------------------------------------------
+# Shape classes
+
+
+def _pow2(x: float) -> int:
+    return 1 << max(0, round(math.log2(max(x, 1))))
+
+
+def shape_class(M: int, N: int, K: int) -> str:
+    """The bucket a problem is tuned for: sqrt(M*N) and K, each to the nearest power of two."""
+    return f"mn{_pow2(math.sqrt(M * N))}-k{_pow2(K)}"
+
+
+def _class_coords(cls: str):
+    m = re.fullmatch(r"mn(\d+)-k(\d+)", cls)
+    return (math.log2(int(m.group(1))), math.log2(int(m.group(2)))) if m else None
+
+
+def nearest_class(cls: str, available) -> str | None:
+    """The tuned class closest (in log2 size) to ``cls``."""
+    target = _class_coords(cls)
+    best, dist = None, math.inf
+    for c in available:
+        xy = _class_coords(c)
+        if xy is None or target is None:
+            continue
+        d = abs(xy[0] - target[0]) + 0.5 * abs(xy[1] - target[1])
+        if d < dist:
+            best, dist = c, d
+    return best
+
+
+# --------------------------------------------------------------------------
+# Lookup
+
+
+def best_params(M: int, N: int, K: int, kernel: str = DEFAULT_KERNEL,
+                slug: str | None = None) -> dict | None:
+    """Tuned parameters for this GPU and the shape's class, or None (use the default)."""
+    if backend.SIMULATOR:
+        return None
+    if slug is None:
+        try:
+            slug = gpu_slug()
+        except Exception:
+            return None
+    cls = shape_class(M, N, K)
+    for path in cache_paths(slug):
+        data = _read(path)
+        if not data:
+            continue
+        classes = data.get("kernels", {}).get(kernel, {})
+        if not classes:
+            continue
+        key = cls if cls in classes else nearest_class(cls, classes)
+        if key is not None:
+            return dict(classes[key]["params"])
+    return None
+
+
+def build(kernel: str, params: dict | None):
+    """KernelSpec of rung ``kernel`` with ``params`` (its default when None)."""
+    mod = importlib.import_module(f"gemmlib.kernels.{kernel}")
+    return mod.SPEC if not params else mod.build(**params)
+
+
+def select(M: int, N: int, K: int, kernel: str = DEFAULT_KERNEL, slug: str | None = None):
+    """The spec to run (M, N, K) with: tuned when data exists, the rung's default otherwise.
+
+    A tuned configuration that does not satisfy its constraints for this
+    problem and device falls back to the default too.
+    """
+    params = best_params(M, N, K, kernel, slug)
+    if params:
+        try:
+            spec = build(kernel, params)
+            if not spec.failed_constraints(M, N, K, backend.device_info()):
+                return spec
+        except Exception:
+            pass
+    return build(kernel, None)
+
+
+#: The shape ``kernel="auto"`` is chosen for when no shape is known (gemmlib.kernels.get).
+AUTO_SHAPE = (4096, 4096, 4096)
+
+
+def auto_spec():
+    """What ``kernels.get("auto")`` returns: the tuned choice for AUTO_SHAPE on this GPU."""
+    return select(*AUTO_SHAPE)
+
+
+# --------------------------------------------------------------------------
+# Search spaces
+
+
+def warptile_space():
+    """Parameter sets for the warptile rung: a grid, trimmed to plausible shapes.
+
+    Kept here are: 128 or 256 threads, 32 to 128 results per thread, and
+    float4-friendly warp layouts.  Everything else -- divisibility, registers,
+    shared memory -- is left to the constraints, which reject with a reason.
+    """
+    mod = importlib.import_module("gemmlib.kernels.warptile")
+    out = []
+    for BM, BN, BK, WM, WN, WNITER, TM, TN in itertools.product(
+            (64, 128, 256), (64, 128, 256), (8, 16, 32), (32, 64, 128), (32, 64, 128),
+            (1, 2, 4), (4, 8), (4, 8)):
+        p = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, WNITER=WNITER, TM=TM, TN=TN, PAD=4)
+        d = mod._derived(p)
+        if d is None or d["NT"] not in (128, 256):
+            continue
+        per_thread = d["WMITER"] * TM * WNITER * TN
+        if not 32 <= per_thread <= 128:
+            continue
+        out.append(p)
+    return out
+
+
+SPACES = {"warptile": warptile_space}
+
+#: Configurations tried first whatever the search order: the rung's default and
+#: layouts known to do well on other GPUs (siboehm's A100 warptile, the 64x128
+#: block with 32x64 warp tiles).
+CLASSICS = {"warptile": [
+    dict(BM=128, BN=128, BK=16, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4),
+    dict(BM=128, BN=128, BK=16, WM=64, WN=64, WNITER=4, TM=8, TN=4, PAD=4),
+    dict(BM=64, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=8, TN=4, PAD=4),
+    dict(BM=128, BN=128, BK=8, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4),
+    dict(BM=128, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=4, TN=4, PAD=4),
+]}
+
+
+def _conflict_free(kernel: str, p: dict) -> bool:
+    """True when gemmlib.banks finds no conflict in the inner-loop shared loads."""
+    from gemmlib import banks
+
+    spec = build(kernel, p)
+    return all(r.degree == 1.0 for r in banks.analyze(spec) if r.access.op == "load")
+
+
+def default_candidates(kernel: str = DEFAULT_KERNEL, limit: int | None = None,
+                       diverse: bool = True):
+    """The search space of ``kernel``, ordered by a rough preference (first = tried first).
+
+    With ``diverse`` (the default) only one warp layout is kept per (block tile,
+    BK, threads, thread-tile size) -- the one whose warp tile is squarest and
+    whose fragment loads are free of bank conflicts -- so a short search still
+    covers different block shapes instead of 30 variants of one.
+    """
+    cands = SPACES[kernel]()
+
+    def per_thread(p):
+        return p["BM"] * p["BN"] // _threads(kernel, p)
+
+    def score(p):  # prefer 128x128 tiles, BK 16, 64 results per thread
+        return (abs(math.log2(p["BM"] * p["BN"]) - 14), abs(math.log2(p["BM"] / p["BN"])),
+                abs(math.log2(p["BK"]) - 4), abs(math.log2(per_thread(p)) - 6))
+
+    if diverse:
+        groups: dict = {}
+        for p in cands:
+            key = (p["BM"], p["BN"], p["BK"], _threads(kernel, p))
+            fm = p["BM"] * p["BN"] // _threads(kernel, p) // (p["WNITER"] * p["TN"])
+            fn = p["WNITER"] * p["TN"]  # the thread tile is fm x fn
+            rank = (not _conflict_free(kernel, p), abs(math.log2(fm / fn)),
+                    abs(math.log2(p["WM"] / p["WN"])), -p["TM"] * p["TN"], p["WNITER"])
+            if key not in groups or rank < groups[key][0]:
+                groups[key] = (rank, p)
+        cands = [p for _, p in groups.values()]
+    cands.sort(key=score)
+    classics = CLASSICS.get(kernel, [])
+    cands = classics + [p for p in cands if p not in classics]
+    return cands[:limit] if limit else cands
+
+
+def _threads(kernel: str, p: dict) -> int:
+    mod = importlib.import_module(f"gemmlib.kernels.{kernel}")
+    return mod._derived(p)["NT"]
+
+
+# --------------------------------------------------------------------------
+# Tuning
+
+
+@dataclass
+class Trial:
+    params: dict
+    status: str  # "rejected" | "failed" | "wrong" | "timed"
+    reason: str = ""
+    ms: float = math.nan
+    tflops: float = math.nan
+    registers: int | None = None
+    local_bytes: int | None = None
+    shared_bytes: int | None = None
+
+
+@dataclass
+class TuneResult:
+    kernel: str
+    shape: tuple[int, int, int]
+    trials: list[Trial] = field(default_factory=list)
+    cublas_ms: float = math.nan
+
+    @property
+    def best(self) -> Trial | None:
+        timed = [t for t in self.trials if t.status == "timed"]
+        return min(timed, key=lambda t: t.ms) if timed else None
+
+    def table(self) -> str:
+        lines = []
+        for t in sorted(self.trials, key=lambda t: (t.status != "timed", t.ms)):
+            p = ",".join(f"{k}={v}" for k, v in t.params.items())
+            if t.status == "timed":
+                pct = 100 * self.cublas_ms / t.ms if self.cublas_ms == self.cublas_ms else math.nan
+                lines.append(f"  {t.ms:8.3f} ms {t.tflops:6.2f} TFLOP/s {pct:5.1f}% cuBLAS "
+                             f"regs {t.registers} local {t.local_bytes} smem {t.shared_bytes}  {p}")
+            else:
+                lines.append(f"  {t.status:>8}: {t.reason[:160]}  {p}")
+        return "\n".join(lines)
+
+
+def _first(v):
+    """numba returns per-signature dicts from get_regs_per_thread() and friends."""
+    if isinstance(v, dict):
+        return next(iter(v.values()), None) if v else None
+    return v
+
+
+def compiled_resources(spec) -> dict:
+    """Registers/thread, local (spill) bytes/thread and shared bytes/block of the compiled kernel."""
+    k = spec.kernel
+    out = {}
+    for key, meth in (("registers", "get_regs_per_thread"), ("local_bytes", "get_local_mem_per_thread"),
+                      ("shared_bytes", "get_shared_mem_per_block")):
+        try:
+            out[key] = int(_first(getattr(k, meth)()))
+        except Exception:
+            out[key] = None
+    return out
+
+
+def time_spec(spec, A, B, C, reps: int = 10, warmup: int = 2) -> float:
+    """Median milliseconds of one launch (CUDA events; GPU only)."""
+    from gemmlib.api import launch
+    from gemmlib.backend import cuda
+
+    cp = backend.array_module()
+    M, K = A.shape
+    N = B.shape[1]
+    a, b, c = (cuda.as_cuda_array(x, sync=False) for x in (A, B, C))
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(warmup):
+        launch(spec, a, b, c, M, N, K)
+    times = []
+    for _ in range(reps):
+        start.record()
+        launch(spec, a, b, c, M, N, K)
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, limit: int = 24,
+         reps: int = 10, time_budget_s: float | None = None, save: bool = True,
+         path: Path | None = None, log=print) -> TuneResult:
+    """Search ``candidates`` (default: :func:`default_candidates`) for ``shape`` on this GPU.
+
+    Rejected candidates never compile.  With ``save``, the best is merged into
+    ``path`` (default: the user cache) under the shape's class.
+    """
+    M, N, K = shape
+    dev = backend.device_info()
+    cands = list(candidates) if candidates is not None else default_candidates(kernel)
+    result = TuneResult(kernel, (M, N, K))
+    if backend.SIMULATOR:  # constraints only: timings would be meaningless
+        for p in cands:
+            spec = build(kernel, p)
+            why = spec.failed_constraints(M, N, K, dev)
+            result.trials.append(Trial(p, "rejected" if why else "not timed (simulator)",
+                                       "; ".join(why)))
+        return result
+
+    from gemmlib.api import matmul
+    from gemmlib.verify import tolerance
+
+    cp = backend.array_module()
+    A = backend.random_matrix((M, K), rng=1)
+    B = backend.random_matrix((K, N), rng=2)
+    C = cp.empty((M, N), dtype=cp.float32)
+    ref = backend.reference(A, B)
+    result.cublas_ms = time_spec_cublas(A, B, C, reps)
+    t_start = time.perf_counter()
+    timed = 0
+    for p in cands:
+        spec = build(kernel, p)
+        why = spec.failed_constraints(M, N, K, dev)
+        if why:
+            result.trials.append(Trial(p, "rejected", "; ".join(why)))
+            continue
+        if timed >= limit or (time_budget_s and time.perf_counter() - t_start > time_budget_s):
+            result.trials.append(Trial(p, "skipped", "search budget spent"))
+            continue
+        timed += 1
+        try:
+            C.fill(cp.nan)
+            matmul(A, B, out=C, kernel=spec)
+            err = backend.relative_error(C, ref)
+            res = compiled_resources(spec)
+            if not err <= tolerance("float32", K):
+                result.trials.append(Trial(p, "wrong", f"rel. error {err:.2e}", **res))
+                continue
+            ms = time_spec(spec, A, B, C, reps)
+            result.trials.append(Trial(p, "timed", "", ms, 2e-9 * M * N * K / ms, **res))
+            if log:
+                log(f"  {ms:7.3f} ms {100 * result.cublas_ms / ms:5.1f}% regs {res['registers']} "
+                    f"local {res['local_bytes']} {spec.name}")
+        except Exception as e:  # a compile or launch error is a finding, not a crash
+            result.trials.append(Trial(p, "failed", f"{type(e).__name__}: {e}".splitlines()[0]))
+    if save and result.best is not None:
+        record(result, path=path)
+    return result
+
+
+def time_spec_cublas(A, B, C, reps: int = 10) -> float:
+    cp = backend.array_module()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(2):
+        cp.matmul(A, B, out=C)
+    times = []
+    for _ in range(reps):
+        start.record()
+        cp.matmul(A, B, out=C)
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def record(result: TuneResult, path: Path | None = None, slug: str | None = None) -> Path:
+    """Merge ``result``'s best configuration into the tuning file (user cache by default)."""
+    best = result.best
+    if best is None:
+        raise ValueError("nothing was timed: nothing to record")
+    dev = backend.device_info()
+    slug = slug or gpu_slug(dev.name)
+    path = Path(path) if path else user_cache_dir() / f"{slug}.json"
+    M, N, K = result.shape
+    with _LOCK:
+        data = _read(path) or {}
+        data = json.loads(json.dumps(data))  # a private copy
+        data.update(gpu=dev.name, gpu_slug=slug,
+                    compute_capability=f"{dev.compute_capability[0]}.{dev.compute_capability[1]}",
+                    sm_count=dev.sm_count)
+        entry = {"params": best.params, "shape": [M, N, K], "ms": round(best.ms, 4),
+                 "tflops": round(best.tflops, 2),
+                 "cublas_ms": round(result.cublas_ms, 4),
+                 "pct_of_cublas": round(100 * result.cublas_ms / best.ms, 1),
+                 "registers": best.registers, "local_bytes": best.local_bytes,
+                 "shared_bytes": best.shared_bytes,
+                 "candidates_timed": sum(t.status == "timed" for t in result.trials),
+                 "candidates_rejected": sum(t.status == "rejected" for t in result.trials),
+                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        data.setdefault("kernels", {}).setdefault(result.kernel, {})[
+            shape_class(M, N, K)] = entry
+        _write(path, data)
+    return path
+
+
+def trials_json(result: TuneResult) -> dict:
+    """Every trial (for committing the full search log beside the best choice)."""
+    return {"kernel": result.kernel, "shape": list(result.shape), "cublas_ms": result.cublas_ms,
+            "trials": [asdict(t) for t in result.trials]}

@@ -1,0 +1,162 @@
+"""Double buffering: two shared tiles and two register fragments, always one being filled.
+
+``async_copy`` overlapped the global -> shared copy with compute, but paid with
+a register fragment of a whole k-tile (128 floats per thread), because its
+single shared buffer had to be emptied before the next tile could land in it.
+Here the buffers are doubled instead, at both levels of the memory hierarchy:
+
+* **shared memory**: two buffers per operand.  While the block computes from
+  buffer ``kt % 2``, cp.async fills buffer ``(kt + 1) % 2`` with the next
+  k-tile.  Reader and writer swap at every k-tile, and one barrier per
+  k-tile (after the wait) is enough: the buffer being overwritten was last
+  read before the previous barrier.
+* **registers**: two fragments per operand, ``fa0``/``fa1`` (one k-slice of A:
+  TM floats) and ``fb0``/``fb1``.  While the FMAs consume slice ``k`` from one,
+  the loads of slice ``k + 1`` from shared memory go into the other, so the
+  shared-memory latency hides behind the arithmetic.  The k loop is written
+  two slices at a time ("ping" then "pong") so every register index is a
+  constant; at the last slice of a tile the next load comes from the other
+  shared buffer, slice 0 (after the wait and the barrier).
+
+Layouts, tiles, partitions, zero-filled edge tiles and guarded stores are
+those of ``layout_nt`` and ``async_copy``; shared memory doubles (17 KiB).
+``build(copy="sync")`` replaces cp.async with plain copies (sm_75 and older);
+``BK`` must be even.
+"""
+
+from gemmlib.backend import cuda, float32
+from gemmlib.intrinsics import async_copy
+from gemmlib.kernels.async_copy import PTX_ASYNC
+from gemmlib.kernels.layout_nt import _index_functions, plan
+from gemmlib.spec import KernelSpec, cdiv
+
+
+def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
+          mma_threads=(16, 16), pad: int = 4, copy: str = "async") -> KernelSpec:
+    if BK % 2:
+        raise ValueError(f"double_buffer walks k two slices at a time: BK must be even, got {BK}")
+    p = plan(BM, BN, BK, copy_threads, mma_threads, pad)
+    f = _index_functions(p, device=True)
+    a_src, a_dst, b_src, b_dst = f["a_src"], f["a_dst"], f["b_src"], f["b_dst"]
+    a_frag, b_frag, c_dst = f["a_frag"], f["b_frag"], f["c_dst"]
+    cp = async_copy.ops(copy)
+    cp_async4, commit, wait_all = cp.cp_async4, cp.cp_async_commit, cp.cp_async_wait_all
+
+    NT = p["threads_mma"].size
+    CA_M, CA_K = p["copyA"].shape
+    CB_N, CB_K = p["copyB"].shape
+    TM, TN = p["mmaC"].shape
+    ACC = TM * TN
+    SA_SIZE, SB_SIZE = p["sA"].cosize, p["sB"].cosize
+    SA2, SB2 = 2 * SA_SIZE, 2 * SB_SIZE       # two buffers per operand
+
+    @cuda.jit(device=True)
+    def issue_tile(sA, sB, a_buf, b_buf, A, B, tid, m0, n0, k0, M, N, K):
+        """cp.async this thread's share of k-tile k0 into the buffers at a_buf / b_buf."""
+        for i in range(CA_M):
+            for j in range(CA_K):
+                m, k = a_src(tid, i, j)
+                gm, gk = m0 + m, k0 + k
+                ok = gm < M and gk < K
+                cp_async4(sA, a_buf + a_dst(tid, i, j), A, gm if ok else 0, gk if ok else 0,
+                          4 if ok else 0)
+        for i in range(CB_N):
+            for j in range(CB_K):
+                n, k = b_src(tid, i, j)
+                gn, gk = n0 + n, k0 + k
+                ok = gn < N and gk < K
+                cp_async4(sB, b_buf + b_dst(tid, i, j), B, gn if ok else 0, gk if ok else 0,
+                          4 if ok else 0)
+        commit()
+
+    @cuda.jit(device=True)
+    def load_slice(sA, sB, a_buf, b_buf, fa, fb, tid, k):
+        """Registers <- shared: my TM elements of A and TN of B at k-slice k."""
+        for i in range(TM):
+            fa[i] = sA[a_buf + a_frag(tid, i, k)]
+        for j in range(TN):
+            fb[j] = sB[b_buf + b_frag(tid, j, k)]
+
+    @cuda.jit(device=True)
+    def fma_slice(acc, fa, fb):
+        for i in range(TM):
+            for j in range(TN):
+                acc[i * TN + j] += fa[i] * fb[j]
+
+    @cuda.jit
+    def double_buffer_kernel(A, B, C):
+        sA = cuda.shared.array(SA2, float32)
+        sB = cuda.shared.array(SB2, float32)
+        acc = cuda.local.array(ACC, float32)
+        fa0 = cuda.local.array(TM, float32)   # ping
+        fb0 = cuda.local.array(TN, float32)
+        fa1 = cuda.local.array(TM, float32)   # pong
+        fb1 = cuda.local.array(TN, float32)
+        tid = cuda.threadIdx.x
+        M, K = A.shape
+        N = B.shape[0]
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        for e in range(ACC):
+            acc[e] = float32(0.0)
+        num_k = (K + BK - 1) // BK
+        if num_k > 0:                          # prologue: tile 0 -> buffer 0, slice 0 -> ping
+            issue_tile(sA, sB, 0, 0, A, B, tid, m0, n0, 0, M, N, K)
+            wait_all()
+            cuda.syncthreads()
+            load_slice(sA, sB, 0, 0, fa0, fb0, tid, 0)
+        for kt in range(num_k):
+            rd = kt % 2                        # buffer being read; 1 - rd is being written
+            ra, rb = rd * SA_SIZE, rd * SB_SIZE
+            wa, wb = (1 - rd) * SA_SIZE, (1 - rd) * SB_SIZE
+            for kb in range(0, BK, 2):
+                # ping: slice kb is in fa0/fb0; fetch slice kb+1 into pong
+                load_slice(sA, sB, ra, rb, fa1, fb1, tid, kb + 1)
+                if kb == 0 and kt + 1 < num_k:  # next k-tile -> the other buffer
+                    issue_tile(sA, sB, wa, wb, A, B, tid, m0, n0, (kt + 1) * BK, M, N, K)
+                fma_slice(acc, fa0, fb0)
+                # pong: slice kb+1 is in fa1/fb1; fetch the next slice into ping
+                if kb + 2 < BK:
+                    load_slice(sA, sB, ra, rb, fa0, fb0, tid, kb + 2)
+                else:                           # tile done: wait for the next one
+                    wait_all()
+                    cuda.syncthreads()
+                    if kt + 1 < num_k:
+                        load_slice(sA, sB, wa, wb, fa0, fb0, tid, 0)
+                fma_slice(acc, fa1, fb1)
+        for i in range(TM):
+            for jj in range(TN):
+                m, n = c_dst(tid, i, jj)
+                if m0 + m < M and n0 + n < N:
+                    C[m0 + m, n0 + n] = acc[i * TN + jj]
+
+    def grid(M, N, K):
+        return (cdiv(M, BM), cdiv(N, BN), 1)
+
+    default = (BM, BN, BK, tuple(copy_threads), tuple(mma_threads), pad) == (
+        128, 128, 8, (32, 8), (16, 16), 4)
+    name = "double_buffer" if default else f"double_buffer_{BM}x{BN}x{BK}_p{pad}"
+    if copy == "sync":
+        name += "_sync"
+    return KernelSpec(
+        name=name,
+        chapter="12-double-buffering",
+        idea="two shared buffers (fill one with cp.async while computing from the other) and "
+             "two register fragments (load slice k+1 while computing slice k)",
+        kernel=double_buffer_kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=grid,
+        params=dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, copy=copy, buffers=2,
+                    copy_threads=tuple(copy_threads), mma_threads=tuple(mma_threads)),
+        shared_bytes=4 * (SA2 + SB2),
+        min_cc=async_copy.MIN_CC if copy == "async" else (5, 0),
+        b_operand="NK",
+        ptx_must=PTX_ASYNC if copy == "async" else (),
+        ptx_must_not=(r"\bld\.local", r"\bst\.local") + (() if copy == "async" else (r"cp\.async",)),
+        index=_index_functions(p, device=False),
+        module=__name__,
+    )
+
+
+SPEC = build()

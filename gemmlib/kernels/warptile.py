@@ -1,0 +1,342 @@
+"""Rung 8, warp tiling (with double buffering): block tile -> warp tile -> thread tile.
+
+The earlier rungs split a block tile straight into thread tiles.  Here there
+is a level in between, matching how the hardware schedules: the warp.
+
+* The block (NT threads) computes BM x BN of C.  Its NT/32 warps each own a
+  WM x WN *warp tile*, laid out (BM/WM) x (BN/WN).
+* A warp walks its tile in WMITER x WNITER steps of WSUBM x WSUBN; in each,
+  its 32 lanes form a (WSUBM/TM) x (WSUBN/TN) grid and each lane computes a
+  TM x TN piece.  So a thread owns WMITER*TM x WNITER*TN results, in pieces
+  WSUBM rows and WSUBN columns apart.
+
+Why bother: at every step k a warp reads only the WM values of A and WN of B
+its own tile needs, and the 32 lanes of a quarter-warp read neighbouring
+float4s (no bank conflicts, see ``gemmlib.banks``); the warp-level footprint
+is a knob that trades shared-memory traffic against registers independently
+of the block size, which sets global-memory reuse and occupancy.
+
+Two more things make it fast:
+
+* **Double buffering.**  Shared memory holds two k-tiles.  While the block
+  computes on one, each thread has already issued the global loads of the
+  next tile into registers; it writes them into the other buffer after its
+  arithmetic, and one barrier per tile suffices.  The loads' latency hides
+  behind the FMAs.
+* The float4 paths and the one-decision-per-launch ragged-edge handling of
+  the vectorised rung: any M, N, K works, with scalar copies where a matrix's
+  rows are not 16-byte aligned.
+"""
+
+from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
+from gemmlib.spec import Constraint, KernelSpec, cdiv
+
+WARP = 32
+
+
+def _derived(p):
+    """The derived sizes of a parameter set (None when they are not whole numbers)."""
+    BM, BN, BK, WM, WN, WNITER, TM, TN = (p[k] for k in
+                                          ("BM", "BN", "BK", "WM", "WN", "WNITER", "TM", "TN"))
+    if min(BM, BN, BK, WM, WN, WNITER, TM, TN) <= 0 or BM % WM or BN % WN:
+        return None
+    nwarps = (BM // WM) * (BN // WN)
+    per_warp = WM * WN
+    if per_warp % (WARP * TM * TN * WNITER):
+        return None
+    wmiter = per_warp // (WARP * TM * TN * WNITER)
+    if wmiter == 0 or WM % wmiter or WN % WNITER:
+        return None
+    wsubm, wsubn = WM // wmiter, WN // WNITER
+    if wsubm % TM or wsubn % TN or (wsubm // TM) * (wsubn // TN) != WARP:
+        return None
+    return dict(NT=nwarps * WARP, WMITER=wmiter, WSUBM=wsubm, WSUBN=wsubn,
+                LANE_COLS=wsubn // TN)
+
+
+def _tiling(spec, M, N, K, dev):
+    p = spec.params
+    d = _derived(p)
+    if d is None or d["NT"] != spec.threads:
+        return False
+    nt = d["NT"]
+    return (p["TM"] % 4 == 0 and p["TN"] % 4 == 0 and p["BK"] % 4 == 0 and p["PAD"] % 4 == 0
+            and (p["BM"] * p["BK"] // 4) % nt == 0 and (p["BK"] * p["BN"] // 4) % nt == 0)
+
+
+def _registers(spec, M, N, K, dev):
+    p = spec.params
+    d = _derived(p)
+    if d is None:
+        return False
+    acc = d["WMITER"] * p["TM"] * p["WNITER"] * p["TN"]
+    frags = d["WMITER"] * p["TM"] + p["WNITER"] * p["TN"]
+    staged = (p["BM"] * p["BK"] + p["BK"] * p["BN"]) // d["NT"]
+    return acc + frags + staged + 30 <= 255
+
+
+def _regs_per_sm(spec, M, N, K, dev):
+    # At least one block must fit the SM's register file at the per-thread estimate.
+    p = spec.params
+    d = _derived(p)
+    if d is None:
+        return False
+    acc = d["WMITER"] * p["TM"] * p["WNITER"] * p["TN"]
+    return spec.threads * min(acc + 60, 255) <= dev.registers_per_block
+
+
+CONSTRAINTS = (
+    Constraint("warp tiling", _tiling,
+               "WM | BM and WN | BN; a warp tile must split into WMITER x WNITER steps whose "
+               "32 lanes form a (WSUBM/TM) x (WSUBN/TN) grid; TM, TN, BK, PAD multiples of 4; "
+               "the threads must copy both tiles in whole float4 passes"),
+    Constraint("registers per thread", _registers,
+               "accumulators + fragments + the prefetched next tile must fit in 255 registers"),
+    Constraint("registers per block", _regs_per_sm,
+               "threads x registers per thread must fit the register file of one SM"),
+)
+
+
+def build(BM: int = 128, BN: int = 128, BK: int = 16, WM: int = 64, WN: int = 32,
+          WNITER: int = 2, TM: int = 4, TN: int = 4, PAD: int = 4,
+          max_registers: int | None = None) -> KernelSpec:
+    params = {"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "WNITER": WNITER,
+              "TM": TM, "TN": TN, "PAD": PAD}
+    d = _derived(params) or dict(NT=WARP, WMITER=1, WSUBM=WM, WSUBN=WN, LANE_COLS=1)
+    NT, WMITER, WSUBM, WSUBN, LANE_COLS = (d[k] for k in
+                                           ("NT", "WMITER", "WSUBM", "WSUBN", "LANE_COLS"))
+    WCOLS = max(BN // WN, 1)  # warps along a row of the block tile
+    FM = WMITER * TM  # rows of C per thread
+    FN = WNITER * TN  # columns of C per thread
+    ACC = FM * FN
+    TM4, TN4 = TM // 4, TN // 4
+    BK4, BN4 = max(BK // 4, 1), max(BN // 4, 1)
+    A_PASSES = max(BM * BK4 // NT, 1)
+    B_PASSES = max(BK * BN4 // NT, 1)
+    A_REGS, B_REGS = 4 * A_PASSES, 4 * B_PASSES
+    SA_COLS = BM + PAD
+    SB_COLS = BN
+    SROWS = 2 * BK  # two k-tiles: double buffering
+
+    def thread_origin(tid):
+        """(row, col) in the block tile of thread tid's first result."""
+        warp, lane = tid // WARP, tid % WARP
+        row = (warp // WCOLS) * WM + (lane // LANE_COLS) * TM
+        col = (warp % WCOLS) * WN + (lane % LANE_COLS) * TN
+        return row, col
+
+    def a_frag(tid, wm, q):
+        """First row of the q-th float4 of thread tid's A fragment in warp step wm."""
+        return thread_origin(tid)[0] + wm * WSUBM + q * 4
+
+    def b_frag(tid, wn, q):
+        """First column of the q-th float4 of thread tid's B fragment in warp step wn."""
+        return thread_origin(tid)[1] + wn * WSUBN + q * 4
+
+    def a_chunk(tid, p):
+        """(row, first k) of the float4 of the A tile thread tid copies in pass p."""
+        idx = tid + p * NT
+        return idx // BK4, (idx % BK4) * 4
+
+    def b_chunk(tid, p):
+        """(k, first column) of the float4 of the B tile thread tid copies in pass p."""
+        idx = tid + p * NT
+        return idx // BN4, (idx % BN4) * 4
+
+    _thread_origin = cuda.jit(device=True)(thread_origin)
+    _a_chunk = cuda.jit(device=True)(a_chunk)
+    _b_chunk = cuda.jit(device=True)(b_chunk)
+
+    @cuda.jit(device=True)
+    def fetch_a(A, ra, tid, m0, k0, M, K, a_vec):
+        """Global -> registers: this thread's float4s of the A tile at (m0, k0)."""
+        for p in range(A_PASSES):
+            r, kq = _a_chunk(tid, p)
+            gr = m0 + r
+            gk = k0 + kq
+            if a_vec:
+                if gr < M and gk < K:
+                    v0, v1, v2, v3 = load4(A, gr, gk)
+                else:
+                    v0 = v1 = v2 = v3 = float32(0.0)
+            else:
+                inside = gr < M
+                v0 = A[gr, gk] if inside and gk < K else float32(0.0)
+                v1 = A[gr, gk + 1] if inside and gk + 1 < K else float32(0.0)
+                v2 = A[gr, gk + 2] if inside and gk + 2 < K else float32(0.0)
+                v3 = A[gr, gk + 3] if inside and gk + 3 < K else float32(0.0)
+            ra[4 * p] = v0
+            ra[4 * p + 1] = v1
+            ra[4 * p + 2] = v2
+            ra[4 * p + 3] = v3
+
+    @cuda.jit(device=True)
+    def fetch_b(B, rb, tid, k0, n0, K, N, b_vec):
+        """Global -> registers: this thread's float4s of the B tile at (k0, n0)."""
+        for p in range(B_PASSES):
+            kr, c = _b_chunk(tid, p)
+            gk = k0 + kr
+            gc = n0 + c
+            if b_vec:
+                if gk < K and gc < N:
+                    v0, v1, v2, v3 = load4(B, gk, gc)
+                else:
+                    v0 = v1 = v2 = v3 = float32(0.0)
+            else:
+                inside = gk < K
+                v0 = B[gk, gc] if inside and gc < N else float32(0.0)
+                v1 = B[gk, gc + 1] if inside and gc + 1 < N else float32(0.0)
+                v2 = B[gk, gc + 2] if inside and gc + 2 < N else float32(0.0)
+                v3 = B[gk, gc + 3] if inside and gc + 3 < N else float32(0.0)
+            rb[4 * p] = v0
+            rb[4 * p + 1] = v1
+            rb[4 * p + 2] = v2
+            rb[4 * p + 3] = v3
+
+    @cuda.jit(device=True)
+    def stage(sAT, sB, ra, rb, tid, boff):
+        """Registers -> shared buffer starting at row boff (A transposed)."""
+        for p in range(A_PASSES):
+            r, kq = _a_chunk(tid, p)
+            for e in range(4):
+                sAT[boff + kq + e, r] = ra[4 * p + e]
+        for p in range(B_PASSES):
+            kr, c = _b_chunk(tid, p)
+            store4(sB, boff + kr, c, rb[4 * p], rb[4 * p + 1], rb[4 * p + 2], rb[4 * p + 3])
+
+    def warptile_kernel(A, B, C):
+        sAT = cuda.shared.array((SROWS, SA_COLS), float32, alignment=SHARED_ALIGN)
+        sB = cuda.shared.array((SROWS, SB_COLS), float32, alignment=SHARED_ALIGN)
+        acc = cuda.local.array(ACC, float32)
+        fa = cuda.local.array(FM, float32)
+        fb = cuda.local.array(FN, float32)
+        ra = cuda.local.array(A_REGS, float32)
+        rb = cuda.local.array(B_REGS, float32)
+        M, K = A.shape
+        N = B.shape[1]
+        tid = cuda.threadIdx.x
+        m0 = cuda.blockIdx.y * BM
+        n0 = cuda.blockIdx.x * BN
+        row0, col0 = _thread_origin(tid)
+        a_vec = K % 4 == 0 and aligned16(A)
+        b_vec = N % 4 == 0 and aligned16(B)
+        c_vec = N % 4 == 0 and aligned16(C)
+        for i in range(ACC):
+            acc[i] = float32(0.0)
+
+        ntiles = (K + BK - 1) // BK
+        fetch_a(A, ra, tid, m0, 0, M, K, a_vec)
+        fetch_b(B, rb, tid, 0, n0, K, N, b_vec)
+        stage(sAT, sB, ra, rb, tid, 0)
+        cuda.syncthreads()
+        for t in range(ntiles):
+            boff = (t % 2) * BK
+            more = t + 1 < ntiles
+            if more:  # issue the next tile's global loads now; use them after the FMAs
+                fetch_a(A, ra, tid, m0, (t + 1) * BK, M, K, a_vec)
+                fetch_b(B, rb, tid, (t + 1) * BK, n0, K, N, b_vec)
+            for kk in range(BK):
+                krow = boff + kk
+                for wm in range(WMITER):
+                    for q in range(TM4):
+                        x0, x1, x2, x3 = load4(sAT, krow, row0 + wm * WSUBM + 4 * q)
+                        fa[wm * TM + 4 * q] = x0
+                        fa[wm * TM + 4 * q + 1] = x1
+                        fa[wm * TM + 4 * q + 2] = x2
+                        fa[wm * TM + 4 * q + 3] = x3
+                for wn in range(WNITER):
+                    for q in range(TN4):
+                        y0, y1, y2, y3 = load4(sB, krow, col0 + wn * WSUBN + 4 * q)
+                        fb[wn * TN + 4 * q] = y0
+                        fb[wn * TN + 4 * q + 1] = y1
+                        fb[wn * TN + 4 * q + 2] = y2
+                        fb[wn * TN + 4 * q + 3] = y3
+                for i in range(FM):
+                    for j in range(FN):
+                        acc[i * FN + j] += fa[i] * fb[j]
+            if more:
+                stage(sAT, sB, ra, rb, tid, BK - boff)  # the other buffer
+            cuda.syncthreads()
+
+        for wm in range(WMITER):
+            for i in range(TM):
+                gr = m0 + row0 + wm * WSUBM + i
+                if gr < M:
+                    ai = (wm * TM + i) * FN
+                    for wn in range(WNITER):
+                        for q in range(TN4):
+                            gc = n0 + col0 + wn * WSUBN + 4 * q
+                            j = ai + wn * TN + 4 * q
+                            if c_vec:
+                                if gc < N:
+                                    store4(C, gr, gc, acc[j], acc[j + 1], acc[j + 2], acc[j + 3])
+                            else:
+                                for e in range(4):
+                                    if gc + e < N:
+                                        C[gr, gc + e] = acc[j + e]
+
+    # max_registers caps registers per thread (like __launch_bounds__); the simulator has no
+    # such option, and there it would mean nothing anyway.
+    opts = {"max_registers": max_registers} if max_registers and not SIMULATOR else {}
+    kernel = cuda.jit(**opts)(warptile_kernel)
+
+    def grid(M, N, K):
+        return (cdiv(N, BN), cdiv(M, BM), 1)
+
+    default = params == {"BM": 128, "BN": 128, "BK": 16, "WM": 64, "WN": 32, "WNITER": 2,
+                         "TM": 4, "TN": 4, "PAD": 4} and not max_registers
+    name = "warptile" if default else (
+        f"warptile_{BM}x{BN}x{BK}_w{WM}x{WN}n{WNITER}_t{TM}x{TN}_p{PAD}"
+        + (f"_r{max_registers}" if max_registers else ""))
+    if max_registers:
+        params["max_registers"] = max_registers
+    return KernelSpec(
+        name=name,
+        chapter="09-warp-tiling",
+        idea="block tile -> warp tiles -> thread tiles, float4 everywhere, and a double-"
+             "buffered shared tile fed by register prefetch",
+        kernel=kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=grid,
+        params=params,
+        shared_bytes=(SROWS * SA_COLS + SROWS * SB_COLS) * 4,
+        constraints=CONSTRAINTS,
+        ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.shared\.v4\.f32",
+                  r"st\.global\.v4\.f32"),
+        index={"thread_origin": thread_origin, "a_frag": a_frag, "b_frag": b_frag,
+               "a_chunk": a_chunk, "b_chunk": b_chunk},
+        module=__name__,
+    )
+
+
+def accesses(spec):
+    """Shared-memory access patterns of ``spec`` for gemmlib.banks (one per instruction)."""
+    from gemmlib.banks import Access
+
+    p, ix = spec.params, spec.index
+    sa_cols = p["BM"] + p["PAD"]
+
+    def a_store(t):
+        r, kq = ix["a_chunk"](t, 0)
+        return kq, r
+
+    nt = spec.threads
+    d = _derived(p)
+    a_passes = max(p["BM"] * p["BK"] // 4 // nt, 1)
+    b_passes = max(p["BK"] * p["BN"] // 4 // nt, 1)
+    return [
+        Access("sAT", "store", sa_cols, a_store, label="sAT[kq + e, r] = ra[...] (transposing)",
+               count=4 * a_passes),
+        Access("sB", "store", p["BN"], lambda t: ix["b_chunk"](t, 0), width=4,
+               label="store4(sB, k, c, ...)", count=b_passes),
+        Access("sAT", "load", sa_cols, lambda t: (0, ix["a_frag"](t, 0, 0)), width=4,
+               label="load4(sAT, k, a_frag) (inner loop)",
+               count=p["BK"] * d["WMITER"] * p["TM"] // 4),
+        Access("sB", "load", p["BN"], lambda t: (0, ix["b_frag"](t, 0, 0)), width=4,
+               label="load4(sB, k, b_frag) (inner loop)",
+               count=p["BK"] * p["WNITER"] * p["TN"] // 4),
+    ]
+
+SPEC = build()

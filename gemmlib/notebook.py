@@ -1,0 +1,579 @@
+"""Helpers every chapter notebook uses.
+
+The first code cell of each chapter is the same few lines::
+
+    import os, shutil, sys
+    if "google.colab" in sys.modules:                  # Colab: install gemmlib
+        %pip install -q "gemmlib[cu12,gpu-cu12] @ git+<repository>"
+    if shutil.which("nvidia-smi") is None:            # no NVIDIA GPU: simulate one
+        os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    from gemmlib import notebook as nb
+    dev = nb.setup()
+
+:func:`setup` then checks what a fresh Colab runtime gets wrong (numba-cuda
+installed but not yet active: restart needed), prints the device the
+notebook runs on, and styles the figures.  Everything else here sizes
+problems for the device (tiny in the simulator, real on a GPU), shows kernel
+source from gemmlib, reads committed benchmark results, measures live when a
+GPU is present, and checks the readers' exercise answers.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import inspect
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+from gemmlib import backend
+from gemmlib.backend import SIMULATOR
+
+#: The course's repository: the one place notebooks install gemmlib from
+#: (``_config.yml``'s ``repository.url`` is the same; tests/test_book.py checks).
+REPOSITORY = "https://github.com/gemm-course/gemm-course"
+
+IN_COLAB = "google.colab" in sys.modules
+
+
+class RestartRuntime(RuntimeError):
+    """numba-cuda was installed into a running interpreter: restart it, then re-run."""
+
+
+# --------------------------------------------------------------------------
+# Setup
+
+
+def numba_cuda_active() -> bool:
+    """True when ``numba.cuda`` is NVIDIA's numba-cuda package (not numba's old built-in target)."""
+    try:
+        import numba.cuda as nc
+    except Exception:
+        return False
+    return getattr(nc, "implementation", None) == "NVIDIA"
+
+
+def setup(quiet: bool = False):
+    """Check the environment, print where kernels will run, return its DeviceInfo."""
+    if IN_COLAB and not SIMULATOR and not numba_cuda_active():
+        msg = ("numba-cuda was just installed, but this Python process started with Colab's "
+               "own numba. Restart the runtime (Runtime > Restart session), then run the "
+               "notebook again from the top; the install step will be skipped.")
+        print("*** " + msg)
+        raise RestartRuntime(msg)
+    _style_figures()
+    if not SIMULATOR and not backend.gpu_present():
+        raise backend.NoGPUError(
+            "no CUDA GPU is visible. On Colab: Runtime > Change runtime type > T4 GPU. "
+            "Elsewhere: set NUMBA_ENABLE_CUDASIM=1 before the first import to use numba's "
+            "CUDA simulator (tiny problem sizes, no timings).")
+    dev = backend.device_info()
+    if not quiet:
+        print(environment_summary())
+    return dev
+
+
+def describe_device(dev=None) -> str:
+    dev = dev or backend.device_info()
+    if dev.simulated:
+        return ("Running in numba's CUDA SIMULATOR (NUMBA_ENABLE_CUDASIM=1): every CUDA thread "
+                "is a Python thread, so problem sizes are tiny and nothing is timed.")
+    cc = ".".join(map(str, dev.compute_capability))
+    return (f"GPU: {dev.name} (compute capability {cc}, {dev.sm_count} SMs, "
+            f"{dev.max_sm_clock_mhz:.0f} MHz, fp32 peak {dev.fp32_peak_tflops:.1f} TFLOP/s)")
+
+
+def _style_figures():
+    try:
+        import matplotlib.pyplot as plt
+
+        plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 100, "font.size": 10,
+                             "axes.titlesize": 10})
+    except Exception:  # pragma: no cover
+        pass
+
+
+def on_gpu() -> bool:
+    return not SIMULATOR and backend.gpu_present()
+
+
+# --------------------------------------------------------------------------
+# Problem sizes: tiny in the simulator, real on a GPU
+
+
+def demo_shape() -> tuple[int, int, int]:
+    """One (M, N, K) for a chapter's first run: odd, so every edge case is hit."""
+    return (23, 29, 37) if SIMULATOR else (1000, 1001, 999)
+
+
+def verify_shapes(spec=None) -> list[tuple[int, int, int]]:
+    """Shapes for a chapter's correctness check.
+
+    In the simulator: two shapes that each fit in one or two blocks (a
+    1024-thread block costs a second or two there).  On a GPU: single
+    elements, off-tile sizes on both sides of the tile, and a large square.
+    """
+    if SIMULATOR:
+        return [(23, 29, 37), (3, 5, 70)]
+    tm, tn = spec.tile if spec is not None else (32, 32)
+    return [(1, 1, 1), (tm + 1, tn - 1, 7), (127, 129, 65), (1000, 1001, 999),
+            (2048, 2048, 2048)]
+
+
+def live_shapes() -> list[tuple[int, int, int]]:
+    """Square sizes measured live in a chapter (kept quick: seconds, not minutes)."""
+    return [] if SIMULATOR else [(n, n, n) for n in (512, 1024, 2048)]
+
+
+def gemm_flops(M: int, N: int, K: int) -> int:
+    """A multiply and an add for every (i, j, k)."""
+    return 2 * M * N * K
+
+
+# --------------------------------------------------------------------------
+# Device facts
+
+
+def memory_bandwidth_gbs():
+    """Peak DRAM bandwidth from the driver: 2 (double data rate) x memory clock x bus width.
+
+    None in the simulator.  (Read here from the device attributes
+    MEMORY_CLOCK_RATE, in kHz, and GLOBAL_MEMORY_BUS_WIDTH, in bits.)
+    """
+    if SIMULATOR or not backend.gpu_present():
+        return None
+    dev = backend.cuda.get_current_device()
+    try:
+        clock_khz = int(dev.MEMORY_CLOCK_RATE)
+        bus_bits = int(dev.GLOBAL_MEMORY_BUS_WIDTH)
+    except Exception:
+        return None
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+
+
+def runnable(spec) -> bool:
+    """True if this device can run ``spec``; otherwise prints why and returns False."""
+    dev = backend.device_info()
+    if tuple(dev.compute_capability) < tuple(spec.min_cc):
+        need = f"sm_{spec.min_cc[0]}{spec.min_cc[1]}"
+        have = f"sm_{dev.compute_capability[0]}{dev.compute_capability[1]}"
+        print(f"SKIPPED: kernel {spec.name!r} needs {need} or newer; this GPU ({dev.name}) "
+              f"is {have}. The rest of the chapter still runs.")
+        return False
+    return True
+
+
+def _html_table(header, rows, caption=None):
+    out = ["<table style='border-collapse:collapse;font-size:0.9em'>"]
+    if caption:
+        out.append(f"<caption style='text-align:left'>{html.escape(caption)}</caption>")
+    out.append("<tr>" + "".join(f"<th style='text-align:left;padding:2px 10px;"
+                                f"border-bottom:1px solid #999'>{html.escape(str(h))}</th>"
+                                for h in header) + "</tr>")
+    for r in rows:
+        out.append("<tr>" + "".join(f"<td style='padding:2px 10px'>{html.escape(str(c))}</td>"
+                                    for c in r) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+class Table:
+    """A small table that renders as HTML in notebooks and as text elsewhere."""
+
+    def __init__(self, header, rows, caption=None):
+        self.header, self.rows, self.caption = list(header), [list(r) for r in rows], caption
+
+    def _repr_html_(self):
+        return _html_table(self.header, self.rows, self.caption)
+
+    def __repr__(self):
+        widths = [max(len(str(x)) for x in col) for col in zip(self.header, *self.rows)]
+        line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
+        body = [line(self.header)] + [line(r) for r in self.rows]
+        return "\n".join(([self.caption] if self.caption else []) + body)
+
+
+def hardware_table(spec=None) -> Table:
+    """The device limits that matter for GEMM, read from the driver, and (with ``spec``)
+    what one block of that kernel asks for and how many blocks fit on one SM."""
+    dev = backend.device_info()
+    kib = lambda b: f"{b / 1024:.0f} KiB"  # noqa: E731
+    rows = [
+        ("GPU", dev.name),
+        ("compute capability", ".".join(map(str, dev.compute_capability))),
+        ("streaming multiprocessors (SMs)", dev.sm_count),
+        ("warp size", dev.warp_size),
+        ("max threads per block", dev.max_threads_per_block),
+        ("max threads per SM", dev.max_threads_per_sm),
+        ("shared memory per block (default / opt-in)",
+         f"{kib(dev.max_shared_per_block)} / {kib(dev.max_shared_per_block_optin)}"),
+        ("shared memory per SM", kib(dev.max_shared_per_sm)),
+        ("32-bit registers per SM", dev.registers_per_sm),
+        ("L2 cache", kib(dev.l2_bytes) if dev.l2_bytes else "n/a"),
+        ("max SM clock", f"{dev.max_sm_clock_mhz:.0f} MHz" if dev.max_sm_clock_mhz else "n/a"),
+        ("fp32 FMA peak", f"{dev.fp32_peak_tflops:.1f} TFLOP/s" if dev.fp32_peak_tflops else "n/a"),
+    ]
+    bw = memory_bandwidth_gbs()
+    rows.append(("DRAM bandwidth (peak)", f"{bw:.0f} GB/s" if bw else "n/a"))
+    if spec is not None:
+        rows += [(f"[{spec.name}] threads per block", f"{spec.threads} {tuple(spec.block)}"),
+                 (f"[{spec.name}] static shared memory per block", f"{spec.shared_bytes} B")]
+        regs = registers_per_thread(spec)
+        rows.append((f"[{spec.name}] registers per thread", regs if regs else
+                     "n/a (only the compiler on a real GPU knows)"))
+        fit = blocks_per_sm(spec, regs)
+        rows.append((f"[{spec.name}] blocks per SM, limited by",
+                     ", ".join(f"{k}: {v}" for k, v in fit.items())))
+    src = "numba simulator (placeholder values)" if dev.simulated else "read from the driver"
+    return Table(("property", "value"), rows, caption=f"Device facts ({src})")
+
+
+def registers_per_thread(spec):
+    """Registers per thread the compiler gave the kernel (None in the simulator)."""
+    if SIMULATOR:
+        return None
+    try:
+        regs = spec.kernel.get_regs_per_thread()
+        if isinstance(regs, dict):
+            return max(regs.values()) if regs else None
+        return int(regs)
+    except Exception:
+        return None
+
+
+def blocks_per_sm(spec, regs=None) -> dict:
+    """How many blocks of ``spec`` one SM can hold, by each resource."""
+    dev = backend.device_info()
+    fit = {"threads": dev.max_threads_per_sm // spec.threads}
+    if spec.shared_bytes:
+        # the driver reserves 1 KiB of shared memory per block on sm_80+
+        fit["shared memory"] = dev.max_shared_per_sm // (spec.shared_bytes + 1024)
+    if regs:
+        per_warp = -(-regs * 32 // 256) * 256  # allocated in units of 256 per warp
+        fit["registers"] = dev.registers_per_sm // (per_warp * -(-spec.threads // 32))
+    return fit
+
+
+# --------------------------------------------------------------------------
+# Source code, straight from gemmlib
+
+
+def _source_of(obj) -> str:
+    from gemmlib.kernels import LADDER, module as kernel_module
+    from gemmlib.spec import KernelSpec
+
+    if isinstance(obj, str):
+        if obj in LADDER:
+            return inspect.getsource(kernel_module(obj))
+        return inspect.getsource(importlib.import_module(obj))
+    if isinstance(obj, KernelSpec):
+        obj = obj.kernel
+    for attr in ("py_func", "fn", "_func"):  # numba dispatcher / simulator kernel
+        inner = getattr(obj, attr, None)
+        if callable(inner):
+            obj = inner
+            break
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def show_source(obj, *, start: str | None = None, stop: str | None = None):
+    """Display the source of a kernel, function, spec, module or rung name, highlighted.
+
+    ``start`` / ``stop``: show only from the first line containing ``start``
+    up to (excluding) the first later line containing ``stop``.
+    """
+    src = _source_of(obj)
+    if start or stop:
+        lines = src.splitlines()
+        i = next((n for n, ln in enumerate(lines) if start and start in ln), 0)
+        j = next((n for n, ln in enumerate(lines) if stop and n > i and stop in ln), len(lines))
+        src = textwrap.dedent("\n".join(lines[i:j]))
+    try:
+        from IPython.display import Code, display
+
+        display(Code(src.rstrip() + "\n", language="python"))
+    except ImportError:  # pragma: no cover - outside IPython
+        print(src)
+
+
+# --------------------------------------------------------------------------
+# Committed results (results/*.json written by `python -m gemmlib bench --out results`)
+
+
+def repo_root() -> Path | None:
+    """The checkout's root (the folder holding results/), or None when gemmlib was pip-installed."""
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
+        for d in (start, *start.parents):
+            if (d / "gemmlib").is_dir() and (d / "pyproject.toml").is_file():
+                return d
+    return None
+
+
+def load_results(kernels=None):
+    """Every committed benchmark result (newest last), as gemmlib.bench.Result objects.
+
+    Simulator runs carry no timings and are left out.
+    """
+    root = repo_root()
+    if root is None or not (root / "results").is_dir():
+        return []
+    try:
+        from gemmlib.bench import load
+    except ImportError:
+        return []
+    out = []
+    for p in sorted((root / "results").glob("*.json")):
+        try:
+            r = load(p)
+        except Exception as e:  # a malformed or foreign file: say so, keep going
+            print(f"(skipping {p.name}: {e})")
+            continue
+        if r.meta.get("simulated"):
+            continue
+        r.meta.setdefault("file", p.name)
+        out.append(r)
+    return sorted(out, key=lambda r: r.meta.get("date", ""))
+
+
+def pick_result(results=None):
+    """The result to show: the newest one from this GPU if there is one, else the newest."""
+    results = load_results() if results is None else results
+    if not results:
+        return None
+    if on_gpu():
+        here = backend.device_info().name
+        mine = [r for r in results if r.meta.get("gpu") == here]
+        if mine:
+            return mine[-1]
+    return results[-1]
+
+
+NO_RESULTS = ("No committed results yet: they appear here once `python -m gemmlib bench "
+              "--out results` has run on a GPU and results/*.json is committed.")
+
+
+def results_table(kernels=None, *, squares_only=True, result=None):
+    """A table of committed timings: TFLOP/s and % of cuBLAS for ``kernels`` (default all).
+
+    Returns a :class:`Table` (or prints a message and returns None when there
+    are no committed results).
+    """
+    result = result or pick_result()
+    if result is None:
+        print(NO_RESULTS)
+        return None
+    rows = [r for r in result.rows if kernels is None or r.kernel in kernels or
+            r.kernel == "cublas"]
+    if squares_only:
+        rows = [r for r in rows if r.M == r.N == r.K]
+    order = {k: i for i, k in enumerate(list(kernels or []) + ["cublas"])}
+    rows.sort(key=lambda r: (r.M, r.N, r.K, order.get(r.kernel, -1)))
+    body = [(r.kernel, f"{r.M}x{r.N}x{r.K}", f"{r.median_ms:.3f}", f"{r.tflops:.2f}",
+             f"{r.pct_of_cublas:.1f}%") for r in rows]
+    m = result.meta
+    cap = (f"Committed results: {m.get('gpu', '?')}, {m.get('date', '')[:10]}, "
+           f"{m.get('precision', 'float32')} ({m.get('file', '')})")
+    if on_gpu() and m.get("gpu") != backend.device_info().name:
+        cap += f" -- measured on a different GPU than this one ({backend.device_info().name})"
+    return Table(("kernel", "M x N x K", "median ms", "TFLOP/s", "% of cuBLAS"), body, cap)
+
+
+def figure(name: str, fallback=None):
+    """Show figures/<name> if the lead's `python -m gemmlib plot` made it; otherwise call
+    ``fallback()`` (which may draw the chart inline) or say it is not there yet."""
+    root = repo_root()
+    path = root / "figures" / name if root else None
+    if path is not None and path.is_file():
+        from IPython.display import Image, display
+
+        display(Image(filename=str(path)))
+        return True
+    if fallback is not None:
+        fallback()
+    else:
+        print(f"(figure {name} not generated yet: run `python -m gemmlib plot` after a benchmark)")
+    return False
+
+
+def performance(kernels, *, title=None):
+    """Committed results for ``kernels`` against cuBLAS: a table, then a chart.
+
+    Then, on a GPU, a quick live measurement (see :func:`measure_live`).
+    """
+    from IPython.display import display
+
+    result = pick_result()
+    if result is None:
+        print(NO_RESULTS)
+    else:
+        table = results_table(kernels, result=result)
+        display(table)
+        _chart(result, kernels, title)
+    if on_gpu():
+        measure_live(kernels)
+    else:
+        print("Live measurement skipped: " + ("the simulator runs kernels as Python threads, "
+              "so its timings mean nothing." if SIMULATOR else "no GPU."))
+
+
+def _chart(result, kernels, title=None):
+    import matplotlib.pyplot as plt
+
+    from gemmlib.viz import plot_results
+
+    recs = [dict(kernel=r.kernel, M=r.M, N=r.N, K=r.K, tflops=r.tflops) for r in result.rows
+            if r.M == r.N == r.K]
+    fig = plot_results(recs, kernels=kernels,
+                       title=title or f"{', '.join(kernels)} vs cuBLAS on {result.meta.get('gpu')}")
+    plt.show()
+    return fig
+
+
+def measure_live(kernels, shapes=None, reps: int = 10):
+    """Time ``kernels`` and cuBLAS now, on this GPU, with gemmlib.bench (if available)."""
+    if not on_gpu():
+        print("Live measurement needs a GPU.")
+        return None
+    try:
+        from gemmlib.bench import benchmark
+    except ImportError as e:
+        print(f"Live measurement unavailable: gemmlib.bench could not be imported ({e}).")
+        return None
+    runnable_kernels = []
+    from gemmlib.kernels import get
+
+    for k in kernels:
+        if runnable(get(k)):
+            runnable_kernels.append(k)
+    if not runnable_kernels:
+        return None
+    shapes = shapes or live_shapes()
+    print(f"Measuring {', '.join(runnable_kernels)} and cuBLAS live on {backend.device_info().name}"
+          f" at {', '.join('x'.join(map(str, s)) for s in shapes)} ...")
+    result = benchmark(runnable_kernels, shapes, reps=reps, warmup=2, budget_s=3.0,
+                       progress=False)
+    print(result.table())
+    return result
+
+
+# --------------------------------------------------------------------------
+# Exercises: automatic checks that print a verdict and never raise
+
+
+def _verdict(ok: bool, message: str) -> bool:
+    print(("✅ correct: " if ok else "❌ not yet: ") + message)
+    return ok
+
+
+def check_value(answer, expected, what: str, rel: float = 1e-9) -> bool:
+    """Compare a number (or anything comparable) with the expected one."""
+    if answer is None or answer is Ellipsis:
+        return _verdict(False, f"{what}: replace the placeholder with your answer.")
+    try:
+        ok = abs(float(answer) - float(expected)) <= rel * max(1.0, abs(float(expected)))
+    except (TypeError, ValueError):
+        ok = answer == expected
+    return _verdict(ok, f"{what} = {expected}" if ok else f"{what}: you have {answer!r}, "
+                    "which is not it. Look at the hint and try again.")
+
+
+def check_function(candidate, reference, cases, what: str) -> bool:
+    """Call ``candidate`` and ``reference`` on every argument tuple in ``cases``; report the
+    first disagreement."""
+    n = 0
+    for args in cases:
+        try:
+            got = candidate(*args)
+        except NotImplementedError:
+            return _verdict(False, f"{what}: not written yet.")
+        except Exception as e:  # the reader's bug: show it, do not raise
+            return _verdict(False, f"{what}{args} raised {type(e).__name__}: {e}")
+        want = reference(*args)
+        try:
+            same = tuple(got) == tuple(want) if isinstance(want, tuple) else got == want
+        except TypeError:
+            same = False
+        if not same:
+            return _verdict(False, f"{what}{args} gives {got}, expected {want}.")
+        n += 1
+    return _verdict(True, f"{what} agrees on all {n} cases.")
+
+
+def check_index_function(candidate, spec, M: int = 70, N: int = 45) -> bool:
+    """Compare a reader's c_element(block_x, block_y, thread_x, thread_y) with the kernel's
+    own, for every thread of the launch that covers an M x N matrix C."""
+    gx, gy, _ = spec.grid(M, N, 1)
+    bx, by = spec.block[:2]
+    cases = [(i, j, tx, ty) for j in range(gy) for i in range(gx)
+             for ty in range(by) for tx in range(bx)]
+    return check_function(candidate, spec.index["c_element"], cases,
+                          f"c_element for kernel {spec.name!r}")
+
+
+def check_matmul(candidate, what: str = "your matmul", shapes=((3, 4, 5), (7, 2, 6), (1, 1, 1))) -> bool:
+    """Run a reader's CPU matmul(A, B) on small random matrices and compare with NumPy."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    for M, N, K in shapes:
+        A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+        B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+        try:
+            got = np.asarray(candidate(A, B), dtype=np.float64)
+        except NotImplementedError:
+            return _verdict(False, f"{what}: not written yet.")
+        except Exception as e:
+            return _verdict(False, f"{what} raised {type(e).__name__}: {e}")
+        want = A.astype(np.float64) @ B.astype(np.float64)
+        if got.shape != want.shape:
+            return _verdict(False, f"{what} returned shape {got.shape}, expected {want.shape}.")
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+            i, j = np.unravel_index(np.abs(got - want).argmax(), want.shape)
+            return _verdict(False, f"{what} is wrong at C[{i}, {j}] for {M}x{N}x{K}: "
+                            f"{got[i, j]:.5f} instead of {want[i, j]:.5f}.")
+    return _verdict(True, f"{what} matches NumPy on {len(shapes)} shapes.")
+
+
+def environment_summary() -> str:
+    """One line for the top of an executed notebook: where and with what it ran."""
+    from importlib import metadata
+
+    def v(d):
+        try:
+            return metadata.version(d)
+        except metadata.PackageNotFoundError:
+            return "-"
+
+    import numpy as np
+
+    return (f"{describe_device()} | numba-cuda {v('numba-cuda')}, numba {v('numba')}, "
+            f"NumPy {np.__version__}, Python {sys.version.split()[0]}"
+            + (" | Colab" if IN_COLAB else "")
+            + (f" | NUMBA_ENABLE_CUDASIM={os.environ.get('NUMBA_ENABLE_CUDASIM')}"
+               if os.environ.get("NUMBA_ENABLE_CUDASIM") else ""))
+
+
+def time_cublas(n: int, reps: int = 10) -> float | None:
+    """Median milliseconds of cuBLAS SGEMM (CuPy's matmul, TF32 off) on n x n x n; None
+    without a GPU.  A quick look: the benchmark harness (gemmlib.bench) is the careful one."""
+    if not on_gpu():
+        return None
+    import statistics
+
+    import numpy as np
+
+    cp = backend.array_module()
+    A = backend.random_matrix((n, n), np.float32, 0)
+    B = backend.random_matrix((n, n), np.float32, 1)
+    C = cp.matmul(A, B)  # warm-up: creates the cuBLAS handle, picks the algorithm
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record()
+        cp.matmul(A, B, out=C)
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return statistics.median(times)

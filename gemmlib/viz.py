@@ -1,0 +1,476 @@
+"""Figures for the course, computed from the kernels' own index functions.
+
+Nothing here re-derives a mapping by hand: every picture of "which thread
+computes which element of C" calls ``spec.index["c_element"]``, the same
+plain-Python function the kernel calls on the GPU.  Change the kernel's
+mapping and the figures change with it.
+
+All functions return a matplotlib ``Figure`` (or plain data, for the
+``*_data`` / counting helpers, which the exercises use as answer keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FLOAT_BYTES = 4
+SECTOR_BYTES = 32     # the unit DRAM/L2 traffic is counted in
+LINE_BYTES = 128      # one fully used warp-wide float32 access
+
+_BLOCK_COLOURS = ["#cfe2f3", "#fce5cd", "#d9ead3", "#ead1dc", "#fff2cc", "#d0e0e3",
+                  "#f4cccc", "#d9d2e9"]
+_HIGHLIGHT = "#c0392b"
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _index_fn(spec_or_fn, name="c_element"):
+    """Accept a KernelSpec (use its index function) or the function itself."""
+    if callable(spec_or_fn) and not hasattr(spec_or_fn, "index"):
+        return spec_or_fn
+    return spec_or_fn.index[name]
+
+
+def _block_of(spec_or_fn, block):
+    if block is not None:
+        return tuple(block)[:2]
+    return tuple(spec_or_fn.block)[:2]
+
+
+# --------------------------------------------------------------------------
+# Who computes what
+
+
+@dataclass
+class Ownership:
+    """For every element of C: the block, thread and warp that computes it.
+
+    Arrays have shape (M, N); -1 marks an element nobody computes (a bug).
+    ``idle`` counts launched threads whose (row, col) falls outside C.
+    """
+
+    block_x: np.ndarray
+    block_y: np.ndarray
+    thread_x: np.ndarray
+    thread_y: np.ndarray
+    warp: np.ndarray          # warp number inside its block
+    block_id: np.ndarray      # linear block number, x fastest
+    idle: int
+    duplicates: int
+
+
+def ownership(spec_or_fn, M: int, N: int, *, block=None, grid=None) -> Ownership:
+    """Run the index function for every thread of the launch and record the owners.
+
+    ``grid`` defaults to ``spec.grid(M, N, K)``; for a bare function pass both
+    ``block`` and ``grid``.  Threads are numbered inside a block as CUDA does,
+    ``x + y * blockDim.x``, and warps are consecutive runs of 32 of them.
+    """
+    fn = _index_fn(spec_or_fn)
+    bdx, bdy = _block_of(spec_or_fn, block)
+    if grid is None:
+        grid = spec_or_fn.grid(M, N, 1)
+    gdx, gdy = grid[0], grid[1]
+    arrays = {k: np.full((M, N), -1, dtype=np.int64) for k in
+              ("bx", "by", "tx", "ty", "warp", "bid")}
+    idle = dup = 0
+    for by in range(gdy):
+        for bx in range(gdx):
+            for ty in range(bdy):
+                for tx in range(bdx):
+                    r, c = fn(bx, by, tx, ty)
+                    if not (0 <= r < M and 0 <= c < N):
+                        idle += 1
+                        continue
+                    if arrays["bx"][r, c] >= 0:
+                        dup += 1
+                    arrays["bx"][r, c], arrays["by"][r, c] = bx, by
+                    arrays["tx"][r, c], arrays["ty"][r, c] = tx, ty
+                    arrays["warp"][r, c] = (tx + ty * bdx) // 32
+                    arrays["bid"][r, c] = bx + by * gdx
+    return Ownership(arrays["bx"], arrays["by"], arrays["tx"], arrays["ty"], arrays["warp"],
+                     arrays["bid"], idle, dup)
+
+
+def warp_elements(spec_or_fn, warp: int = 0, block_xy=(0, 0), *, block=None):
+    """The (row, col) of C computed by each of the 32 threads of one warp, in lane order."""
+    fn = _index_fn(spec_or_fn)
+    bdx, bdy = _block_of(spec_or_fn, block)
+    out = []
+    for lane in range(32):
+        t = warp * 32 + lane
+        if t >= bdx * bdy:
+            break
+        out.append(fn(block_xy[0], block_xy[1], t % bdx, t // bdx))
+    return out
+
+
+def plot_thread_map(spec_or_fn, M: int, N: int, *, block=None, grid=None, color_by="warp",
+                    highlight_warp=0, window=None, annotate=None, title=None, ax=None):
+    """C as a grid of cells, coloured by the block (or warp) that computes each one.
+
+    ``color_by="warp"`` shades the warps of each block in turn, so you see the
+    shape a warp covers: a column of C or a row of C.  The warp
+    ``highlight_warp`` of block (0, 0) is outlined in red, with an arrow in the
+    direction its lane number grows.  ``window=(rows, cols)`` zooms into the
+    top-left corner; ``annotate`` writes each cell's (threadIdx.x, threadIdx.y)
+    (default: when the window is at most 16 x 16).
+    """
+    plt = _plt()
+    own = ownership(spec_or_fn, M, N, block=block, grid=grid)
+    rows, cols = window if window else (M, N)
+    rows, cols = min(rows, M), min(cols, N)
+    if annotate is None:
+        annotate = rows <= 16 and cols <= 16
+    if ax is None:
+        size = 5.5 if rows * cols > 256 else 4.5
+        fig, ax = plt.subplots(figsize=(size * max(cols / rows, 0.6) ** 0.5 + 1,
+                                        size * max(rows / cols, 0.6) ** 0.5))
+    else:
+        fig = ax.figure
+    from matplotlib.colors import to_rgb
+
+    img = np.ones((rows, cols, 3))
+    for r in range(rows):
+        for c in range(cols):
+            b = own.block_id[r, c]
+            if b < 0:
+                img[r, c] = to_rgb("#000000")
+                continue
+            base = np.array(to_rgb(_BLOCK_COLOURS[b % len(_BLOCK_COLOURS)]))
+            if color_by == "warp":
+                shade = 0.70 + 0.30 * ((own.warp[r, c] % 4) / 3.0)
+                base = base * shade
+            img[r, c] = base
+    ax.imshow(img, interpolation="nearest", extent=(-0.5, cols - 0.5, rows - 0.5, -0.5))
+    # block boundaries
+    for r in range(rows):
+        for c in range(cols):
+            if c + 1 < cols and own.block_id[r, c] != own.block_id[r, c + 1]:
+                ax.plot([c + 0.5, c + 0.5], [r - 0.5, r + 0.5], color="k", lw=1.2)
+            if r + 1 < rows and own.block_id[r, c] != own.block_id[r + 1, c]:
+                ax.plot([c - 0.5, c + 0.5], [r + 0.5, r + 0.5], color="k", lw=1.2)
+    lanes = []
+    if highlight_warp is not None:
+        lanes = [(r, c) for r, c in warp_elements(spec_or_fn, highlight_warp, block=block)
+                 if 0 <= r < rows and 0 <= c < cols]
+        for r, c in lanes:
+            ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False,
+                                       edgecolor=_HIGHLIGHT, lw=1.6 if rows <= 40 else 1.0))
+        if len(lanes) >= 2:
+            (r0, c0), (r1, c1) = lanes[0], lanes[-1]
+            ax.annotate("", xy=(c1, r1), xytext=(c0, r0),
+                        arrowprops=dict(arrowstyle="->", color=_HIGHLIGHT, lw=2))
+    if annotate:
+        for r in range(rows):
+            for c in range(cols):
+                if own.thread_x[r, c] >= 0:
+                    ax.text(c, r, f"{own.thread_x[r, c]},{own.thread_y[r, c]}", ha="center", va="center",
+                            fontsize=6.5 if cols > 10 else 8)
+    ax.set_xlabel("column of C (j)")
+    ax.set_ylabel("row of C (i)")
+    name = getattr(spec_or_fn, "name", getattr(spec_or_fn, "__name__", "kernel"))
+    if title is None:
+        title = f"{name}: who computes C ({M}x{N})"
+        if highlight_warp is not None:
+            title += f"\nred: the 32 lanes of warp {highlight_warp} in block (0, 0)"
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks(range(0, cols, max(1, cols // 8)))
+    ax.set_yticks(range(0, rows, max(1, rows // 8)))
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------
+# What one warp touches in memory
+
+
+@dataclass
+class WarpAccess:
+    """Addresses one warp-wide load touches, and how many memory segments they span."""
+
+    operand: str
+    elements: list          # (row, col) per lane
+    addresses: list         # byte offsets from the start of the matrix
+    distinct: int           # distinct addresses (a broadcast counts once)
+    sectors: int            # distinct 32-byte sectors
+    lines: int              # distinct 128-byte segments
+
+    @property
+    def useful_fraction(self) -> float:
+        """Bytes the warp needs / bytes of the sectors that must be fetched."""
+        return self.distinct * FLOAT_BYTES / (self.sectors * SECTOR_BYTES)
+
+
+def _access(operand, elements, leading_dim):
+    addrs = [(r * leading_dim + c) * FLOAT_BYTES for r, c in elements]
+    return WarpAccess(operand, elements, addrs, len(set(addrs)),
+                      len({a // SECTOR_BYTES for a in addrs}),
+                      len({a // LINE_BYTES for a in addrs}))
+
+
+def warp_access(spec_or_fn, M: int, N: int, K: int, *, warp: int = 0, k: int = 0,
+                block=None) -> dict:
+    """What warp ``warp`` of block (0, 0) reads at step ``k`` of ``acc += A[row, k] * B[k, col]``.
+
+    Returns {"A": WarpAccess, "B": WarpAccess}; matrices are row-major, so
+    A[r, c] lives at byte (r * K + c) * 4 and B[r, c] at (r * N + c) * 4.
+    Lanes whose element lies outside C are left out (they do not load).
+    """
+    cells = [(r, c) for r, c in warp_elements(spec_or_fn, warp, block=block)
+             if 0 <= r < M and 0 <= c < N]
+    a = _access("A", [(r, k) for r, _ in cells], K)
+    b = _access("B", [(k, c) for _, c in cells], N)
+    return {"A": a, "B": b}
+
+
+def plot_warp_access(spec_or_fn, M: int, N: int, K: int, *, warp: int = 0, k: int = 0,
+                     block=None, title=None):
+    """Three panels: the cells of A and of B one warp reads at step k, and the
+    128-byte segments those reads fall in (each box is a segment; the filled
+    part is the bytes the warp actually uses)."""
+    plt = _plt()
+    acc = warp_access(spec_or_fn, M, N, K, warp=warp, k=k, block=block)
+    fig = plt.figure(figsize=(11, 4.6))
+    gs = fig.add_gridspec(2, 3, height_ratios=[3, 1.1], width_ratios=[K, N, 0.001])
+    axA, axB = fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[0, 1])
+    for ax, (name, shape) in ((axA, ("A", (M, K))), (axB, ("B", (K, N)))):
+        grid = np.zeros(shape)
+        for r, c in acc[name].elements:
+            grid[r, c] += 1
+        ax.imshow(grid > 0, cmap="Reds", vmin=0, vmax=1.4, interpolation="nearest")
+        ax.set_title(f"{name} ({shape[0]}x{shape[1]}): cells read at k={k}", fontsize=10)
+        ax.set_xticks([]), ax.set_yticks([])
+        ax.set_xlabel("columns →"), ax.set_ylabel("rows →")
+    axS = fig.add_subplot(gs[1, :])
+    axS.set_axis_off()
+    y = 0.7
+    for name in ("A", "B"):
+        a = acc[name]
+        segs = sorted({x // LINE_BYTES for x in a.addresses})
+        used = {s: len({x for x in a.addresses if x // LINE_BYTES == s}) for s in segs}
+        axS.text(-0.5, y, f"{name}: {a.distinct} distinct floats in {a.lines} segment(s) "
+                 f"of 128 B", ha="right", va="center", fontsize=9)
+        for i, s in enumerate(segs[:32]):
+            axS.add_patch(plt.Rectangle((i, y - 0.3), 0.9, 0.6, fill=False, lw=1))
+            axS.add_patch(plt.Rectangle((i, y - 0.3), 0.9 * used[s] / 32, 0.6,
+                                        color=_HIGHLIGHT, alpha=0.8))
+        y -= 1.0
+    axS.set_xlim(-14, 33), axS.set_ylim(-1, 1.2)
+    name = getattr(spec_or_fn, "name", "kernel")
+    fig.suptitle(title or f"{name}: one warp-wide load of A[row, k] and of B[k, col]",
+                 fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------
+# Shared-memory tiling: phases and zero-filled edges
+
+
+def tile_phases(spec, M: int, N: int, K: int, block_xy=(0, 0)):
+    """For one block: the rows of A / columns of B it needs and its K-phases.
+
+    Returns (rows, cols, phases) where phases is a list of (k_start, k_stop):
+    the slab of K staged in shared memory in that phase (k_stop may pass K:
+    that part of the tile is filled with zeros).
+    """
+    fn = spec.index["c_element"]
+    bdx, bdy = spec.block[:2]
+    cells = [fn(block_xy[0], block_xy[1], tx, ty) for ty in range(bdy) for tx in range(bdx)]
+    rows = sorted({r for r, _ in cells})
+    cols = sorted({c for _, c in cells})
+    tile = spec.params.get("TILE", spec.tile[0])
+    bk = spec.params.get("BK", tile)
+    phases = [(k0, k0 + bk) for k0 in range(0, max(K, 1), bk)]
+    return rows, cols, phases
+
+
+def plot_tile_phases(spec, M: int, N: int, K: int, block_xy=(0, 0), title=None):
+    """A and B with the tiles block ``block_xy`` stages, one colour per phase.
+
+    Hatched cells lie outside the matrix: the kernel writes zeros there in
+    shared memory, so they add nothing to the sum.
+    """
+    plt = _plt()
+    rows, cols, phases = tile_phases(spec, M, N, K, block_xy)
+    Kp = phases[-1][1]
+    cmap = plt.get_cmap("tab10")
+    fig, (axA, axB, axC) = plt.subplots(
+        1, 3, figsize=(12, 4.2), gridspec_kw={"width_ratios": [Kp, max(cols) + 1, max(cols) + 1]})
+
+    def frame(ax, h, w, title):
+        ax.add_patch(plt.Rectangle((0, 0), w, h, fill=False, lw=1.5))
+        ax.set_title(title, fontsize=10)
+        ax.invert_yaxis()
+        ax.set_aspect("equal")
+
+    r0, r1 = rows[0], rows[-1] + 1
+    c0, c1 = cols[0], cols[-1] + 1
+    for p, (k0, k1) in enumerate(phases):
+        col = cmap(p % 10)
+        # A tile: rows r0..r1, columns k0..k1
+        axA.add_patch(plt.Rectangle((k0, r0), k1 - k0, r1 - r0, color=col, alpha=0.45))
+        axA.text((k0 + k1) / 2, (r0 + r1) / 2, f"phase {p}", ha="center", va="center",
+                 fontsize=8)
+        axB.add_patch(plt.Rectangle((c0, k0), c1 - c0, k1 - k0, color=col, alpha=0.45))
+        axB.text((c0 + c1) / 2, (k0 + k1) / 2, f"phase {p}", ha="center", va="center",
+                 fontsize=8)
+    # zero-filled overhang
+    for ax, (h, w), over in ((axA, (M, K), [(K, r0, Kp - K, r1 - r0), (0, M, Kp, r1 - M)]),
+                             (axB, (K, N), [(c0, K, c1 - c0, Kp - K), (N, 0, c1 - N, Kp)])):
+        for x, y, wd, ht in over:
+            if wd > 0 and ht > 0:
+                ax.add_patch(plt.Rectangle((x, y), wd, ht, fill=False, hatch="///",
+                                           edgecolor="grey", lw=0))
+    frame(axA, M, K, f"A ({M}x{K}): the block's row band")
+    frame(axB, K, N, f"B ({K}x{N}): the block's column band")
+    axA.set_xlim(-1, max(Kp, K) + 1), axA.set_ylim(max(M, r1) + 1, -1)
+    axB.set_xlim(-1, max(N, c1) + 1), axB.set_ylim(max(Kp, K) + 1, -1)
+    axC.add_patch(plt.Rectangle((c0, r0), c1 - c0, r1 - r0, color="#888", alpha=0.5))
+    frame(axC, M, N, f"C ({M}x{N}): the block's tile")
+    axC.set_xlim(-1, max(N, c1) + 1), axC.set_ylim(max(M, r1) + 1, -1)
+    for ax in (axA, axB, axC):
+        ax.tick_params(labelsize=8)
+    fig.suptitle(title or f"{spec.name}: block {tuple(block_xy)} walks K in {len(phases)} "
+                 f"phases (hatched: outside the matrix, zero-filled)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def global_loads(spec, M: int, N: int, K: int) -> dict:
+    """Global-memory element loads of the whole launch, counted from the index function.
+
+    Without tiling every thread reads K elements of A and K of B.  With
+    TILE x TILE shared tiles each block loads its row band of A and column band
+    of B once per phase, i.e. each element a thread reads from global memory is
+    reused TILE times from shared memory.
+    """
+    own = ownership(spec, M, N)
+    threads = int((own.block_id >= 0).sum())
+    untiled = 2 * K * threads
+    gdx, gdy, _ = spec.grid(M, N, K)
+    bdx, bdy = spec.block[:2]
+    tile = spec.params.get("TILE", 0)
+    if tile:
+        phases = -(-K // tile)
+        tiled = gdx * gdy * phases * 2 * bdx * bdy
+    else:
+        tiled = untiled
+    return {"untiled": untiled, "this_kernel": tiled}
+
+
+# --------------------------------------------------------------------------
+# Performance pictures
+
+
+def gemm_intensity(M: int, N: int, K: int, bytes_per_el: int = 4) -> float:
+    """FLOPs per byte if A and B are read once and C written once (the best case)."""
+    return 2 * M * N * K / (bytes_per_el * (M * K + K * N + M * N))
+
+
+def plot_roofline(peak_tflops: float, bandwidth_gbs: float, points=(), title=None,
+                  note=None):
+    """The roofline: attainable TFLOP/s = min(peak, intensity x bandwidth).
+
+    ``points`` is a list of (label, flops_per_byte, measured_tflops or None);
+    points without a measurement are drawn on the roof as vertical markers.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    ridge = peak_tflops * 1e12 / (bandwidth_gbs * 1e9)
+    x = np.logspace(-2, 4, 300)
+    roof = np.minimum(peak_tflops, x * bandwidth_gbs / 1e3)
+    ax.loglog(x, roof, color="k", lw=2, label="roof: min(peak, intensity x bandwidth)")
+    ax.axvline(ridge, color="grey", ls=":", lw=1)
+    ax.text(ridge * 1.1, peak_tflops * 0.02, f"ridge point\n{ridge:.0f} FLOP/byte",
+            fontsize=8, color="grey")
+    for i, (label, ai, measured) in enumerate(points):
+        c = plt.get_cmap("tab10")(i % 10)
+        bound = min(peak_tflops, ai * bandwidth_gbs / 1e3)
+        if measured is None:
+            ax.plot([ai], [bound], "o", color=c, ms=7, label=f"{label} (bound {bound:.2g} TFLOP/s)")
+        else:
+            ax.plot([ai], [measured], "s", color=c, ms=7, label=f"{label}: {measured:.2g} TFLOP/s")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of DRAM traffic)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_ylim(peak_tflops * 1e-3, peak_tflops * 2)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title or f"roofline: {peak_tflops:.1f} TFLOP/s fp32, {bandwidth_gbs:.0f} GB/s",
+                 fontsize=10)
+    if note:
+        ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=8, color="#a00")
+    fig.tight_layout()
+    return fig
+
+
+def plot_cpu_timings(timings, title=None):
+    """GFLOP/s against size, one line per CPU method (from gemmlib.cpu.benchmark)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    methods = list(dict.fromkeys(t.method for t in timings))
+    for m in methods:
+        pts = sorted((t.size, t.gflops) for t in timings if t.method == m)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("n (square matrices n x n)")
+    ax.set_ylabel("GFLOP/s (higher is better)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "matrix multiplication on this CPU", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_results(records, kernels=None, title=None, reference="cublas"):
+    """TFLOP/s against size for the given kernels (and the reference), from results.
+
+    ``records`` are dicts with at least kernel, M, N, K, tflops (see
+    gemmlib.notebook.load_results).
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    names = list(dict.fromkeys(r["kernel"] for r in records))
+    if kernels is not None:
+        names = [n for n in names if n in kernels or n == reference]
+    for n in names:
+        pts = sorted({(r["M"], r["tflops"]) for r in records if r["kernel"] == n})
+        style = dict(color="k", ls="--") if n == reference else {}
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=n, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("M (= N = K for square problems)")
+    ax.set_ylabel("TFLOP/s (higher is better)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_ladder(rows, title=None):
+    """Horizontal bars: % of cuBLAS per kernel (rows: (kernel, tflops, pct))."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.2))
+    names = [r[0] for r in rows][::-1]
+    pct = [r[2] for r in rows][::-1]
+    bars = ax.barh(names, pct, color="#4a7fb5")
+    for b, r in zip(bars, rows[::-1]):
+        ax.text(b.get_width() + 1, b.get_y() + b.get_height() / 2,
+                f"{r[2]:.1f}%  ({r[1]:.2f} TFLOP/s)", va="center", fontsize=8)
+    ax.axvline(100, color="k", ls="--", lw=1)
+    ax.set_xlim(0, max(110, max(pct) * 1.25))
+    ax.set_xlabel("% of cuBLAS SGEMM (same size, fp32, TF32 off)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Shared-memory bank conflicts of each rung, measured by Nsight Compute, beside
+# gemmlib.banks' prediction.  On a GPU machine, from the repository root:
+#   scripts/bank_conflicts.sh [SIZE] [KERNEL ...]      (default 512, the shared-memory rungs)
+# Every rung is launched twice (a small compile run, then SIZE^3); compare the
+# second half of the ncu rows with the "model predicts" lines.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NUMBA_ENABLE_CUDASIM=0
+PY=${PY:-python3}
+M=l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+M=$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+M=$M,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum
+M=$M,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+M=$M,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
+ncu --clock-control none --metrics "$M" --print-summary none \
+  $PY scripts/bank_conflicts.py "${1:-512}" "${@:2}"

@@ -1,0 +1,95 @@
+"""Helpers shared by the reliability tests (issue 6): every registered kernel, its
+operand layout, its compute-capability floor, the float64 oracle, and the JSON
+summaries written to ``$GEMMLIB_REPORT_DIR``.
+
+Not a test module (no ``test_`` prefix): imported by the ``test_*`` files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemmlib import backend
+from gemmlib.kernels import LADDER, get
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def kernel_names() -> list[str]:
+    """Every registered rung (read at collection time, so new rungs are picked up)."""
+    return list(LADDER)
+
+
+def spec_or_skip(name: str):
+    """The spec of ``name``; skips the test when this GPU is older than its ``min_cc``."""
+    spec = get(name)
+    if not backend.SIMULATOR:
+        cc = tuple(backend.device_info().compute_capability)
+        if cc < tuple(spec.min_cc):
+            pytest.skip(f"{name} needs sm_{spec.min_cc[0]}{spec.min_cc[1]}+, "
+                        f"device is sm_{cc[0]}{cc[1]}")
+    return spec
+
+
+def nk(spec) -> bool:
+    """True when the kernel takes B as (N, K) and computes A @ B.T."""
+    return spec.b_operand == "NK"
+
+
+def b_shape(spec, K: int, N: int) -> tuple[int, int]:
+    return (N, K) if nk(spec) else (K, N)
+
+
+def host_operands(spec, M, N, K, rng):
+    """Random float32 host inputs in [-1, 1) in the layout ``spec`` takes."""
+    A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+    B = rng.uniform(-1, 1, b_shape(spec, K, N)).astype(np.float32)
+    return A, B
+
+
+def run(spec, A, B, **kw):
+    """gemmlib.matmul with ``spec``, passing transpose_b as the spec requires."""
+    import gemmlib
+
+    return gemmlib.matmul(A, B, kernel=spec, transpose_b=nk(spec), **kw)
+
+
+def ref64(spec, A, B) -> np.ndarray:
+    """The float64 oracle on the host: sum over the real k only."""
+    A64 = np.asarray(backend.to_host(A), dtype=np.float64)
+    B64 = np.asarray(backend.to_host(B), dtype=np.float64)
+    return A64 @ (B64.T if nk(spec) else B64)
+
+
+def k_tile(spec) -> int:
+    """The k-extent of one block step (BK, or the square tile for the tiled rungs)."""
+    p = dict(spec.params)
+    for key in ("BK", "bk", "TILE"):
+        if key in p:
+            return int(p[key])
+    return int(spec.tile[1])
+
+
+def elementwise_bound(A64, B64t, K: int) -> np.ndarray:
+    """A rigorous bound on |C - ref| for a K-term float32 dot product: ~K*eps*(|A| @ |B|)."""
+    return 2.0 * max(K, 1) * EPS32 * (np.abs(A64) @ np.abs(B64t)) + 1e-30
+
+
+def report(name: str, data) -> None:
+    """Write ``data`` as JSON to $GEMMLIB_REPORT_DIR/<name>.json (when that is set)."""
+    where = os.environ.get("GEMMLIB_REPORT_DIR")
+    if not where:
+        return
+    path = Path(where)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{name}.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+
+
+def finite_or_none(x: float):
+    return x if math.isfinite(x) else None
