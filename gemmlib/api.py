@@ -53,6 +53,7 @@ def _dlpack_on_host(x) -> bool:
 
 def _describe(x, name: str) -> _Operand:
     if (not isinstance(x, np.ndarray) and not hasattr(x, "__cuda_array_interface__")
+            and not type(x).__module__.startswith("numba")  # the simulator's device arrays
             and hasattr(x, "__dlpack__") and _dlpack_on_host(x)):
         x = np.from_dlpack(x)  # e.g. a torch CPU tensor: a host array, zero-copy
     if isinstance(x, np.ndarray):
@@ -221,21 +222,39 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         return out
 
     if a.on_host:  # simulator: kernels run on NumPy arrays directly
-        A_, B_ = np.ascontiguousarray(a.obj), np.ascontiguousarray(b.obj)
+        # The simulator copies every argument back after the launch: read-only
+        # inputs (np.broadcast_to, frozen arrays) need a private copy.
+        A_, B_ = (x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C")
+                  for x in (a.obj, b.obj))
         C = c.obj if out is not None else np.empty((M, N), dtype=spec.dtype)
     else:
         A_ = cuda.as_cuda_array(a.obj, sync=False)
         B_ = cuda.as_cuda_array(b.obj, sync=False)
         if out is not None:
             C = out
-        elif a.kind == "numba":
-            C = cuda.device_array((M, N), dtype=spec.dtype)
         else:
-            C = backend.array_module().empty((M, N), dtype=spec.dtype)
+            C = _allocate_output(M, N, spec.dtype, numba=a.kind == "numba")
     if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
         C_ = C if a.on_host else cuda.as_cuda_array(C, sync=False)
         launch(spec, A_, B_, C_, M, N, K, stream=stream)
     return out if out is not None else C
+
+
+def _allocate_output(M: int, N: int, dtype, numba: bool):
+    """C on the GPU (numba when A is numba, else CuPy); a clear MemoryError when it cannot fit."""
+    try:
+        if numba:
+            return cuda.device_array((M, N), dtype=dtype)
+        return backend.array_module().empty((M, N), dtype=dtype)
+    except Exception as e:
+        if not (isinstance(e, MemoryError) or "OUT_OF_MEMORY" in str(e).upper()
+                or "out of memory" in str(e).lower()):
+            raise
+        size = M * N * np.dtype(dtype).itemsize
+        raise MemoryError(
+            f"out of GPU memory allocating C ({M} x {N} {np.dtype(dtype)}, {size / 2**30:.2f} GiB): "
+            f"{e}. Free memory (e.g. cupy.get_default_memory_pool().free_all_blocks()), "
+            f"split the problem, or pass a preallocated out=") from e
 
 
 def launch(spec: KernelSpec, A, B, C, M: int, N: int, K: int, stream=None) -> None:

@@ -240,6 +240,10 @@ CLASSICS = {"warptile": [
     dict(BM=64, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=8, TN=4, PAD=4),
     dict(BM=128, BN=128, BK=8, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4),
     dict(BM=128, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=4, TN=4, PAD=4),
+    dict(BM=128, BN=128, BK=16, WM=64, WN=64, WNITER=2, TM=8, TN=8, PAD=4),
+    dict(BM=64, BN=128, BK=16, WM=64, WN=32, WNITER=1, TM=8, TN=8, PAD=4),
+    dict(BM=128, BN=128, BK=8, WM=64, WN=64, WNITER=2, TM=8, TN=8, PAD=4),
+    dict(BM=64, BN=64, BK=16, WM=32, WN=32, WNITER=1, TM=4, TN=8, PAD=4),
 ]}
 
 
@@ -252,7 +256,7 @@ def _conflict_free(kernel: str, p: dict) -> bool:
 
 
 def default_candidates(kernel: str = DEFAULT_KERNEL, limit: int | None = None,
-                       diverse: bool = True):
+                       diverse: bool = True, register_caps: bool = False):
     """The search space of ``kernel``, ordered by a rough preference (first = tried first).
 
     With ``diverse`` (the default) only one warp layout is kept per (block tile,
@@ -283,12 +287,25 @@ def default_candidates(kernel: str = DEFAULT_KERNEL, limit: int | None = None,
     cands.sort(key=score)
     classics = CLASSICS.get(kernel, [])
     cands = classics + [p for p in cands if p not in classics]
-    return cands[:limit] if limit else cands
+    cands = cands[:limit] if limit else cands
+    return with_register_caps(kernel, cands) if register_caps else cands
+
+
+def with_register_caps(kernel: str, cands):
+    """Each candidate, then the same with ``max_registers`` capped so that one more block fits
+    an SM (65536 registers): 128 for 256 threads (2 blocks), 168 and 128 for 128 threads."""
+    out = []
+    for p in cands:
+        out.append(p)
+        nt = _threads(kernel, p)
+        for cap in {256: (128,), 128: (168, 128)}.get(nt, ()):
+            out.append(dict(p, max_registers=cap))
+    return out
 
 
 def _threads(kernel: str, p: dict) -> int:
     mod = importlib.import_module(f"gemmlib.kernels.{kernel}")
-    return mod._derived(p)["NT"]
+    return mod._derived({k: v for k, v in p.items() if k != "max_registers"})["NT"]
 
 
 # --------------------------------------------------------------------------

@@ -78,11 +78,12 @@ def setup(quiet: bool = False):
 def describe_device(dev=None) -> str:
     dev = dev or backend.device_info()
     if dev.simulated:
-        return ("Running in numba's CUDA SIMULATOR (NUMBA_ENABLE_CUDASIM=1): every CUDA thread "
-                "is a Python thread, so problem sizes are tiny and nothing is timed.")
+        return ("Device: numba's CUDA SIMULATOR (NUMBA_ENABLE_CUDASIM=1)\n"
+                "        every CUDA thread is a Python thread: tiny sizes, no timings")
     cc = ".".join(map(str, dev.compute_capability))
-    return (f"GPU: {dev.name} (compute capability {cc}, {dev.sm_count} SMs, "
-            f"{dev.max_sm_clock_mhz:.0f} MHz, fp32 peak {dev.fp32_peak_tflops:.1f} TFLOP/s)")
+    return (f"GPU: {dev.name}\n"
+            f"     compute capability {cc}, {dev.sm_count} SMs, "
+            f"{dev.max_sm_clock_mhz:.0f} MHz, fp32 peak {dev.fp32_peak_tflops:.1f} TFLOP/s")
 
 
 def _style_figures():
@@ -410,7 +411,7 @@ def performance(kernels, *, title=None):
     else:
         table = results_table(kernels, result=result)
         display(table)
-        _chart(result, kernels, title)
+        results_chart(result, kernels, title)
     if on_gpu():
         measure_live(kernels)
     else:
@@ -418,7 +419,7 @@ def performance(kernels, *, title=None):
               "so its timings mean nothing." if SIMULATOR else "no GPU."))
 
 
-def _chart(result, kernels, title=None):
+def results_chart(result, kernels, title=None):
     import matplotlib.pyplot as plt
 
     from gemmlib.viz import plot_results
@@ -537,7 +538,7 @@ def check_matmul(candidate, what: str = "your matmul", shapes=((3, 4, 5), (7, 2,
 
 
 def environment_summary() -> str:
-    """One line for the top of an executed notebook: where and with what it ran."""
+    """Where and with what the notebook ran (printed by :func:`setup`)."""
     from importlib import metadata
 
     def v(d):
@@ -548,11 +549,10 @@ def environment_summary() -> str:
 
     import numpy as np
 
-    return (f"{describe_device()} | numba-cuda {v('numba-cuda')}, numba {v('numba')}, "
+    return (f"{describe_device()}\n"
+            f"Software: numba-cuda {v('numba-cuda')}, numba {v('numba')}, "
             f"NumPy {np.__version__}, Python {sys.version.split()[0]}"
-            + (" | Colab" if IN_COLAB else "")
-            + (f" | NUMBA_ENABLE_CUDASIM={os.environ.get('NUMBA_ENABLE_CUDASIM')}"
-               if os.environ.get("NUMBA_ENABLE_CUDASIM") else ""))
+            + (", on Colab" if IN_COLAB else ""))
 
 
 def time_cublas(n: int, reps: int = 10) -> float | None:
@@ -577,3 +577,54 @@ def time_cublas(n: int, reps: int = 10) -> float | None:
         end.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, end))
     return statistics.median(times)
+
+
+def roofline(points, title=None):
+    """The roofline of this GPU (peak and bandwidth read from the driver) with ``points``
+    ((label, FLOP per byte, measured TFLOP/s or None)).  In the simulator there is no
+    device to read, so an imaginary 20 TFLOP/s, 500 GB/s GPU is drawn, labelled as such."""
+    import matplotlib.pyplot as plt
+
+    from gemmlib.viz import plot_roofline
+
+    dev = backend.device_info()
+    bw = memory_bandwidth_gbs()
+    if dev.simulated or not bw:
+        fig = plot_roofline(20.0, 500.0, points,
+                            title="roofline of an imaginary GPU (20 TFLOP/s, 500 GB/s)",
+                            note="simulator: illustrative numbers, not a real device")
+    else:
+        fig = plot_roofline(dev.fp32_peak_tflops, bw, points, title=title or (
+            f"roofline of this {dev.name}: {dev.fp32_peak_tflops:.1f} TFLOP/s fp32, "
+            f"{bw:.0f} GB/s"))
+    plt.show()
+    return fig
+
+
+def ptx_evidence(spec, patterns, examples: int = 2):
+    """Count PTX instructions matching each regular expression in the compiled kernel.
+
+    The proof that a rung does what its chapter claims ("16-byte loads", "cp.async")
+    is in the compiler's output.  On a GPU the kernel's PTX is read after it has
+    been compiled (run a check first); the simulator compiles nothing, so this
+    says where to look instead.
+    """
+    import re
+
+    if SIMULATOR:
+        print("The simulator compiles nothing, so there is no PTX to show here. On a GPU this "
+              "cell counts the instructions; on any machine with numba-cuda[cu13], "
+              "`python -m gemmlib.ptx` (the compile gate) checks them for sm_75/80/90.")
+        return None
+    try:
+        asm = spec.kernel.inspect_asm()
+    except Exception as e:
+        print(f"PTX not available ({type(e).__name__}: {e}); run the kernel once first.")
+        return None
+    text = next(iter(asm.values())) if isinstance(asm, dict) else str(asm)
+    rows = []
+    for pat in patterns:
+        hits = [ln.strip() for ln in text.splitlines() if re.search(pat, ln)]
+        rows.append((pat, len(hits), " | ".join(hits[:examples])))
+    return Table(("pattern", "count in PTX", "examples"), rows,
+                 caption=f"PTX of {spec.name} compiled for this GPU")

@@ -232,40 +232,46 @@ def warp_access(spec_or_fn, M: int, N: int, K: int, *, warp: int = 0, k: int = 0
 
 def plot_warp_access(spec_or_fn, M: int, N: int, K: int, *, warp: int = 0, k: int = 0,
                      block=None, title=None):
-    """Three panels: the cells of A and of B one warp reads at step k, and the
-    128-byte segments those reads fall in (each box is a segment; the filled
-    part is the bytes the warp actually uses)."""
+    """Top: the cells of A and of B one warp reads at step k (red).  Bottom: the
+    128-byte segments of memory those reads fall in, one box per segment the
+    hardware must fetch, filled in proportion to the bytes the warp uses."""
     plt = _plt()
     acc = warp_access(spec_or_fn, M, N, K, warp=warp, k=k, block=block)
-    fig = plt.figure(figsize=(11, 4.6))
-    gs = fig.add_gridspec(2, 3, height_ratios=[3, 1.1], width_ratios=[K, N, 0.001])
-    axA, axB = fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[0, 1])
-    for ax, (name, shape) in ((axA, ("A", (M, K))), (axB, ("B", (K, N)))):
+    fig = plt.figure(figsize=(10, 6.2))
+    gs = fig.add_gridspec(2, 2, height_ratios=[3, 1.3])
+    for col, (name, shape) in enumerate((("A", (M, K)), ("B", (K, N)))):
+        ax = fig.add_subplot(gs[0, col])
         grid = np.zeros(shape)
         for r, c in acc[name].elements:
-            grid[r, c] += 1
-        ax.imshow(grid > 0, cmap="Reds", vmin=0, vmax=1.4, interpolation="nearest")
-        ax.set_title(f"{name} ({shape[0]}x{shape[1]}): cells read at k={k}", fontsize=10)
-        ax.set_xticks([]), ax.set_yticks([])
-        ax.set_xlabel("columns →"), ax.set_ylabel("rows →")
+            grid[r, c] = 1
+        ax.imshow(grid, cmap="Reds", vmin=0, vmax=1.2, interpolation="nearest")
+        ax.set_xticks(np.arange(-0.5, shape[1], 8), minor=False, labels=[])
+        ax.set_yticks(np.arange(-0.5, shape[0], 8), minor=False, labels=[])
+        ax.grid(True, color="#ddd", lw=0.5)
+        ax.tick_params(length=0)
+        ax.set_title(f"{name} ({shape[0]}x{shape[1]}): cells the warp reads at k={k}")
+        ax.set_xlabel("column (grid lines every 8)")
+        ax.set_ylabel("row")
     axS = fig.add_subplot(gs[1, :])
     axS.set_axis_off()
-    y = 0.7
+    y = 1.0
     for name in ("A", "B"):
         a = acc[name]
         segs = sorted({x // LINE_BYTES for x in a.addresses})
         used = {s: len({x for x in a.addresses if x // LINE_BYTES == s}) for s in segs}
-        axS.text(-0.5, y, f"{name}: {a.distinct} distinct floats in {a.lines} segment(s) "
-                 f"of 128 B", ha="right", va="center", fontsize=9)
+        axS.text(-0.6, y, f"{name}: {a.distinct} float(s) needed,\n{a.lines} segment(s) fetched",
+                 ha="right", va="center", fontsize=10)
         for i, s in enumerate(segs[:32]):
-            axS.add_patch(plt.Rectangle((i, y - 0.3), 0.9, 0.6, fill=False, lw=1))
-            axS.add_patch(plt.Rectangle((i, y - 0.3), 0.9 * used[s] / 32, 0.6,
-                                        color=_HIGHLIGHT, alpha=0.8))
-        y -= 1.0
-    axS.set_xlim(-14, 33), axS.set_ylim(-1, 1.2)
+            axS.add_patch(plt.Rectangle((i, y - 0.35), 0.85, 0.7, fill=False, lw=1))
+            axS.add_patch(plt.Rectangle((i, y - 0.35), 0.85 * used[s] / 32, 0.7,
+                                        color=_HIGHLIGHT))
+        y -= 1.1
+    axS.text(32, -0.75, "each box: one 128-byte segment fetched; red: the part the warp uses",
+             ha="right", va="center", fontsize=9, color="#444")
+    axS.set_xlim(-9, 32.5), axS.set_ylim(-1.0, 1.5)
     name = getattr(spec_or_fn, "name", "kernel")
-    fig.suptitle(title or f"{name}: one warp-wide load of A[row, k] and of B[k, col]",
-                 fontsize=11)
+    fig.suptitle(title or f"{name}: what warp {warp} of block (0, 0) loads at one step of k",
+                 fontsize=12)
     fig.tight_layout()
     return fig
 
@@ -443,8 +449,8 @@ def plot_results(records, kernels=None, title=None, reference="cublas"):
         names = [n for n in names if n in kernels or n == reference]
     for n in names:
         pts = sorted({(r["M"], r["tflops"]) for r in records if r["kernel"] == n})
-        style = dict(color="k", ls="--") if n == reference else {}
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=n, **style)
+        style = dict(color="k", ls="--") if n == reference else dict(ls="-")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n, **style)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("M (= N = K for square problems)")
@@ -472,5 +478,119 @@ def plot_ladder(rows, title=None):
     ax.set_xlabel("% of cuBLAS SGEMM (same size, fp32, TF32 off)")
     if title:
         ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------
+# Inside a block tile: which thread owns (or copies) which element
+
+
+def owner_grid(shape, cells_of_thread, threads: int) -> np.ndarray:
+    """An int array of ``shape`` holding, for each element, the thread that owns it (-1: none).
+
+    ``cells_of_thread(tid)`` returns the (row, col) pairs thread ``tid`` owns,
+    computed from a kernel's index functions by the caller.
+    """
+    owner = np.full(shape, -1, dtype=np.int64)
+    for tid in range(threads):
+        for r, c in cells_of_thread(tid):
+            if 0 <= r < shape[0] and 0 <= c < shape[1]:
+                owner[r, c] = tid
+    return owner
+
+
+def plot_owner_grid(owner: np.ndarray, *, title: str, highlight=(0,), xlabel="column",
+                    ylabel="row", annotate=None, ax=None, figsize=None):
+    """Colour each element by the warp of the thread that owns it; outline the elements
+    of the threads in ``highlight`` (red, then blue...).  ``annotate`` writes thread
+    numbers in the cells (default: when the grid has at most 24 x 24 cells)."""
+    plt = _plt()
+    from matplotlib.colors import to_rgb
+
+    rows, cols = owner.shape
+    if ax is None:
+        w = 7.5 if cols >= rows else 7.5 * cols / rows + 1.5
+        h = 7.5 * rows / cols if cols >= rows else 7.5
+        fig, ax = plt.subplots(figsize=figsize or (max(w, 3.5), max(min(h, 8), 2.2)))
+    else:
+        fig = ax.figure
+    palette = plt.get_cmap("tab20").colors
+    img = np.ones((rows, cols, 3))
+    for r in range(rows):
+        for c in range(cols):
+            t = owner[r, c]
+            if t >= 0:
+                base = np.array(to_rgb(palette[(2 * (t // 32)) % 20 + 1]))
+                img[r, c] = base
+    ax.imshow(img, interpolation="nearest", aspect="auto" if max(rows, cols) > 4 * min(rows, cols)
+              else "equal")
+    edge = [_HIGHLIGHT, "#1f4e9e", "#2a7d2a", "#7d2a7d"]
+    for i, t in enumerate(highlight):
+        rr, cc = np.nonzero(owner == t)
+        big = max(rows, cols) > 32  # small cells: fill them, an outline would vanish
+        for r, c in zip(rr, cc):
+            ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=big,
+                                       facecolor=edge[i % len(edge)],
+                                       edgecolor=edge[i % len(edge)], lw=1.5))
+    if annotate is None:
+        annotate = rows <= 24 and cols <= 24
+    if annotate:
+        for r in range(rows):
+            for c in range(cols):
+                if owner[r, c] >= 0:
+                    ax.text(c, r, str(owner[r, c]), ha="center", va="center", fontsize=6)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    hl = ", ".join(f"thread {t}" for t in highlight)
+    how = "filled" if max(rows, cols) > 32 else "outlined"
+    ax.set_title(f"{title}\ncolour: warp of the owning thread; {how}: {hl}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bank_access(access, warp: int = 0, title=None):
+    """One warp-wide shared-memory instruction, bank by bank (a gemmlib.banks.Access).
+
+    The warp is served in phases of 128 bytes (32 lanes for 4-byte accesses,
+    8 lanes for float4).  In each phase's row of boxes, column b is bank b; a
+    bank that must deliver n different words stacks n boxes (n-way conflict,
+    red beyond the first).  Numbers are the lanes asking for that word; lanes
+    asking for the same word share it (a broadcast)."""
+    plt = _plt()
+    banks, warp_size = 32, 32
+    lanes_per_phase = warp_size // access.width
+    phases = []
+    for start in range(0, warp_size, lanes_per_phase):
+        words = {}
+        for lane in range(start, start + lanes_per_phase):
+            for w in access.words(warp * warp_size + lane):
+                words.setdefault(w, []).append(lane)
+        per_bank = {}
+        for w in sorted(words):
+            per_bank.setdefault(w % banks, []).append((w, words[w]))
+        phases.append(per_bank)
+    depth = [max((len(v) for v in ph.values()), default=1) for ph in phases]
+    fig, axes = plt.subplots(len(phases), 1, figsize=(11, 0.5 + 0.55 * sum(depth) + 0.5 * len(phases)),
+                             gridspec_kw={"height_ratios": depth}, squeeze=False)
+    total = 0
+    for i, (ph, ax) in enumerate(zip(phases, axes[:, 0])):
+        for b, entries in ph.items():
+            for level, (w, lanes) in enumerate(entries):
+                colour = "#f4b6b0" if level else "#cfe2f3"
+                ax.add_patch(plt.Rectangle((b, level), 0.95, 0.9, color=colour))
+                label = ",".join(str(x) for x in lanes[:2]) + ("+" if len(lanes) > 2 else "")
+                ax.text(b + 0.47, level + 0.45, label, ha="center", va="center", fontsize=6.5)
+        total += depth[i]
+        ax.set_xlim(0, banks), ax.set_ylim(depth[i], 0)
+        ax.set_yticks([]), ax.set_xticks(range(0, banks, 4))
+        ax.tick_params(labelsize=7)
+        first = i * lanes_per_phase
+        ax.set_ylabel(f"lanes {first}-{first + lanes_per_phase - 1}\n{depth[i]} pass(es)",
+                      fontsize=8, rotation=0, ha="right", va="center")
+    axes[-1, 0].set_xlabel("shared-memory bank")
+    label = f" ({access.label})" if getattr(access, "label", "") else ""
+    fig.suptitle(title or f"{access.array} {access.op}{label}: warp {warp}, "
+                 f"{access.width * 4} bytes per lane -> {total} passes over the banks", fontsize=10)
     fig.tight_layout()
     return fig

@@ -13,5 +13,6 @@ M=$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
 M=$M,smsp__inst_executed_op_shared_ld.sum,smsp__inst_executed_op_shared_st.sum
 M=$M,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
 M=$M,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
-ncu --clock-control none --metrics "$M" --print-summary none \
+# -k: only gemmlib's kernels (numba names them <module>...<name>_kernel...), not CuPy's
+ncu --clock-control none --metrics "$M" -k regex:_kernel \
   $PY scripts/bank_conflicts.py "${1:-512}" "${@:2}"

@@ -36,7 +36,7 @@ import gemmlib  # noqa: E402
 from gemmlib import autotune, backend, banks  # noqa: E402
 from gemmlib.kernels import get  # noqa: E402
 
-RUNGS = ["shared", "blocktile_1d", "blocktile_2d", "vectorized", "bank_free", "warptile"]
+RUNGS = ["blocktile_1d", "blocktile_2d", "vectorized", "bank_free", "warptile"]
 ODD = [(1, 1, 1), (37, 29, 53), (129, 127, 3), (131, 257, 67), (64, 64, 64), (1000, 1001, 999),
        (4095, 3073, 2047), (2048, 2048, 2048), (17, 4100, 33)]
 SWEEP = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
@@ -130,18 +130,50 @@ def step_bench(shapes=((4096, 4096, 4096),), names=None):
                 f"  cuBLAS {row['cublas_tflops']:6.2f}  -> {row['pct']:5.1f}%  err {err:.1e}")
 
 
+VARIANTS = [
+    ("blocktile_2d", {}), ("blocktile_2d", {"max_registers": 128}),
+    ("blocktile_2d", {"BK": 16}), ("blocktile_2d", {"BK": 16, "max_registers": 128}),
+    ("vectorized", {}), ("vectorized", {"max_registers": 128}),
+    ("vectorized", {"BK": 16}), ("vectorized", {"BK": 16, "max_registers": 128}),
+    ("bank_free", {}), ("bank_free", {"max_registers": 128}),
+    ("bank_free", {"BK": 16}), ("bank_free", {"BK": 16, "max_registers": 128}),
+]
+
+
+def step_variants():
+    """Rung parameter variants at 4096^3 (to choose each rung's default)."""
+    for mod, params in VARIANTS:
+        spec = autotune.build(mod, params)
+        A = backend.random_matrix((64, 64))
+        gemmlib.matmul(A, A, kernel=spec)
+        r = autotune.compiled_resources(spec)
+        say(f"variant {spec.name}: {r['registers']} regs, {r['local_bytes']} B local")
+        step_bench([(4096, 4096, 4096)], [spec])
+
+
+SMALL_TILES = [
+    dict(BM=64, BN=64, BK=16, WM=32, WN=32, WNITER=1, TM=4, TN=8, PAD=4),
+    dict(BM=64, BN=64, BK=16, WM=32, WN=32, WNITER=1, TM=4, TN=8, PAD=4, max_registers=128),
+    dict(BM=64, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=8, TN=4, PAD=4, max_registers=168),
+    dict(BM=128, BN=64, BK=16, WM=64, WN=32, WNITER=1, TM=8, TN=8, PAD=4),
+]
+
+
 def step_tune(out_dir: Path, budget: float, limit: int):
     path = out_dir / "tuning" / f"{autotune.gpu_slug()}.json"
     say(f"tune warptile at 4096^3 (limit {limit}, budget {budget:.0f}s) -> {path}")
-    r = autotune.tune((4096, 4096, 4096), limit=limit, time_budget_s=budget, path=path,
-                      log=say)
+    cands = autotune.default_candidates(limit=limit, register_caps=True)
+    r = autotune.tune((4096, 4096, 4096), candidates=cands, limit=len(cands),
+                      time_budget_s=budget, path=path, log=say)
     say(r.table())
     DATA.setdefault("tune", []).append(autotune.trials_json(r))
-    best = sorted((t for t in r.trials if t.status == "timed"), key=lambda t: t.ms)[:4]
-    for shape in ((2048, 2048, 2048), (1024, 1024, 1024)):
-        say(f"tune warptile at {shape} (top {len(best)} of 4096^3)")
-        r2 = autotune.tune(shape, candidates=[t.params for t in best], limit=len(best),
-                           path=path, log=say)
+    best = sorted((t for t in r.trials if t.status == "timed"), key=lambda t: t.ms)[:5]
+    for shape in ((8192, 8192, 8192), (4095, 3073, 2047), (2048, 2048, 2048),
+                  (1024, 1024, 1024)):
+        cands = [t.params for t in best] + [p for p in SMALL_TILES if shape[0] < 8192]
+        say(f"tune warptile at {shape} ({len(cands)} candidates: top {len(best)} of 4096^3 "
+            f"and smaller tiles)")
+        r2 = autotune.tune(shape, candidates=cands, limit=len(cands), path=path, log=say)
         DATA["tune"].append(autotune.trials_json(r2))
     # use the file just written for kernel="auto" in the later steps
     os.environ["GEMMLIB_CACHE"] = str(out_dir)
@@ -162,13 +194,15 @@ def main():
     p.add_argument("--steps", default="verify,resources,bench,tune,sweep")
     p.add_argument("--out", default=os.environ.get("OUT", "gpu-out"))
     p.add_argument("--tune-budget", type=float, default=90)
-    p.add_argument("--tune-limit", type=int, default=20)
+    p.add_argument("--tune-limit", type=int, default=12)
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = backend.device_info()
+    from importlib.metadata import version
+
     say(f"GPU {dev.name} sm_{dev.compute_capability[0]}{dev.compute_capability[1]} "
-        f"{dev.sm_count} SMs; numba-cuda {__import__("importlib.metadata").metadata.version("numba-cuda")}")
+        f"{dev.sm_count} SMs; numba-cuda {version('numba-cuda')}")
     DATA["gpu"] = dev.name
     for name in ["vectorized", "bank_free", "warptile"]:
         say(banks.report(get(name)))
@@ -186,6 +220,8 @@ def main():
                 step_tune(out, args.tune_budget, args.tune_limit)
             elif step == "sweep":
                 step_sweep()
+            elif step == "variants":
+                step_variants()
     finally:
         (out / "ladder-gpu.log").write_text("\n".join(LOG) + "\n")
         (out / "ladder-gpu.json").write_text(json.dumps(DATA, indent=1, default=str) + "\n")

@@ -111,6 +111,10 @@ def test_small_tile_odd_shapes(mod, copy):
     gemmlib.verify(mod.build(copy=copy, **SMALL), ODD, seed=3)
 
 
+def test_double_buffer_rolled_loop():
+    gemmlib.verify(k_double.build(unroll=False, **SMALL), ODD[:5], seed=8)
+
+
 def test_double_buffer_other_small_config():
     spec = k_double.build(BM=8, BN=24, BK=6, copy_threads=(4, 6), mma_threads=(4, 6), pad=2)
     gemmlib.verify(spec, [(9, 25, 13), (8, 24, 6), (2, 50, 19)], seed=4)

@@ -32,9 +32,9 @@ asynchrony itself is worth.
 """
 
 from gemmlib import layout as L
-from gemmlib.backend import cuda, float32
+from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics import async_copy
-from gemmlib.kernels.layout_nt import _index_functions, plan
+from gemmlib.kernels.layout_nt import _index_functions, accesses, plan  # noqa: F401 (accesses: gemmlib.banks)
 from gemmlib.spec import KernelSpec, cdiv
 
 PTX_ASYNC = (r"cp\.async\.ca\.shared\.global", r"cp\.async\.commit_group",
@@ -42,7 +42,8 @@ PTX_ASYNC = (r"cp\.async\.ca\.shared\.global", r"cp\.async\.commit_group",
 
 
 def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
-          mma_threads=(16, 16), pad: int = 4, copy: str = "async") -> KernelSpec:
+          mma_threads=(16, 16), pad: int = 4, copy: str = "async",
+          min_blocks: int | None = None) -> KernelSpec:
     p = plan(BM, BN, BK, copy_threads, mma_threads, pad)
     f = _index_functions(p, device=True)
     a_src, a_dst, b_src, b_dst = f["a_src"], f["a_dst"], f["b_src"], f["b_dst"]
@@ -51,6 +52,9 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
     cp_async4, commit, wait_all = cp.cp_async4, cp.cp_async_commit, cp.cp_async_wait_all
 
     NT = p["threads_mma"].size
+    # min_blocks: ask the compiler to fit that many blocks per SM (caps registers,
+    # like CUDA's __launch_bounds__(NT, min_blocks)); the simulator has no such option.
+    jit_opts = {} if SIMULATOR or not min_blocks else {"launch_bounds": (NT, min_blocks)}
     CA_M, CA_K = p["copyA"].shape
     CB_N, CB_K = p["copyB"].shape
     TM, TN = p["mmaC"].shape
@@ -85,7 +89,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
                            env=dict(a_frag=a_frag, b_frag=b_frag))
     mma_tile = L.jit(_mma_source(BK, TM, TN), device=True)
 
-    @cuda.jit
+    @cuda.jit(**jit_opts)
     def async_copy_kernel(A, B, C):
         sA = cuda.shared.array(SA_SIZE, float32)
         sB = cuda.shared.array(SB_SIZE, float32)
@@ -124,6 +128,8 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
     name = "async_copy" if default else f"async_copy_{BM}x{BN}x{BK}_p{pad}"
     if copy == "sync":
         name += "_sync"
+    if min_blocks:
+        name += f"_mb{min_blocks}"
     return KernelSpec(
         name=name,
         chapter="11-async-copy",
@@ -133,7 +139,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,
-        params=dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, copy=copy,
+        params=dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, min_blocks=min_blocks or 0, copy=copy,
                     copy_threads=tuple(copy_threads), mma_threads=tuple(mma_threads)),
         shared_bytes=4 * (SA_SIZE + SB_SIZE),
         min_cc=async_copy.MIN_CC if copy == "async" else (5, 0),

@@ -32,16 +32,18 @@ from gemmlib.spec import KernelSpec
 
 
 def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
-          PAD: int = 4, SPLIT: bool = True) -> KernelSpec:
+          PAD: int = 4, SPLIT: bool = True, max_registers: int | None = None) -> KernelSpec:
     default = (BM, BN, BK, TM, TN, PAD, SPLIT) == (128, 128, 8, 8, 8, 4, True)
     name = "bank_free" if default else (
         f"bank_free_{BM}x{BN}x{BK}_t{TM}x{TN}_p{PAD}_s{int(bool(SPLIT))}")
+    if max_registers:
+        name += f"_r{max_registers}"
     return vectorized.build(
         BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, PAD=PAD, SPLIT=SPLIT, name=name,
         chapter="08-bank-conflicts",
         idea="pad the transposed A tile and interleave each thread's float4 fragments so "
              "no shared-memory access has a bank conflict",
-        module=__name__)
+        module=__name__, max_registers=max_registers)
 
 
 def accesses(spec):

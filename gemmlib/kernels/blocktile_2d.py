@@ -7,6 +7,15 @@ memory into registers, then adds their outer product -- TM * TN
 multiply-adds -- to its TM x TN accumulator.  Shared reads per multiply-add
 drop from (TM + 1) / TM to (TM + TN) / (TM * TN): for 8 x 8, a quarter.
 
+Which TM x TN results a thread owns matters for shared memory.  Here they
+are *interleaved*: thread (tr, tc) owns rows ``tr + i * BM/TM`` and columns
+``tc + j * BN/TN``.  The 32 threads of a warp then read 32 consecutive words
+of ``sB`` (one per bank) and two words of ``sA`` in different banks, so no
+shared read has a bank conflict.  (Giving each thread a *contiguous* TM x TN
+block instead -- the obvious choice -- makes threads tc and tc + 4 hit the
+same bank: a 4-way conflict on every read of ``sB``; ``gemmlib.banks`` shows
+it for ``build(CONTIGUOUS=True)``.)
+
 A block of (BM/TM) * (BN/TN) threads computes a BM x BN tile.  The shared
 tiles hold more elements than there are threads, so the cooperative copy
 runs in several passes (A_PASSES, B_PASSES), each thread copying one element
@@ -15,13 +24,13 @@ and the two fragments stay in registers because every loop over them has a
 compile-time trip count and is unrolled.
 """
 
-from gemmlib.backend import cuda, float32
+from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
 
 def _divides(spec, M, N, K, dev):
     p = spec.params
-    return (p["BM"] % p["TM"] == 0 and p["BN"] % p["TN"] == 0
+    return (p["BM"] % p["TM"] == 0 and p["BN"] % p["TN"] == 0 and p["BK"] % 4 == 0
             and (p["BM"] * p["BK"]) % spec.threads == 0
             and (p["BK"] * p["BN"]) % spec.threads == 0)
 
@@ -34,7 +43,8 @@ def _registers(spec, M, N, K, dev):
 
 CONSTRAINTS = (
     Constraint("tile divisibility", _divides,
-               "TM | BM, TN | BN, and the threads must copy the BM x BK and BK x BN tiles "
+               "TM | BM, TN | BN, BK a multiple of 4 (the k loop is unrolled by 4), and the "
+               "threads must copy the BM x BK and BK x BN tiles "
                "in whole passes"),
     Constraint("registers per thread", _registers,
                "the TM x TN accumulator plus fragments must fit in 255 registers "
@@ -42,16 +52,27 @@ CONSTRAINTS = (
 )
 
 
-def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8) -> KernelSpec:
-    TCOLS = BN // TN  # threads along a row of the block tile
-    NT = (BM // TM) * TCOLS
+DEFAULTS = {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8}
+
+
+def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
+          CONTIGUOUS: bool = False, max_registers: int | None = None) -> KernelSpec:
+    TCOLS = BN // TN  # threads along a row of the block tile (= column stride of a thread)
+    TROWS = BM // TM  # threads along a column (= row stride of a thread)
+    NT = TROWS * TCOLS
+    RSTEP = 1 if CONTIGUOUS else TROWS  # distance between a thread's rows
+    CSTEP = 1 if CONTIGUOUS else TCOLS  # distance between a thread's columns
     TMN = TM * TN  # accumulator size: a closure constant (an expression would not compile)
     A_PASSES = max(BM * BK // NT, 1)
     B_PASSES = max(BK * BN // NT, 1)
 
     def thread_tile(tid):
-        """(first row, first column) of thread tid's TM x TN tile inside the block tile."""
-        return (tid // TCOLS) * TM, (tid % TCOLS) * TN
+        """(first row, first column) of thread tid's results inside the block tile.
+
+        Its other results are RSTEP rows and CSTEP columns apart."""
+        if CONTIGUOUS:
+            return (tid // TCOLS) * TM, (tid % TCOLS) * TN
+        return tid // TCOLS, tid % TCOLS
 
     def a_load(tid, p):
         """(row, k) of the A tile that thread tid copies in pass p."""
@@ -67,7 +88,17 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8) -
     _a_load = cuda.jit(device=True)(a_load)
     _b_load = cuda.jit(device=True)(b_load)
 
-    @cuda.jit
+    @cuda.jit(device=True)
+    def k_step(sA, sB, kk, r0, c0, acc, fa, fb):
+        """One k: a column fragment of A, a row fragment of B, their outer product."""
+        for i in range(TM):
+            fa[i] = sA[r0 + i * RSTEP, kk]
+        for j in range(TN):
+            fb[j] = sB[kk, c0 + j * CSTEP]
+        for i in range(TM):
+            for j in range(TN):
+                acc[i * TN + j] += fa[i] * fb[j]
+
     def blocktile_2d_kernel(A, B, C):
         sA = cuda.shared.array((BM, BK), float32)
         sB = cuda.shared.array((BK, BN), float32)
@@ -95,38 +126,49 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8) -
                 gc = n0 + c
                 sB[r, c] = B[gr, gc] if gr < K and gc < N else float32(0.0)
             cuda.syncthreads()
-            for kk in range(BK):
-                for i in range(TM):
-                    fa[i] = sA[r0 + i, kk]
-                for j in range(TN):
-                    fb[j] = sB[kk, c0 + j]
-                for i in range(TM):  # outer product of the two fragments
-                    for j in range(TN):
-                        acc[i * TN + j] += fa[i] * fb[j]
+            # Four k-steps per iteration, written out by hand: numba leaves a loop
+            # this large rolled, and the loop bookkeeping and address arithmetic per
+            # step would cost a good fraction of the 64 multiply-adds.
+            for kk in range(0, BK, 4):
+                k_step(sA, sB, kk, r0, c0, acc, fa, fb)
+                k_step(sA, sB, kk + 1, r0, c0, acc, fa, fb)
+                k_step(sA, sB, kk + 2, r0, c0, acc, fa, fb)
+                k_step(sA, sB, kk + 3, r0, c0, acc, fa, fb)
             cuda.syncthreads()
 
         for i in range(TM):
-            gr = m0 + r0 + i
+            gr = m0 + r0 + i * RSTEP
             if gr < M:
                 for j in range(TN):
-                    gc = n0 + c0 + j
+                    gc = n0 + c0 + j * CSTEP
                     if gc < N:
                         C[gr, gc] = acc[i * TN + j]
+
+    # max_registers caps registers per thread (ptxas -maxrregcount): fewer registers, more
+    # resident blocks per SM.  The simulator has no such option.
+    opts = {"max_registers": max_registers} if max_registers and not SIMULATOR else {}
+    kernel = cuda.jit(**opts)(blocktile_2d_kernel)
 
     def grid(M, N, K):
         return (cdiv(N, BN), cdiv(M, BM), 1)
 
-    default = (BM, BN, BK, TM, TN) == (128, 128, 8, 8, 8)
+    params = {"BM": BM, "BN": BN, "BK": BK, "TM": TM, "TN": TN}
+    if CONTIGUOUS:
+        params["CONTIGUOUS"] = 1
+    if max_registers:
+        params["max_registers"] = max_registers
+    default = params == DEFAULTS
     return KernelSpec(
-        name="blocktile_2d" if default else f"blocktile_2d_{BM}x{BN}x{BK}_t{TM}x{TN}",
+        name="blocktile_2d" if default else "blocktile_2d_" + "_".join(
+            f"{k}{v}" for k, v in params.items()),
         chapter="06-thread-coarsening",
         idea="each thread computes a TM x TN tile of C as outer products of register "
              "fragments of A and B",
-        kernel=blocktile_2d_kernel,
+        kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,
-        params={"BM": BM, "BN": BN, "BK": BK, "TM": TM, "TN": TN},
+        params=params,
         shared_bytes=(BM * BK + BK * BN) * 4,
         constraints=CONSTRAINTS,
         index={"thread_tile": thread_tile, "a_load": a_load, "b_load": b_load},

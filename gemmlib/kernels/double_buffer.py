@@ -20,19 +20,24 @@ Here the buffers are doubled instead, at both levels of the memory hierarchy:
 
 Layouts, tiles, partitions, zero-filled edge tiles and guarded stores are
 those of ``layout_nt`` and ``async_copy``; shared memory doubles (17 KiB).
-``build(copy="sync")`` replaces cp.async with plain copies (sm_75 and older);
-``BK`` must be even.
+Options: ``copy="sync"`` replaces cp.async with plain copies (sm_75 and
+older); ``unroll=False`` keeps the slice loop as a runtime loop (the default
+unrolls it, as MoYe's ``@loopinfo unroll`` does, by generating the k-tile's
+code); ``min_blocks=2`` asks the compiler to fit two blocks per SM (a register
+cap, like ``__launch_bounds__``).  ``BK`` must be even.
 """
 
-from gemmlib.backend import cuda, float32
+from gemmlib import layout as L
+from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics import async_copy
 from gemmlib.kernels.async_copy import PTX_ASYNC
-from gemmlib.kernels.layout_nt import _index_functions, plan
+from gemmlib.kernels.layout_nt import _index_functions, accesses, plan  # noqa: F401 (accesses: gemmlib.banks)
 from gemmlib.spec import KernelSpec, cdiv
 
 
 def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
-          mma_threads=(16, 16), pad: int = 4, copy: str = "async") -> KernelSpec:
+          mma_threads=(16, 16), pad: int = 4, copy: str = "async",
+          min_blocks: int | None = None, unroll: bool = True) -> KernelSpec:
     if BK % 2:
         raise ValueError(f"double_buffer walks k two slices at a time: BK must be even, got {BK}")
     p = plan(BM, BN, BK, copy_threads, mma_threads, pad)
@@ -43,6 +48,9 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
     cp_async4, commit, wait_all = cp.cp_async4, cp.cp_async_commit, cp.cp_async_wait_all
 
     NT = p["threads_mma"].size
+    # min_blocks: ask the compiler to fit that many blocks per SM (caps registers,
+    # like CUDA's __launch_bounds__(NT, min_blocks)); the simulator has no such option.
+    jit_opts = {} if SIMULATOR or not min_blocks else {"launch_bounds": (NT, min_blocks)}
     CA_M, CA_K = p["copyA"].shape
     CB_N, CB_K = p["copyB"].shape
     TM, TN = p["mmaC"].shape
@@ -83,7 +91,37 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
             for j in range(TN):
                 acc[i * TN + j] += fa[i] * fb[j]
 
-    @cuda.jit
+    @cuda.jit(device=True)
+    def tile_rolled(sA, sB, A, B, acc, fa0, fb0, fa1, fb1, tid, kt, num_k, m0, n0, M, N, K):
+        """One k-tile, k walked two slices per iteration (a loop the compiler keeps rolled)."""
+        rd = kt % 2                            # buffer being read; 1 - rd is being written
+        ra, rb = rd * SA_SIZE, rd * SB_SIZE
+        wa, wb = (1 - rd) * SA_SIZE, (1 - rd) * SB_SIZE
+        for kb in range(0, BK, 2):
+            # ping: slice kb is in fa0/fb0; fetch slice kb+1 into pong
+            load_slice(sA, sB, ra, rb, fa1, fb1, tid, kb + 1)
+            if kb == 0 and kt + 1 < num_k:      # next k-tile -> the other buffer
+                issue_tile(sA, sB, wa, wb, A, B, tid, m0, n0, (kt + 1) * BK, M, N, K)
+            fma_slice(acc, fa0, fb0)
+            # pong: slice kb+1 is in fa1/fb1; fetch the next slice into ping
+            if kb + 2 < BK:
+                load_slice(sA, sB, ra, rb, fa0, fb0, tid, kb + 2)
+            else:                               # tile done: wait for the next one
+                wait_all()
+                cuda.syncthreads()
+                if kt + 1 < num_k:
+                    load_slice(sA, sB, wa, wb, fa0, fb0, tid, 0)
+            fma_slice(acc, fa1, fb1)
+
+    # The same k-tile with the slice loop unrolled (MoYe's @loopinfo unroll):
+    # generated as straight-line code, so "kb == 0" and "last slice" are decided
+    # when the kernel is built, not at every step.  Print tile_step.__source__.
+    tile_step = tile_rolled if not unroll else L.jit(
+        _tile_source(BK, SA_SIZE, SB_SIZE), device=True,
+        env=dict(cuda=cuda, load_slice=load_slice, issue_tile=issue_tile, fma_slice=fma_slice,
+                 wait_all=wait_all))
+
+    @cuda.jit(**jit_opts)
     def double_buffer_kernel(A, B, C):
         sA = cuda.shared.array(SA2, float32)
         sB = cuda.shared.array(SB2, float32)
@@ -106,24 +144,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
             cuda.syncthreads()
             load_slice(sA, sB, 0, 0, fa0, fb0, tid, 0)
         for kt in range(num_k):
-            rd = kt % 2                        # buffer being read; 1 - rd is being written
-            ra, rb = rd * SA_SIZE, rd * SB_SIZE
-            wa, wb = (1 - rd) * SA_SIZE, (1 - rd) * SB_SIZE
-            for kb in range(0, BK, 2):
-                # ping: slice kb is in fa0/fb0; fetch slice kb+1 into pong
-                load_slice(sA, sB, ra, rb, fa1, fb1, tid, kb + 1)
-                if kb == 0 and kt + 1 < num_k:  # next k-tile -> the other buffer
-                    issue_tile(sA, sB, wa, wb, A, B, tid, m0, n0, (kt + 1) * BK, M, N, K)
-                fma_slice(acc, fa0, fb0)
-                # pong: slice kb+1 is in fa1/fb1; fetch the next slice into ping
-                if kb + 2 < BK:
-                    load_slice(sA, sB, ra, rb, fa0, fb0, tid, kb + 2)
-                else:                           # tile done: wait for the next one
-                    wait_all()
-                    cuda.syncthreads()
-                    if kt + 1 < num_k:
-                        load_slice(sA, sB, wa, wb, fa0, fb0, tid, 0)
-                fma_slice(acc, fa1, fb1)
+            tile_step(sA, sB, A, B, acc, fa0, fb0, fa1, fb1, tid, kt, num_k, m0, n0, M, N, K)
         for i in range(TM):
             for jj in range(TN):
                 m, n = c_dst(tid, i, jj)
@@ -138,6 +159,10 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
     name = "double_buffer" if default else f"double_buffer_{BM}x{BN}x{BK}_p{pad}"
     if copy == "sync":
         name += "_sync"
+    if min_blocks:
+        name += f"_mb{min_blocks}"
+    if not unroll:
+        name += "_rolled"
     return KernelSpec(
         name=name,
         chapter="12-double-buffering",
@@ -147,7 +172,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,
-        params=dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, copy=copy, buffers=2,
+        params=dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, min_blocks=min_blocks or 0, copy=copy, buffers=2, unroll=int(unroll),
                     copy_threads=tuple(copy_threads), mma_threads=tuple(mma_threads)),
         shared_bytes=4 * (SA2 + SB2),
         min_cc=async_copy.MIN_CC if copy == "async" else (5, 0),
@@ -157,6 +182,30 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
         index=_index_functions(p, device=False),
         module=__name__,
     )
+
+
+def _tile_source(BK, SA_SIZE, SB_SIZE) -> str:
+    """Source of ``tile_step``: one k-tile, its BK slices unrolled two at a time."""
+    args = "sA, sB, A, B, acc, fa0, fb0, fa1, fb1, tid, kt, num_k, m0, n0, M, N, K"
+    out = [f"def tile_step({args}):",
+           "    rd = kt % 2",
+           f"    ra, rb = rd * {SA_SIZE}, rd * {SB_SIZE}",
+           f"    wa, wb = (1 - rd) * {SA_SIZE}, (1 - rd) * {SB_SIZE}"]
+    for kb in range(0, BK, 2):
+        out.append(f"    # slices {kb} (ping) and {kb + 1} (pong)")
+        out.append(f"    load_slice(sA, sB, ra, rb, fa1, fb1, tid, {kb + 1})")
+        if kb == 0:
+            out += ["    if kt + 1 < num_k:",
+                    f"        issue_tile(sA, sB, wa, wb, A, B, tid, m0, n0, (kt + 1) * {BK}, "
+                    "M, N, K)"]
+        out.append("    fma_slice(acc, fa0, fb0)")
+        if kb + 2 < BK:
+            out.append(f"    load_slice(sA, sB, ra, rb, fa0, fb0, tid, {kb + 2})")
+        else:
+            out += ["    wait_all()", "    cuda.syncthreads()", "    if kt + 1 < num_k:",
+                    "        load_slice(sA, sB, wa, wb, fa0, fb0, tid, 0)"]
+        out.append("    fma_slice(acc, fa1, fb1)")
+    return "\n".join(out) + "\n"
 
 
 SPEC = build()

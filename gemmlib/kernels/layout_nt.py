@@ -38,7 +38,7 @@ the sums) and stores outside it are skipped.
 """
 
 from gemmlib import layout as L
-from gemmlib.backend import cuda, float32
+from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -72,9 +72,13 @@ def _index_functions(p, device):
 
 
 def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
-          mma_threads=(16, 16), pad: int = 4, indexing: str = "layout") -> KernelSpec:
+          mma_threads=(16, 16), pad: int = 4, indexing: str = "layout",
+          min_blocks: int | None = None) -> KernelSpec:
     p = plan(BM, BN, BK, copy_threads, mma_threads, pad)
     NT = p["threads_mma"].size
+    # min_blocks: ask the compiler to fit that many blocks per SM (caps registers,
+    # like CUDA's __launch_bounds__(NT, min_blocks)); the simulator has no such option.
+    jit_opts = {} if SIMULATOR or not min_blocks else {"launch_bounds": (NT, min_blocks)}
     CA_M, CA_K = p["copyA"].shape           # elements of A each thread copies per k-tile
     CB_N, CB_K = p["copyB"].shape
     TM, TN = p["mmaC"].shape                # C elements per thread: TM x TN
@@ -86,7 +90,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
         a_src, a_dst, b_src, b_dst = f["a_src"], f["a_dst"], f["b_src"], f["b_dst"]
         a_frag, b_frag, c_dst = f["a_frag"], f["b_frag"], f["c_dst"]
 
-        @cuda.jit
+        @cuda.jit(**jit_opts)
         def layout_nt(A, B, C):
             sA = cuda.shared.array(SA_SIZE, float32)
             sB = cuda.shared.array(SB_SIZE, float32)
@@ -133,7 +137,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
         MT_M, MT_N = mma_threads
         LDA, LDB = BM + pad, BN + pad           # padded column stride of the shared tiles
 
-        @cuda.jit
+        @cuda.jit(**jit_opts)
         def layout_nt_hand(A, B, C):
             sA = cuda.shared.array(SA_SIZE, float32)
             sB = cuda.shared.array(SB_SIZE, float32)
@@ -193,6 +197,8 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
     name = "layout_nt" if default else f"layout_nt_{BM}x{BN}x{BK}_p{pad}"
     if indexing == "hand":
         name += "_hand"
+    if min_blocks:
+        name += f"_mb{min_blocks}"
     return KernelSpec(
         name=name,
         chapter="10-layouts",
@@ -202,7 +208,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,
-        params=dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad,
+        params=dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, min_blocks=min_blocks or 0,
                     copy_threads=tuple(copy_threads), mma_threads=tuple(mma_threads)),
         shared_bytes=4 * (SA_SIZE + SB_SIZE),
         b_operand="NK",
@@ -212,3 +218,24 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
 
 
 SPEC = build()
+
+
+def accesses(spec):
+    """Shared-memory access patterns of ``spec`` for gemmlib.banks, from the layouts'
+    own index functions (shared arrays are 1-D: each word address is a layout offset).
+    Also used by ``async_copy`` and ``double_buffer``, whose layouts are these."""
+    from gemmlib.banks import Access
+
+    ix, p, nt = spec.index, spec.params, spec.threads
+    at = lambda name: (lambda t: (ix[name](t, 0, 0), 0))  # noqa: E731
+    store = "cp.async into" if p.get("copy") == "async" else "store to"
+    return [
+        Access("sA", "store", 1, at("a_dst"), label=f"copy: {store} sA[a_dst(tid, i, j)]",
+               count=max(p["BM"] * p["BK"] // nt, 1)),
+        Access("sB", "store", 1, at("b_dst"), label=f"copy: {store} sB[b_dst(tid, i, j)]",
+               count=max(p["BN"] * p["BK"] // nt, 1)),
+        Access("sA", "load", 1, at("a_frag"), label="compute: sA[a_frag(tid, i, k)]",
+               count=p["BK"] * p["TM"]),
+        Access("sB", "load", 1, at("b_frag"), label="compute: sB[b_frag(tid, j, k)]",
+               count=p["BK"] * p["TN"]),
+    ]

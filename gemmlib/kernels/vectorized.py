@@ -28,7 +28,7 @@ bound: one bounds check per four elements, none in the inner loop.
 (:mod:`gemmlib.kernels.bank_free`); this rung uses neither.
 """
 
-from gemmlib.backend import cuda, float32
+from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
@@ -59,7 +59,7 @@ CONSTRAINTS = (
 def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
           PAD: int = 0, SPLIT: bool = False, name: str | None = None,
           chapter: str = "07-vectorised-access", idea: str | None = None,
-          module: str | None = None) -> KernelSpec:
+          module: str | None = None, max_registers: int | None = None) -> KernelSpec:
     TCOLS = BN // TN
     NT = (BM // TM) * TCOLS
     TMN = TM * TN
@@ -101,7 +101,25 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
     _a_chunk = cuda.jit(device=True)(a_chunk)
     _b_chunk = cuda.jit(device=True)(b_chunk)
 
-    @cuda.jit
+    @cuda.jit(device=True)
+    def k_step(sAT, sB, kk, tid, acc, fa, fb):
+        """One k: float4 fragments of A and B from shared memory, then their outer product."""
+        for q in range(TM4):
+            x0, x1, x2, x3 = load4(sAT, kk, _a_frag(tid, q))
+            fa[4 * q] = x0
+            fa[4 * q + 1] = x1
+            fa[4 * q + 2] = x2
+            fa[4 * q + 3] = x3
+        for q in range(TN4):
+            y0, y1, y2, y3 = load4(sB, kk, _b_frag(tid, q))
+            fb[4 * q] = y0
+            fb[4 * q + 1] = y1
+            fb[4 * q + 2] = y2
+            fb[4 * q + 3] = y3
+        for i in range(TM):
+            for j in range(TN):
+                acc[i * TN + j] += fa[i] * fb[j]
+
     def vectorized_kernel(A, B, C):
         sAT = cuda.shared.array((BK, SA_COLS), float32, alignment=SHARED_ALIGN)
         sB = cuda.shared.array((BK, BN), float32, alignment=SHARED_ALIGN)
@@ -158,22 +176,13 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
                 store4(sB, kr, c, v0, v1, v2, v3)
             cuda.syncthreads()
 
-            for kk in range(BK):
-                for q in range(TM4):
-                    x0, x1, x2, x3 = load4(sAT, kk, _a_frag(tid, q))
-                    fa[4 * q] = x0
-                    fa[4 * q + 1] = x1
-                    fa[4 * q + 2] = x2
-                    fa[4 * q + 3] = x3
-                for q in range(TN4):
-                    y0, y1, y2, y3 = load4(sB, kk, _b_frag(tid, q))
-                    fb[4 * q] = y0
-                    fb[4 * q + 1] = y1
-                    fb[4 * q + 2] = y2
-                    fb[4 * q + 3] = y3
-                for i in range(TM):
-                    for j in range(TN):
-                        acc[i * TN + j] += fa[i] * fb[j]
+            # Four k-steps per iteration, written out: numba leaves a loop this large
+            # rolled; unrolled by hand, the shared loads get constant address offsets.
+            for kk in range(0, BK, 4):
+                k_step(sAT, sB, kk, tid, acc, fa, fb)
+                k_step(sAT, sB, kk + 1, tid, acc, fa, fb)
+                k_step(sAT, sB, kk + 2, tid, acc, fa, fb)
+                k_step(sAT, sB, kk + 3, tid, acc, fa, fb)
             cuda.syncthreads()
 
         for qi in range(TM4):
@@ -193,19 +202,28 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
                                 if gc + jj < N:
                                     C[gr, gc + jj] = acc[i * TN + j + jj]
 
+    # max_registers caps registers per thread (ptxas -maxrregcount): fewer registers, more
+    # resident blocks per SM.  The simulator has no such option.
+    opts = {"max_registers": max_registers} if max_registers and not SIMULATOR else {}
+    kernel = cuda.jit(**opts)(vectorized_kernel)
+
     def grid(M, N, K):
         return (cdiv(N, BN), cdiv(M, BM), 1)
 
     params = {"BM": BM, "BN": BN, "BK": BK, "TM": TM, "TN": TN, "PAD": PAD, "SPLIT": int(SPLIT_)}
+    if max_registers:
+        params["max_registers"] = max_registers
     if name is None:
         default = (BM, BN, BK, TM, TN, PAD, SPLIT_) == (128, 128, 8, 8, 8, 0, False)
         name = "vectorized" if default else f"vectorized_{BM}x{BN}x{BK}_t{TM}x{TN}_p{PAD}_s{int(SPLIT_)}"
+        if max_registers:
+            name = ("vectorized" if default else name) + f"_r{max_registers}"
     return KernelSpec(
         name=name,
         chapter=chapter,
         idea=idea or "float4 (16-byte) global and shared accesses; A stored transposed in "
                      "shared memory so each fragment is contiguous",
-        kernel=vectorized_kernel,
+        kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,

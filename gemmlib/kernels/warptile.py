@@ -73,7 +73,7 @@ def _registers(spec, M, N, K, dev):
     acc = d["WMITER"] * p["TM"] * p["WNITER"] * p["TN"]
     frags = d["WMITER"] * p["TM"] + p["WNITER"] * p["TN"]
     staged = (p["BM"] * p["BK"] + p["BK"] * p["BN"]) // d["NT"]
-    return acc + frags + staged + 30 <= 255
+    return acc + frags + staged + 30 <= min(255, p.get("max_registers") or 255)
 
 
 def _regs_per_sm(spec, M, N, K, dev):
@@ -92,17 +92,25 @@ CONSTRAINTS = (
                "32 lanes form a (WSUBM/TM) x (WSUBN/TN) grid; TM, TN, BK, PAD multiples of 4; "
                "the threads must copy both tiles in whole float4 passes"),
     Constraint("registers per thread", _registers,
-               "accumulators + fragments + the prefetched next tile must fit in 255 registers"),
+               "accumulators + fragments + the prefetched next tile (+ ~30 for addresses) must "
+               "fit in 255 registers, or in max_registers when that cap is set"),
     Constraint("registers per block", _regs_per_sm,
                "threads x registers per thread must fit the register file of one SM"),
 )
 
 
-def build(BM: int = 128, BN: int = 128, BK: int = 16, WM: int = 64, WN: int = 32,
-          WNITER: int = 2, TM: int = 4, TN: int = 4, PAD: int = 4,
+DEFAULTS = {"BM": 128, "BN": 128, "BK": 16, "WM": 64, "WN": 32, "WNITER": 2, "TM": 4, "TN": 4,
+            "PAD": 4}
+
+
+def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS["BK"],
+          WM: int = DEFAULTS["WM"], WN: int = DEFAULTS["WN"], WNITER: int = DEFAULTS["WNITER"],
+          TM: int = DEFAULTS["TM"], TN: int = DEFAULTS["TN"], PAD: int = DEFAULTS["PAD"],
           max_registers: int | None = None) -> KernelSpec:
     params = {"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "WNITER": WNITER,
               "TM": TM, "TN": TN, "PAD": PAD}
+    if max_registers:
+        params["max_registers"] = max_registers
     d = _derived(params) or dict(NT=WARP, WMITER=1, WSUBM=WM, WSUBN=WN, LANE_COLS=1)
     NT, WMITER, WSUBM, WSUBN, LANE_COLS = (d[k] for k in
                                            ("NT", "WMITER", "WSUBM", "WSUBN", "LANE_COLS"))
@@ -205,6 +213,37 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, WM: int = 64, WN: int = 32
             kr, c = _b_chunk(tid, p)
             store4(sB, boff + kr, c, rb[4 * p], rb[4 * p + 1], rb[4 * p + 2], rb[4 * p + 3])
 
+    @cuda.jit(device=True)
+    def k_step(sAT, sB, krow, row0, col0, acc, fa, fb):
+        """One k: fragments of A and B from shared memory, then their outer product."""
+        for wm in range(WMITER):
+            for q in range(TM4):
+                x0, x1, x2, x3 = load4(sAT, krow, row0 + wm * WSUBM + 4 * q)
+                fa[wm * TM + 4 * q] = x0
+                fa[wm * TM + 4 * q + 1] = x1
+                fa[wm * TM + 4 * q + 2] = x2
+                fa[wm * TM + 4 * q + 3] = x3
+        for wn in range(WNITER):
+            for q in range(TN4):
+                y0, y1, y2, y3 = load4(sB, krow, col0 + wn * WSUBN + 4 * q)
+                fb[wn * TN + 4 * q] = y0
+                fb[wn * TN + 4 * q + 1] = y1
+                fb[wn * TN + 4 * q + 2] = y2
+                fb[wn * TN + 4 * q + 3] = y3
+        for i in range(FM):
+            for j in range(FN):
+                acc[i * FN + j] += fa[i] * fb[j]
+
+    @cuda.jit(device=True)
+    def store_row_vec(C, acc, ri, gr, gcol0, N):
+        """Row ri of this thread's results to row gr of C, as float4s."""
+        for wn in range(WNITER):
+            for q in range(TN4):
+                gc = gcol0 + wn * WSUBN + 4 * q
+                j = ri * FN + wn * TN + 4 * q
+                if gc < N:
+                    store4(C, gr, gc, acc[j], acc[j + 1], acc[j + 2], acc[j + 3])
+
     def warptile_kernel(A, B, C):
         sAT = cuda.shared.array((SROWS, SA_COLS), float32, alignment=SHARED_ALIGN)
         sB = cuda.shared.array((SROWS, SB_COLS), float32, alignment=SHARED_ALIGN)
@@ -236,45 +275,35 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, WM: int = 64, WN: int = 32
             if more:  # issue the next tile's global loads now; use them after the FMAs
                 fetch_a(A, ra, tid, m0, (t + 1) * BK, M, K, a_vec)
                 fetch_b(B, rb, tid, (t + 1) * BK, n0, K, N, b_vec)
-            for kk in range(BK):
+            # Four k-steps per iteration, written out: numba leaves a loop this large
+            # rolled, and unrolling by hand turns the per-step address arithmetic into
+            # constant offsets of the shared-memory loads.
+            for kk in range(0, BK, 4):
                 krow = boff + kk
-                for wm in range(WMITER):
-                    for q in range(TM4):
-                        x0, x1, x2, x3 = load4(sAT, krow, row0 + wm * WSUBM + 4 * q)
-                        fa[wm * TM + 4 * q] = x0
-                        fa[wm * TM + 4 * q + 1] = x1
-                        fa[wm * TM + 4 * q + 2] = x2
-                        fa[wm * TM + 4 * q + 3] = x3
-                for wn in range(WNITER):
-                    for q in range(TN4):
-                        y0, y1, y2, y3 = load4(sB, krow, col0 + wn * WSUBN + 4 * q)
-                        fb[wn * TN + 4 * q] = y0
-                        fb[wn * TN + 4 * q + 1] = y1
-                        fb[wn * TN + 4 * q + 2] = y2
-                        fb[wn * TN + 4 * q + 3] = y3
-                for i in range(FM):
-                    for j in range(FN):
-                        acc[i * FN + j] += fa[i] * fb[j]
+                k_step(sAT, sB, krow, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 1, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 2, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 3, row0, col0, acc, fa, fb)
             if more:
                 stage(sAT, sB, ra, rb, tid, BK - boff)  # the other buffer
             cuda.syncthreads()
 
-        for wm in range(WMITER):
-            for i in range(TM):
-                gr = m0 + row0 + wm * WSUBM + i
+        # The results.  Every loop here has a constant trip count and a small body, so
+        # it is unrolled and acc keeps constant indices: it stays in registers.
+        gcol0 = n0 + col0
+        if c_vec:
+            for ri in range(FM):
+                gr = m0 + row0 + (ri // TM) * WSUBM + ri % TM
                 if gr < M:
-                    ai = (wm * TM + i) * FN
-                    for wn in range(WNITER):
-                        for q in range(TN4):
-                            gc = n0 + col0 + wn * WSUBN + 4 * q
-                            j = ai + wn * TN + 4 * q
-                            if c_vec:
-                                if gc < N:
-                                    store4(C, gr, gc, acc[j], acc[j + 1], acc[j + 2], acc[j + 3])
-                            else:
-                                for e in range(4):
-                                    if gc + e < N:
-                                        C[gr, gc + e] = acc[j + e]
+                    store_row_vec(C, acc, ri, gr, gcol0, N)
+        else:
+            for ri in range(FM):
+                gr = m0 + row0 + (ri // TM) * WSUBM + ri % TM
+                if gr < M:
+                    for cj in range(FN):
+                        gc = gcol0 + (cj // TN) * WSUBN + cj % TN
+                        if gc < N:
+                            C[gr, gc] = acc[ri * FN + cj]
 
     # max_registers caps registers per thread (like __launch_bounds__); the simulator has no
     # such option, and there it would mean nothing anyway.
@@ -284,13 +313,10 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, WM: int = 64, WN: int = 32
     def grid(M, N, K):
         return (cdiv(N, BN), cdiv(M, BM), 1)
 
-    default = params == {"BM": 128, "BN": 128, "BK": 16, "WM": 64, "WN": 32, "WNITER": 2,
-                         "TM": 4, "TN": 4, "PAD": 4} and not max_registers
+    default = params == DEFAULTS
     name = "warptile" if default else (
         f"warptile_{BM}x{BN}x{BK}_w{WM}x{WN}n{WNITER}_t{TM}x{TN}_p{PAD}"
         + (f"_r{max_registers}" if max_registers else ""))
-    if max_registers:
-        params["max_registers"] = max_registers
     return KernelSpec(
         name=name,
         chapter="09-warp-tiling",

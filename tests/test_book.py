@@ -1,0 +1,90 @@
+"""The book's structure: every page in the TOC exists, notebooks are set up the same way,
+the repository URL is defined consistently, and the notebook helpers behave."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+
+
+def _yaml_value(text, key):
+    m = re.search(rf"^\s*{key}:\s*(\S+)", text, re.M)
+    return m.group(1) if m else None
+
+
+def test_repository_url_is_one_value():
+    from gemmlib.notebook import REPOSITORY
+
+    config = (ROOT / "_config.yml").read_text()
+    assert _yaml_value(config, "url") == REPOSITORY
+    for nb in NOTEBOOKS:
+        first = "".join(json.loads(nb.read_text())["cells"][1]["source"])
+        urls = re.findall(r"git\+(\S+?)\"", first)
+        assert urls == [REPOSITORY], f"{nb.name}: install URL {urls} != {REPOSITORY}"
+
+
+def test_book_is_jupyter_book_1_and_never_executes():
+    config = (ROOT / "_config.yml").read_text()
+    assert re.search(r"execute_notebooks:\s*[\"']?off", config)
+    assert (ROOT / "_toc.yml").is_file() and not (ROOT / "myst.yml").exists()
+
+
+def test_toc_files_exist():
+    toc = (ROOT / "_toc.yml").read_text()
+    files = re.findall(r"(?:file|root):\s*(\S+)", toc)
+    assert files
+    for f in files:
+        assert any((ROOT / f).with_suffix(s).is_file() for s in (".md", ".ipynb")), f
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_setup_cell(nb):
+    cells = json.loads(nb.read_text())["cells"]
+    assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith("# ")
+    setup = "".join(cells[1]["source"])
+    assert "google.colab" in setup and "NUMBA_ENABLE_CUDASIM" in setup
+    assert "nb.setup()" in setup
+    src = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    # CuPy only through gemmlib.backend (never imported directly in a notebook)
+    assert "import cupy" not in src
+
+
+def test_exercise_checks_never_raise(capsys):
+    import gemmlib
+    from gemmlib import notebook as nb
+
+    spec = gemmlib.get_kernel("coalesced")
+
+    def unwritten(*args):
+        raise NotImplementedError
+
+    def wrong(bx, by, tx, ty):
+        return bx * 32 + tx, by * 32 + ty
+
+    assert nb.check_index_function(unwritten, spec) is False
+    assert nb.check_index_function(wrong, spec) is False
+    assert nb.check_index_function(spec.index["c_element"], spec) is True
+    assert nb.check_value(..., 3, "x") is False and nb.check_value(3.0, 3, "x") is True
+    assert nb.check_matmul(lambda A, B: A @ B) is True
+    assert nb.check_matmul(lambda A, B: (A @ B).T) is False
+    out = capsys.readouterr().out
+    assert "correct" in out and "not yet" in out
+
+
+def test_notebook_helpers_in_simulator():
+    from gemmlib import backend
+    from gemmlib import notebook as nb
+
+    if not backend.SIMULATOR:
+        pytest.skip("simulator-only expectations")
+    assert max(max(s) for s in nb.verify_shapes()) <= 70
+    assert nb.live_shapes() == [] and nb.memory_bandwidth_gbs() is None
+    assert "SIMULATOR" in nb.environment_summary()
+    assert "def c_element" in nb._source_of("naive")
+    assert "syncthreads" in nb._source_of(__import__("gemmlib").get_kernel("shared"))
+    table = nb.hardware_table(__import__("gemmlib").get_kernel("shared"))
+    assert "<table" in table._repr_html_()
