@@ -184,20 +184,39 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     A, B : 2-D arrays, (M, K) and (K, N), float32.
         GPU arrays -- CuPy, numba device arrays, or anything exposing
         ``__cuda_array_interface__`` or ``__dlpack__`` (torch, JAX) -- are
-        used in place and must be C-contiguous (row-major): a transposed or
-        sliced view is refused with a message, not silently copied.  NumPy
-        arrays (any strides) are copied to the GPU and the result comes back
-        as NumPy.  Mixing host and GPU operands is refused.
-    out : optional array of shape (M, N), same dtype and place as A and B.
-        Must not share memory with A or B.  Allocated when None (CuPy, or a
-        numba device array when A is one).
+        used in place and must be C-contiguous (row-major): a transposed,
+        Fortran-order, strided or broadcast view is refused with a message
+        naming ``ascontiguousarray``, not silently copied.  A C-contiguous
+        view with an offset (``A[3:]``, a sub-buffer not 16-byte aligned) is
+        fine: kernels that move float4s check alignment and fall back.  A
+        torch tensor that requires grad is refused by torch itself (detach
+        it).  Arrays on a GPU other than the current one are refused, naming
+        ``cupy.cuda.Device``.
+        Host arrays -- NumPy arrays of any strides (transposed, sliced,
+        Fortran order, negative or zero strides, read-only) and host DLPack
+        producers such as torch CPU tensors -- are copied to the GPU and the
+        result comes back as NumPy; the copies run on ``stream``, in order
+        with the kernel.  Mixing host and GPU operands is refused.
+        Any other dtype (float64, float16, byte-swapped '>f4', ...) is
+        refused with a TypeError naming ``astype``.
+    out : optional array of shape (M, N), same dtype and place as A and B,
+        C-contiguous and writeable.  Must not share memory with A or B
+        (refused: the kernel would overwrite its input while reading it).
+        Written in place and returned.  Allocated when None: a numba device
+        array when A is one, else CuPy (also for torch inputs; pass a torch
+        ``out`` to get one back).  An output that does not fit in GPU memory
+        raises ``MemoryError`` with its size.
     kernel : rung name (see ``gemmlib.list_kernels()``) or a KernelSpec.
     stream : CuPy or numba stream to launch on; default CuPy's current stream.
+        Anything else is refused with a TypeError (wrap a torch stream as
+        ``cupy.cuda.ExternalStream(s.cuda_stream)``).  The call returns
+        without waiting for GPU inputs and outputs; host results are ready.
     transpose_b : if True, B is given as (N, K), row-major (K-major, the
         layout of the CuTe chapters), and C = A @ B.T.  Only kernels whose
         spec says ``b_operand="NK"`` take it.
 
-    Any M, N, K >= 0 is accepted; nothing needs padding.  A kernel that
+    Any M, N, K >= 0 is accepted; nothing needs padding, and indices are
+    64-bit (matrices past 2**31 elements work where the grid allows).  A kernel that
     cannot run the problem on this GPU raises ``ConstraintError`` naming the
     constraint, before anything is launched.
     """
@@ -252,7 +271,8 @@ def _allocate_output(M: int, N: int, dtype, numba: bool):
             raise
         size = M * N * np.dtype(dtype).itemsize
         raise MemoryError(
-            f"out of GPU memory allocating C ({M} x {N} {np.dtype(dtype)}, {size / 2**30:.2f} GiB): "
+            f"out of GPU memory allocating C ({M} x {N} {np.dtype(dtype)}, "
+            f"{size / 2**30:.2f} GiB): "
             f"{e}. Free memory (e.g. cupy.get_default_memory_pool().free_all_blocks()), "
             f"split the problem, or pass a preallocated out=") from e
 

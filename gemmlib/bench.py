@@ -9,7 +9,8 @@ How each number is made:
 * before every timed run the L2 cache is flushed by writing a buffer twice
   its size, so small problems are not flattered by inputs already on chip;
 * cuBLAS (through CuPy, TF32 off) is timed the same way, in the same run, on
-  the same inputs, and every kernel's result is checked against it first;
+  the same inputs (as A @ B, and as A @ Bt.T for kernels that take B
+  transposed, row ``cublas_nt``), and every kernel's result is checked first;
 * the GPU, its clocks and the software versions are recorded with the result.
 
 In the simulator the harness still runs end to end (useful to test it), but
@@ -254,6 +255,11 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
         bar.set_postfix_str(f"cuBLAS {M}x{N}x{K}")
         cub = timer(lambda: cp.matmul(A, B, out=C), reps, warmup)
         cublas_err = backend.relative_error(C, ref)
+        # Kernels that take B transposed (C = A @ Bt.T) race cuBLAS doing the same.
+        cub_nt = cublas_nt_err = None
+        if any(get_kernel(n).b_operand == "NK" for n in names):
+            cub_nt = timer(lambda: cp.matmul(A, Bt.T, out=C), reps, warmup)
+            cublas_nt_err = backend.relative_error(C, ref)
         bar.update()
         for name in names:
             spec = get_kernel(name)
@@ -279,9 +285,11 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
             probe = timer(run, 1, 1)
             n = _reps_for(probe.median / 1e3, reps, budget_s)
             t = timer(run, n, max(0, warmup - 2))
-            result.rows.append(_row(name, M, N, K, t, flops, cub, err))
+            result.rows.append(_row(name, M, N, K, t, flops, cub_nt if nt else cub, err))
             bar.update()
         result.rows.append(_row("cublas", M, N, K, cub, flops, cub, cublas_err))
+        if cub_nt is not None:
+            result.rows.append(_row("cublas_nt", M, N, K, cub_nt, flops, cub_nt, cublas_nt_err))
         del A, B, Bt, C, ref
         cp.get_default_memory_pool().free_all_blocks()
     bar.close()

@@ -24,7 +24,7 @@ def _order(result: Result) -> list[str]:
 
     seen = [r.kernel for r in result.rows]
     known = [k for k in LADDER if k in seen]
-    return known + sorted({k for k in seen if k not in known and k != "cublas"})
+    return known + sorted({k for k in seen if k not in known and not k.startswith("cublas")})
 
 
 def _squares(result: Result, kernel: str):

@@ -6,8 +6,10 @@ its CUDA 13 extra compiles to PTX on any machine, so every registered kernel
 is compiled here for sm_75 (T4), sm_80 (A100) and sm_90 (H100/H200), and the
 PTX is checked for what the rung claims: ``spec.ptx_must`` patterns present
 (e.g. ``ld.global.v4.f32`` for 16-byte loads) and ``spec.ptx_must_not``
-absent (by default any ``ld.local``/``st.local``: register tiles that spilled
-to local memory).
+absent (by default any ``ld.local``/``st.local``: register arrays placed in
+local memory).  The PTX is then assembled by ptxas (through nvJitLink, still
+offline) to report registers and spills; a rung may spill no more than its
+``spec.max_spill_bytes`` (0 unless it says why).
 
 Run it as ``python -m gemmlib.ptx`` (the simulator must be off).
 """
@@ -69,11 +71,44 @@ def _offline_device(cc):
         dispatcher.get_current_device = real
 
 
-def problems(spec, ptx: str) -> list[str]:
-    """What the PTX fails to show (empty list: it shows what the rung claims)."""
+def resources(ptx: str, cc=(9, 0)) -> dict:
+    """Registers, spills and stack of the PTX once assembled to machine code.
+
+    PTX alone cannot show spills: ptxas decides register allocation.  ptxas
+    ships inside nvJitLink (a wheel of numba-cuda's CUDA extra), so this runs
+    with no GPU and gives the same counts the driver reports on the device.
+    """
+    from cuda.bindings import nvjitlink
+
+    h = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"])
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(h, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        nvjitlink.complete(h)
+        log = bytearray(nvjitlink.get_info_log_size(h))
+        nvjitlink.get_info_log(h, log)
+    finally:
+        nvjitlink.destroy(h)
+    text = log.decode(errors="replace")
+
+    def num(pattern):
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else None
+
+    return {"registers": num(r"[Uu]sed (\d+) registers"),
+            "spill_stores": num(r"(\d+) bytes spill stores"),
+            "spill_loads": num(r"(\d+) bytes spill loads"),
+            "stack_bytes": num(r"(\d+) bytes stack frame")}
+
+
+def problems(spec, ptx: str, res: dict | None = None) -> list[str]:
+    """What the compiled code fails to show (empty list: it shows what the rung claims)."""
     out = [f"missing /{p}/" for p in spec.ptx_must if not re.search(p, ptx)]
     out += [f"forbidden /{p}/ found: {re.search(p, ptx).group(0)!r}"
             for p in spec.ptx_must_not if re.search(p, ptx)]
+    spills = (res or {}).get("spill_stores") or 0
+    if spills > spec.max_spill_bytes:
+        out.append(f"{spills} bytes of register spills (allowed: {spec.max_spill_bytes})")
     return out
 
 
@@ -90,7 +125,8 @@ def gate(names=None, targets=TARGETS) -> list[dict]:
             else:
                 try:
                     ptx = compile_ptx(spec, cc)
-                    rec["problems"] = problems(spec, ptx)
+                    rec.update(resources(ptx, cc))
+                    rec["problems"] = problems(spec, ptx, rec)
                     rec["ptx_lines"] = ptx.count("\n")
                 except Exception as e:  # a compile error is the finding
                     rec["problems"] = [f"compile error: {type(e).__name__}: {e}".splitlines()[0]]
@@ -110,7 +146,9 @@ def main(argv=None) -> int:
     records = gate(args.kernels or None, targets)
     for r in records:
         status = r.get("skipped") or ("ok" if not r["problems"] else "; ".join(r["problems"]))
-        print(f"{r['kernel']:>16} {r['cc']}  {r['seconds']:5.1f}s  {status}")
+        regs = (f"{r['registers']:>3} regs, {r['spill_stores']} B spilled"
+                if r.get("registers") is not None else "")
+        print(f"{r['kernel']:>16} {r['cc']}  {r['seconds']:5.1f}s  {regs:<24} {status}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)

@@ -102,6 +102,8 @@ class KernelSpec:
     constraints: tuple[Constraint, ...] = ()
     ptx_must: tuple[str, ...] = ()
     ptx_must_not: tuple[str, ...] = (r"\bld\.local", r"\bst\.local")
+    #: register spills ptxas may produce (bytes per thread); > 0 only with a reason
+    max_spill_bytes: int = 0
     #: plain-Python index functions the kernel itself calls (for figures)
     index: Mapping[str, Callable] = field(default_factory=dict)
     module: str = ""

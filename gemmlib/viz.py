@@ -594,3 +594,27 @@ def plot_bank_access(access, warp: int = 0, title=None):
                  f"{access.width * 4} bytes per lane -> {total} passes over the banks", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def plot_timeline(rows, title=None, unit="time"):
+    """A schematic schedule: ``rows`` maps a row label to a list of
+    (start, duration, text, colour) bars.  Used to compare how copies and
+    arithmetic overlap under different pipelining schemes."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 0.75 * len(rows) + 1.2))
+    labels = list(rows)
+    end = 0
+    for y, label in enumerate(labels):
+        for start, dur, text, colour in rows[label]:
+            ax.barh(y, dur, left=start, color=colour, edgecolor="k", height=0.6)
+            if text:
+                ax.text(start + dur / 2, y, text, ha="center", va="center", fontsize=8)
+            end = max(end, start + dur)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, end * 1.02)
+    ax.set_xlabel(unit)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig

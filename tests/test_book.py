@@ -88,3 +88,12 @@ def test_notebook_helpers_in_simulator():
     assert "syncthreads" in nb._source_of(__import__("gemmlib").get_kernel("shared"))
     table = nb.hardware_table(__import__("gemmlib").get_kernel("shared"))
     assert "<table" in table._repr_html_()
+
+
+def test_every_rung_has_a_chapter_in_the_toc():
+    import gemmlib
+
+    toc = (ROOT / "_toc.yml").read_text()
+    for spec in gemmlib.all_specs():
+        assert f"chapters/{spec.chapter}" in toc, (
+            f"rung {spec.name!r} (chapter {spec.chapter}) has no chapter in _toc.yml")

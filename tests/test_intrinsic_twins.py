@@ -121,7 +121,8 @@ def test_vector_load4_store4_gpu():
     src_h = rng.uniform(-1, 1, (9, 20)).astype(np.float32)  # 80-byte rows: every 4th col aligned
     src = cp.asarray(src_h)
     assert getattr(getattr(src, "data", None), "ptr", 0) % 16 == 0  # CuPy allocations: 256-aligned
-    idx_h = np.array([(i, j) for i in range(9) for j in range(0, 20, 4)], np.int64)  # (int32 indices overflow the twin's address check)
+    # int64 indices: int32 ones overflow the twin's address arithmetic (NumPy 2 casting)
+    idx_h = np.array([(i, j) for i in range(9) for j in range(0, 20, 4)], np.int64)
     out = cp.zeros((len(idx_h), 4), np.float32)
     _k_load4_global[1, len(idx_h)](src, cp.asarray(idx_h), out)
     want = np.array([vector.load4_py(src_h, i, j) for i, j in idx_h], np.float32)

@@ -172,7 +172,8 @@ def test_shapes_property_gpu(name):
     remaining = max(GPU_SHAPES - len(tally.distinct), 0)
 
     @seed(zlib.crc32(name.encode()))
-    @settings(max_examples=max(remaining + 40, 1), deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=max(remaining + 40, 1), deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
     @given(shape=shapes(spec, 1100, 4500))
     def prop(shape):
         c = tally.check(spec, shape, _seed(shape))

@@ -18,7 +18,11 @@ the SM may, if registers allow them to be resident).  Here each thread
 5. computes tile ``k`` from registers while tile ``k + 1`` is in flight.
 
 The price is registers: a fragment of a whole k-tile (2 x 8 x 8 floats) on
-top of the 64 accumulators.  ``double_buffer`` removes that price.
+top of the 64 accumulators.  On an H200 the kernel compiles to 255 registers
+and ptxas spills about 400 bytes per thread to local memory (the compile gate
+reports it and allows it for this rung only: ``max_spill_bytes``), yet at 4096^3 it is 1.18x faster than
+``layout_nt`` (31% vs 26% of cuBLAS): the overlap pays more than the spill
+costs.  ``double_buffer`` removes that price.
 
 Edge tiles use cp.async's zero-fill form: an element outside the matrix is
 copied with ``src_size = 0`` (from a clamped, valid address), so shared
@@ -146,6 +150,9 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
         b_operand="NK",
         ptx_must=PTX_ASYNC if copy == "async" else (),
         ptx_must_not=(r"\bld\.local", r"\bst\.local") + (() if copy == "async" else (r"cp\.async",)),
+        # The whole-tile fragments overflow 255 registers; kept on purpose (see the
+        # docstring): the next rung, double_buffer, is the one that fixes it.
+        max_spill_bytes=512,
         index=_index_functions(p, device=False),
         module=__name__,
     )

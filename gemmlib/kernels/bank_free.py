@@ -1,16 +1,26 @@
-"""Rung 7, no shared-memory bank conflicts: pad the transposed tile, interleave the fragments.
+"""Rung 7, no shared-memory bank conflicts: swizzle the transposed tile, interleave fragments.
 
-The vectorised kernel has two bank conflicts, which ``gemmlib.banks``
-computes from its index functions (and Nsight Compute confirms):
+The vectorised kernel has two kinds of bank conflict, which ``gemmlib.banks``
+computes from its index functions (and Nsight Compute counts exactly the
+same numbers, see results/tuning/README.md):
 
-1. *The transposing store.*  With 256 threads and an 8-wide A tile, a warp
-   copies 16 rows of A, two float4s per row, and writes ``sAT[kq + e, r]``.
-   The two threads of one row (kq = 0 and kq = 4) write words
-   ``4 * 128`` floats apart -- the same bank, different words: 2-way.
-   Fix: pad each row of ``sAT`` by PAD = 4 floats.  Rows are then
-   ``BM + 4`` floats apart, so row kq = 4 starts 16 banks further on and the
-   two halves of the warp use disjoint banks.  (4, not 1: rows must stay
-   16-byte aligned for the float4 fragment loads.)
+1. *The transposing store.*  With 256 threads and a 16-wide k-tile, one warp
+   copies 8 rows of A, four float4s per row (k-offsets kq = 0, 4, 8, 12),
+   and writes ``sAT[kq + e, r]``.  The rows of ``sAT`` are 128 floats long, a
+   multiple of 32 banks, so the four kq groups of the warp land on the *same*
+   8 banks: a 4-way conflict.
+
+   Padding each row by PAD floats shifts row kq by ``kq * PAD`` banks; with
+   an 8-wide k-tile PAD = 4 separates the two groups (``build(BK=8, PAD=4,
+   SWIZZLE=False)`` is conflict-free).  With four groups it cannot work: the
+   rows must stay a multiple of 4 floats long (16-byte aligned for the float4
+   loads), so the shifts are multiples of 16 banks and two of the four groups
+   always collide.  A *swizzle* can: row k stores column m at ``m ^ swz(k)``
+   with ``swz(k) = 8 * (k // 4)`` (in general ``(k // 4) * 128/BK``, mod 32).
+   XOR with a multiple of 4 keeps every aligned float4 in one piece, so the
+   fragment loads just XOR their column with the same ``swz(k)`` -- one
+   instruction per four k-steps -- and the four groups now use four
+   different sets of 8 banks.
 
 2. *The fragment loads.*  A float4 load is served a quarter-warp (8 threads,
    128 bytes) at a time.  When thread ``tc`` owns columns ``8*tc .. 8*tc+7``,
@@ -23,26 +33,28 @@ computes from its index functions (and Nsight Compute confirms):
    adjacent ones, and its float4 stores to C become contiguous across
    threads too (better coalesced).
 
-Everything else -- vector paths, ragged edges -- is the vectorised rung's
-code (:func:`gemmlib.kernels.vectorized.build` with ``PAD`` and ``SPLIT``).
+Everything else -- vector paths, ragged edges, the register cap -- is the
+vectorised rung's code (:func:`gemmlib.kernels.vectorized.build` with
+``SWIZZLE``, ``PAD`` and ``SPLIT``).
 """
 
 from gemmlib.kernels import vectorized
 from gemmlib.spec import KernelSpec
 
 
-def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
-          PAD: int = 4, SPLIT: bool = True, max_registers: int | None = None) -> KernelSpec:
-    default = (BM, BN, BK, TM, TN, PAD, SPLIT) == (128, 128, 8, 8, 8, 4, True)
+def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
+          PAD: int = 0, SPLIT: bool = True, SWIZZLE: bool = True,
+          max_registers: int | None = 128) -> KernelSpec:
+    default = (BM, BN, BK, TM, TN, PAD, bool(SPLIT), bool(SWIZZLE), max_registers) == (
+        128, 128, 16, 8, 8, 0, True, True, 128)
     name = "bank_free" if default else (
-        f"bank_free_{BM}x{BN}x{BK}_t{TM}x{TN}_p{PAD}_s{int(bool(SPLIT))}")
-    if max_registers:
-        name += f"_r{max_registers}"
+        f"bank_free_{BM}x{BN}x{BK}_t{TM}x{TN}_p{PAD}_s{int(bool(SPLIT))}"
+        + ("_z" if SWIZZLE else "") + (f"_r{max_registers}" if max_registers else ""))
     return vectorized.build(
-        BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, PAD=PAD, SPLIT=SPLIT, name=name,
+        BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, PAD=PAD, SPLIT=SPLIT, SWIZZLE=SWIZZLE, name=name,
         chapter="08-bank-conflicts",
-        idea="pad the transposed A tile and interleave each thread's float4 fragments so "
-             "no shared-memory access has a bank conflict",
+        idea="swizzle the transposed A tile and interleave each thread's float4 fragments "
+             "so no shared-memory access has a bank conflict",
         module=__name__, max_registers=max_registers)
 
 

@@ -52,11 +52,14 @@ CONSTRAINTS = (
 )
 
 
-DEFAULTS = {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8}
+#: The rung's default.  max_registers=128 lets two 256-thread blocks share an SM (16 warps
+#: instead of 8) at the price of a few spilled bytes: 26.6% of cuBLAS instead of 16.3% at
+#: 4096^3 on an H200 (results/tuning/README.md).
+DEFAULTS = {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8, "max_registers": 128}
 
 
 def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
-          CONTIGUOUS: bool = False, max_registers: int | None = None) -> KernelSpec:
+          CONTIGUOUS: bool = False, max_registers: int | None = 128) -> KernelSpec:
     TCOLS = BN // TN  # threads along a row of the block tile (= column stride of a thread)
     TROWS = BM // TM  # threads along a column (= row stride of a thread)
     NT = TROWS * TCOLS
@@ -189,9 +192,9 @@ def accesses(spec):
         Access("sB", "store", BN, lambda t: ix["b_load"](t, 0), label="copy B element",
                count=max(BK * BN // nt, 1)),
         Access("sA", "load", BK, lambda t: (ix["thread_tile"](t)[0], 0),
-               label="fa[i] = sA[r0 + i, k]", count=BK * TM),
+               label="fa[i] = sA[r0 + i * RSTEP, k]", count=BK * TM),
         Access("sB", "load", BN, lambda t: (0, ix["thread_tile"](t)[1]),
-               label="fb[j] = sB[k, c0 + j]", count=BK * TN),
+               label="fb[j] = sB[k, c0 + j * CSTEP]", count=BK * TN),
     ]
 
 SPEC = build()

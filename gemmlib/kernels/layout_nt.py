@@ -31,7 +31,11 @@ Every address in the kernel comes from :mod:`gemmlib.layout`:
 The layouts generate small index functions with their integers written in
 (print ``SPEC.index["a_frag"].__source__``), compiled as device functions;
 ``build(indexing="hand")`` is the same kernel with those expressions typed by
-hand, to check (by the PTX and by the clock) that layouts cost nothing.
+hand, to check (by the PTX and by the clock) that layouts cost nothing.  They
+compile to the same inner loop (per k: 16 ``ld.shared.f32``, 64 ``fma``), the
+same 139 registers, and on an H200 ran within 1.5% of each other at 4096^3
+(26.1% vs 26.4% of cuBLAS; the layout version has 18 more PTX instructions,
+all outside the k loop).
 
 Any M, N, K works: loads outside the matrix give 0 (which adds nothing to
 the sums) and stores outside it are skipped.

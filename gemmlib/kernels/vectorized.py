@@ -39,7 +39,8 @@ def _divides(spec, M, N, K, dev):
     return (p["TM"] % 4 == 0 and p["TN"] % 4 == 0 and p["BK"] % 4 == 0
             and p["BM"] % p["TM"] == 0 and p["BN"] % p["TN"] == 0
             and (p["BM"] * p["BK"] // 4) % nt == 0 and (p["BK"] * p["BN"] // 4) % nt == 0
-            and p["PAD"] % 4 == 0)
+            and p["PAD"] % 4 == 0
+            and (not p.get("SWIZZLE") or p["BM"] % min(32, p["BM"]) == 0 and p["BK"] <= 32))
 
 
 def _registers(spec, M, N, K, dev):
@@ -50,16 +51,17 @@ def _registers(spec, M, N, K, dev):
 CONSTRAINTS = (
     Constraint("tile divisibility", _divides,
                "TM, TN, BK and PAD must be multiples of 4 (float4 pieces); TM | BM, TN | BN; "
-               "the threads must copy both tiles in whole float4 passes"),
+               "the threads must copy both tiles in whole float4 passes; SWIZZLE needs BM a "
+               "multiple of 32 (or a power of two below it) and BK <= 32"),
     Constraint("registers per thread", _registers,
                "the TM x TN accumulator plus fragments must fit in 255 registers"),
 )
 
 
-def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
-          PAD: int = 0, SPLIT: bool = False, name: str | None = None,
+def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
+          PAD: int = 0, SPLIT: bool = False, SWIZZLE: bool = False, name: str | None = None,
           chapter: str = "07-vectorised-access", idea: str | None = None,
-          module: str | None = None, max_registers: int | None = None) -> KernelSpec:
+          module: str | None = None, max_registers: int | None = 128) -> KernelSpec:
     TCOLS = BN // TN
     NT = (BM // TM) * TCOLS
     TMN = TM * TN
@@ -71,6 +73,12 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
     A_GROUP = BM // TM4  # SPLIT: distance between a thread's 4-row pieces
     B_GROUP = BN // TN4
     SPLIT_ = bool(SPLIT)
+    SWIZZLE_ = bool(SWIZZLE)
+    # SWIZZLE: the float4 chunks copied by one warp cover RPW rows of A at BK/4 k-offsets;
+    # row kq of sAT is stored with its columns XOR-ed by swz(kq), a multiple of 4 below 32,
+    # so the RPW-row runs of different kq land in different banks.
+    RPW = max(32 // BK4, 1)
+    SWZ_MASK = min(32, BM) - 1
 
     def thread_rc(tid):
         """(row, col) of thread tid in the (BM/TM) x (BN/TN) grid of thread tiles."""
@@ -86,6 +94,10 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
         tc = tid % TCOLS
         return q * B_GROUP + tc * 4 if SPLIT_ else tc * TN + q * 4
 
+    def swz(k):
+        """Column XOR-ed into row k of sAT (0 unless SWIZZLE): constant over 4 rows."""
+        return ((k // 4) * RPW) & SWZ_MASK if SWIZZLE_ else 0
+
     def a_chunk(tid, p):
         """(row, first k) of the float4 of the A tile thread tid loads in pass p."""
         idx = tid + p * NT
@@ -99,13 +111,16 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
     _a_frag = cuda.jit(device=True)(a_frag)
     _b_frag = cuda.jit(device=True)(b_frag)
     _a_chunk = cuda.jit(device=True)(a_chunk)
+    _swz = cuda.jit(device=True)(swz)
     _b_chunk = cuda.jit(device=True)(b_chunk)
 
     @cuda.jit(device=True)
-    def k_step(sAT, sB, kk, tid, acc, fa, fb):
-        """One k: float4 fragments of A and B from shared memory, then their outer product."""
+    def k_step(sAT, sB, kk, sw, tid, acc, fa, fb):
+        """One k: float4 fragments of A and B from shared memory, then their outer product.
+
+        sw = swz(kk), the swizzle of row kk of sAT."""
         for q in range(TM4):
-            x0, x1, x2, x3 = load4(sAT, kk, _a_frag(tid, q))
+            x0, x1, x2, x3 = load4(sAT, kk, _a_frag(tid, q) ^ sw)
             fa[4 * q] = x0
             fa[4 * q + 1] = x1
             fa[4 * q + 2] = x2
@@ -154,10 +169,11 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
                     v1 = A[gr, gk + 1] if inside and gk + 1 < K else float32(0.0)
                     v2 = A[gr, gk + 2] if inside and gk + 2 < K else float32(0.0)
                     v3 = A[gr, gk + 3] if inside and gk + 3 < K else float32(0.0)
-                sAT[kq, r] = v0  # transposed: the 4 k-values go to 4 rows of sAT
-                sAT[kq + 1, r] = v1
-                sAT[kq + 2, r] = v2
-                sAT[kq + 3, r] = v3
+                rs = r ^ _swz(kq)  # (= r unless SWIZZLE)
+                sAT[kq, rs] = v0  # transposed: the 4 k-values go to 4 rows of sAT
+                sAT[kq + 1, rs] = v1
+                sAT[kq + 2, rs] = v2
+                sAT[kq + 3, rs] = v3
             for p in range(B_PASSES):
                 kr, c = _b_chunk(tid, p)
                 gk = k0 + kr
@@ -179,10 +195,11 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
             # Four k-steps per iteration, written out: numba leaves a loop this large
             # rolled; unrolled by hand, the shared loads get constant address offsets.
             for kk in range(0, BK, 4):
-                k_step(sAT, sB, kk, tid, acc, fa, fb)
-                k_step(sAT, sB, kk + 1, tid, acc, fa, fb)
-                k_step(sAT, sB, kk + 2, tid, acc, fa, fb)
-                k_step(sAT, sB, kk + 3, tid, acc, fa, fb)
+                sw = _swz(kk)  # the same for the 4 rows
+                k_step(sAT, sB, kk, sw, tid, acc, fa, fb)
+                k_step(sAT, sB, kk + 1, sw, tid, acc, fa, fb)
+                k_step(sAT, sB, kk + 2, sw, tid, acc, fa, fb)
+                k_step(sAT, sB, kk + 3, sw, tid, acc, fa, fb)
             cuda.syncthreads()
 
         for qi in range(TM4):
@@ -210,14 +227,17 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
     def grid(M, N, K):
         return (cdiv(N, BN), cdiv(M, BM), 1)
 
-    params = {"BM": BM, "BN": BN, "BK": BK, "TM": TM, "TN": TN, "PAD": PAD, "SPLIT": int(SPLIT_)}
+    params = {"BM": BM, "BN": BN, "BK": BK, "TM": TM, "TN": TN, "PAD": PAD, "SPLIT": int(SPLIT_),
+              "SWIZZLE": int(SWIZZLE_)}
     if max_registers:
         params["max_registers"] = max_registers
     if name is None:
-        default = (BM, BN, BK, TM, TN, PAD, SPLIT_) == (128, 128, 8, 8, 8, 0, False)
-        name = "vectorized" if default else f"vectorized_{BM}x{BN}x{BK}_t{TM}x{TN}_p{PAD}_s{int(SPLIT_)}"
-        if max_registers:
-            name = ("vectorized" if default else name) + f"_r{max_registers}"
+        default = (BM, BN, BK, TM, TN, PAD, SPLIT_, max_registers) == (
+            128, 128, 16, 8, 8, 0, False, 128)
+        name = "vectorized" if default else (
+            f"vectorized_{BM}x{BN}x{BK}_t{TM}x{TN}_p{PAD}_s{int(SPLIT_)}"
+            + ("_z" if SWIZZLE_ else "")
+            + (f"_r{max_registers}" if max_registers else ""))
     return KernelSpec(
         name=name,
         chapter=chapter,
@@ -233,7 +253,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
         ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.shared\.v4\.f32",
                   r"st\.global\.v4\.f32"),
         index={"thread_rc": thread_rc, "a_frag": a_frag, "b_frag": b_frag,
-               "a_chunk": a_chunk, "b_chunk": b_chunk},
+               "a_chunk": a_chunk, "b_chunk": b_chunk, "swz": swz},
         module=module or __name__,
     )
 
@@ -244,21 +264,26 @@ def accesses(spec):
 
     p, ix = spec.params, spec.index
     sa_cols = p["BM"] + p["PAD"]
+    swz = ix["swz"]
 
     def a_store(t):
         r, kq = ix["a_chunk"](t, 0)
         return kq, r
+
+    def sat_address(k, m):  # row k of sAT, column m before the swizzle
+        return k * sa_cols + (m ^ swz(k))
 
     nt = spec.threads
     a_passes = max(p["BM"] * p["BK"] // 4 // nt, 1)
     b_passes = max(p["BK"] * p["BN"] // 4 // nt, 1)
     return [
         Access("sAT", "store", sa_cols, a_store, label="sAT[kq, r] = v0 (transposing store)",
-               count=4 * a_passes),
+               count=4 * a_passes, address=sat_address),
         Access("sB", "store", p["BN"], lambda t: ix["b_chunk"](t, 0), width=4,
                label="store4(sB, k, c, ...)", count=b_passes),
         Access("sAT", "load", sa_cols, lambda t: (0, ix["a_frag"](t, 0)), width=4,
-               label="load4(sAT, k, a_frag) (inner loop)", count=p["BK"] * p["TM"] // 4),
+               label="load4(sAT, k, a_frag) (inner loop)", count=p["BK"] * p["TM"] // 4,
+               address=sat_address),
         Access("sB", "load", p["BN"], lambda t: (0, ix["b_frag"](t, 0)), width=4,
                label="load4(sB, k, b_frag) (inner loop)", count=p["BK"] * p["TN"] // 4),
     ]

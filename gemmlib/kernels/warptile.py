@@ -25,7 +25,13 @@ Two more things make it fast:
   behind the FMAs.
 * The float4 paths and the one-decision-per-launch ragged-edge handling of
   the vectorised rung: any M, N, K works, with scalar copies where a matrix's
-  rows are not 16-byte aligned.
+  rows are not 16-byte aligned; and the bank-conflict-free rung's swizzled
+  transposing store (``SWIZZLE``, on by default).
+
+All loops over the accumulator have constant trip counts and small bodies
+(the k loop and the epilogue are unrolled by hand where numba would leave
+them rolled), so the accumulator lives in registers: the compile gate checks
+there is no local memory in the PTX even for 8 x 16 results per thread.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32
@@ -61,8 +67,11 @@ def _tiling(spec, M, N, K, dev):
     if d is None or d["NT"] != spec.threads:
         return False
     nt = d["NT"]
+    swizzle_ok = p.get("SWIZZLE", 1) == 0 or (p["BM"] % min(32, p["BM"]) == 0 and p["BK"] <= 32
+                                              and (p["BM"] & (p["BM"] - 1) == 0 or p["BM"] % 32 == 0))
     return (p["TM"] % 4 == 0 and p["TN"] % 4 == 0 and p["BK"] % 4 == 0 and p["PAD"] % 4 == 0
-            and (p["BM"] * p["BK"] // 4) % nt == 0 and (p["BK"] * p["BN"] // 4) % nt == 0)
+            and (p["BM"] * p["BK"] // 4) % nt == 0 and (p["BK"] * p["BN"] // 4) % nt == 0
+            and swizzle_ok)
 
 
 def _registers(spec, M, N, K, dev):
@@ -99,16 +108,20 @@ CONSTRAINTS = (
 )
 
 
-DEFAULTS = {"BM": 128, "BN": 128, "BK": 16, "WM": 64, "WN": 32, "WNITER": 2, "TM": 4, "TN": 4,
+#: The rung's default (siboehm's A100 layout, the fastest untuned choice on an H200):
+#: 128 threads, 4 warps of 64 x 64, each thread 8 x 16 results in 4 pieces of 8 x 4.
+DEFAULTS = {"BM": 128, "BN": 128, "BK": 16, "WM": 64, "WN": 64, "WNITER": 4, "TM": 8, "TN": 4,
             "PAD": 4}
 
 
 def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS["BK"],
           WM: int = DEFAULTS["WM"], WN: int = DEFAULTS["WN"], WNITER: int = DEFAULTS["WNITER"],
           TM: int = DEFAULTS["TM"], TN: int = DEFAULTS["TN"], PAD: int = DEFAULTS["PAD"],
-          max_registers: int | None = None) -> KernelSpec:
+          SWIZZLE: bool = True, max_registers: int | None = None) -> KernelSpec:
     params = {"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "WNITER": WNITER,
               "TM": TM, "TN": TN, "PAD": PAD}
+    if not SWIZZLE:
+        params["SWIZZLE"] = 0
     if max_registers:
         params["max_registers"] = max_registers
     d = _derived(params) or dict(NT=WARP, WMITER=1, WSUBM=WM, WSUBN=WN, LANE_COLS=1)
@@ -126,6 +139,14 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     SA_COLS = BM + PAD
     SB_COLS = BN
     SROWS = 2 * BK  # two k-tiles: double buffering
+    # The transposing store: row k of sAT keeps column m at m ^ swz(k) (see bank_free.py)
+    SWIZZLE_ = bool(SWIZZLE)
+    RPW = max(32 // BK4, 1)  # rows of A one warp copies per pass
+    SWZ_MASK = min(32, BM) - 1
+
+    def swz(k):
+        """Column XOR-ed into row k (0 <= k < BK) of a sAT buffer: constant over 4 rows."""
+        return ((k // 4) * RPW) & SWZ_MASK if SWIZZLE_ else 0
 
     def thread_origin(tid):
         """(row, col) in the block tile of thread tid's first result."""
@@ -155,6 +176,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     _thread_origin = cuda.jit(device=True)(thread_origin)
     _a_chunk = cuda.jit(device=True)(a_chunk)
     _b_chunk = cuda.jit(device=True)(b_chunk)
+    _swz = cuda.jit(device=True)(swz)
 
     @cuda.jit(device=True)
     def fetch_a(A, ra, tid, m0, k0, M, K, a_vec):
@@ -207,18 +229,21 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         """Registers -> shared buffer starting at row boff (A transposed)."""
         for p in range(A_PASSES):
             r, kq = _a_chunk(tid, p)
+            rs = r ^ _swz(kq)
             for e in range(4):
-                sAT[boff + kq + e, r] = ra[4 * p + e]
+                sAT[boff + kq + e, rs] = ra[4 * p + e]
         for p in range(B_PASSES):
             kr, c = _b_chunk(tid, p)
             store4(sB, boff + kr, c, rb[4 * p], rb[4 * p + 1], rb[4 * p + 2], rb[4 * p + 3])
 
     @cuda.jit(device=True)
-    def k_step(sAT, sB, krow, row0, col0, acc, fa, fb):
-        """One k: fragments of A and B from shared memory, then their outer product."""
+    def k_step(sAT, sB, krow, sw, row0, col0, acc, fa, fb):
+        """One k: fragments of A and B from shared memory, then their outer product.
+
+        sw is the swizzle of this row of sAT."""
         for wm in range(WMITER):
             for q in range(TM4):
-                x0, x1, x2, x3 = load4(sAT, krow, row0 + wm * WSUBM + 4 * q)
+                x0, x1, x2, x3 = load4(sAT, krow, (row0 + wm * WSUBM + 4 * q) ^ sw)
                 fa[wm * TM + 4 * q] = x0
                 fa[wm * TM + 4 * q + 1] = x1
                 fa[wm * TM + 4 * q + 2] = x2
@@ -280,10 +305,11 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
             # constant offsets of the shared-memory loads.
             for kk in range(0, BK, 4):
                 krow = boff + kk
-                k_step(sAT, sB, krow, row0, col0, acc, fa, fb)
-                k_step(sAT, sB, krow + 1, row0, col0, acc, fa, fb)
-                k_step(sAT, sB, krow + 2, row0, col0, acc, fa, fb)
-                k_step(sAT, sB, krow + 3, row0, col0, acc, fa, fb)
+                sw = _swz(kk)
+                k_step(sAT, sB, krow, sw, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 1, sw, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 2, sw, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 3, sw, row0, col0, acc, fa, fb)
             if more:
                 stage(sAT, sB, ra, rb, tid, BK - boff)  # the other buffer
             cuda.syncthreads()
@@ -316,7 +342,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     default = params == DEFAULTS
     name = "warptile" if default else (
         f"warptile_{BM}x{BN}x{BK}_w{WM}x{WN}n{WNITER}_t{TM}x{TN}_p{PAD}"
-        + (f"_r{max_registers}" if max_registers else ""))
+        + ("" if SWIZZLE_ else "_noswz") + (f"_r{max_registers}" if max_registers else ""))
     return KernelSpec(
         name=name,
         chapter="09-warp-tiling",
@@ -332,7 +358,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.shared\.v4\.f32",
                   r"st\.global\.v4\.f32"),
         index={"thread_origin": thread_origin, "a_frag": a_frag, "b_frag": b_frag,
-               "a_chunk": a_chunk, "b_chunk": b_chunk},
+               "a_chunk": a_chunk, "b_chunk": b_chunk, "swz": swz},
         module=__name__,
     )
 
@@ -343,10 +369,14 @@ def accesses(spec):
 
     p, ix = spec.params, spec.index
     sa_cols = p["BM"] + p["PAD"]
+    swz = ix["swz"]
 
     def a_store(t):
         r, kq = ix["a_chunk"](t, 0)
         return kq, r
+
+    def sat_address(k, m):  # row k of a sAT buffer, column m before the swizzle
+        return k * sa_cols + (m ^ swz(k))
 
     nt = spec.threads
     d = _derived(p)
@@ -354,12 +384,12 @@ def accesses(spec):
     b_passes = max(p["BK"] * p["BN"] // 4 // nt, 1)
     return [
         Access("sAT", "store", sa_cols, a_store, label="sAT[kq + e, r] = ra[...] (transposing)",
-               count=4 * a_passes),
+               count=4 * a_passes, address=sat_address),
         Access("sB", "store", p["BN"], lambda t: ix["b_chunk"](t, 0), width=4,
                label="store4(sB, k, c, ...)", count=b_passes),
         Access("sAT", "load", sa_cols, lambda t: (0, ix["a_frag"](t, 0, 0)), width=4,
                label="load4(sAT, k, a_frag) (inner loop)",
-               count=p["BK"] * d["WMITER"] * p["TM"] // 4),
+               count=p["BK"] * d["WMITER"] * p["TM"] // 4, address=sat_address),
         Access("sB", "load", p["BN"], lambda t: (0, ix["b_frag"](t, 0, 0)), width=4,
                label="load4(sB, k, b_frag) (inner loop)",
                count=p["BK"] * p["WNITER"] * p["TN"] // 4),
