@@ -218,7 +218,9 @@ def warptile_space():
     for BM, BN, BK, WM, WN, WNITER, TM, TN in itertools.product(
             (64, 128, 256), (64, 128, 256), (8, 16, 32), (32, 64, 128), (32, 64, 128),
             (1, 2, 4), (4, 8), (4, 8)):
-        p = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, WNITER=WNITER, TM=TM, TN=TN, PAD=4)
+        # no padding: the swizzled store is conflict-free without it (padding on top of
+        # the swizzle can undo it, e.g. for BK=8)
+        p = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, WNITER=WNITER, TM=TM, TN=TN, PAD=0)
         d = mod._derived(p)
         if d is None or d["NT"] not in (128, 256):
             continue
@@ -238,12 +240,13 @@ CLASSICS = {"warptile": [
     dict(BM=128, BN=128, BK=16, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4),
     dict(BM=128, BN=128, BK=16, WM=64, WN=64, WNITER=4, TM=8, TN=4, PAD=4),
     dict(BM=64, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=8, TN=4, PAD=4),
-    dict(BM=128, BN=128, BK=8, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4),
-    dict(BM=128, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=4, TN=4, PAD=4),
+    dict(BM=128, BN=128, BK=8, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=0),
+    dict(BM=128, BN=128, BK=16, WM=32, WN=128, WNITER=4, TM=8, TN=4, PAD=0),
+    dict(BM=128, BN=256, BK=8, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),
     dict(BM=128, BN=128, BK=16, WM=64, WN=64, WNITER=2, TM=8, TN=8, PAD=4),
     dict(BM=64, BN=128, BK=16, WM=64, WN=32, WNITER=1, TM=8, TN=8, PAD=4),
-    dict(BM=128, BN=128, BK=8, WM=64, WN=64, WNITER=2, TM=8, TN=8, PAD=4),
-    dict(BM=64, BN=64, BK=16, WM=32, WN=32, WNITER=1, TM=4, TN=8, PAD=4),
+    dict(BM=128, BN=128, BK=8, WM=64, WN=64, WNITER=2, TM=8, TN=8, PAD=0),
+    dict(BM=64, BN=64, BK=16, WM=32, WN=32, WNITER=1, TM=4, TN=8, PAD=0),
 ]}
 
 

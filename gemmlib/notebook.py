@@ -223,7 +223,7 @@ def hardware_table(spec=None) -> Table:
                  (f"[{spec.name}] static shared memory per block", f"{spec.shared_bytes} B")]
         regs = registers_per_thread(spec)
         rows.append((f"[{spec.name}] registers per thread", regs if regs else
-                     "n/a (only the compiler on a real GPU knows)"))
+                     "n/a (known once the kernel has run on a GPU)"))
         fit = blocks_per_sm(spec, regs)
         rows.append((f"[{spec.name}] blocks per SM, limited by",
                      ", ".join(f"{k}: {v}" for k, v in fit.items())))
@@ -325,7 +325,7 @@ def load_results(kernels=None):
     except ImportError:
         return []
     out = []
-    for p in sorted((root / "results").glob("*.json")):
+    for p in sorted((root / "results").glob("bench-*.json")):
         try:
             r = load(p)
         except Exception as e:  # a malformed or foreign file: say so, keep going
@@ -464,7 +464,7 @@ def measure_live(kernels, shapes=None, reps: int = 10):
 
 
 def _verdict(ok: bool, message: str) -> bool:
-    print(("✅ correct: " if ok else "❌ not yet: ") + message)
+    print(("[correct] " if ok else "[not yet] ") + message)
     return ok
 
 
@@ -472,6 +472,9 @@ def check_value(answer, expected, what: str, rel: float = 1e-9) -> bool:
     """Compare a number (or anything comparable) with the expected one."""
     if answer is None or answer is Ellipsis:
         return _verdict(False, f"{what}: replace the placeholder with your answer.")
+    if isinstance(expected, bool):  # a yes/no check computed by the cell
+        return _verdict(bool(answer) == expected, what if bool(answer) == expected
+                        else f"{what}: not right yet. Look at the hint and try again.")
     try:
         ok = abs(float(answer) - float(expected)) <= rel * max(1.0, abs(float(expected)))
     except (TypeError, ValueError):
@@ -628,3 +631,20 @@ def ptx_evidence(spec, patterns, examples: int = 2):
         rows.append((pat, len(hits), " | ".join(hits[:examples])))
     return Table(("pattern", "count in PTX", "examples"), rows,
                  caption=f"PTX of {spec.name} compiled for this GPU")
+
+
+def committed_json(pattern: str):
+    """[(file name, parsed JSON)] for committed files matching ``pattern`` under results/
+    (e.g. "layouts-*.json", "tuning/*.json"); empty when there are none."""
+    import json
+
+    root = repo_root()
+    if root is None:
+        return []
+    out = []
+    for p in sorted((root / "results").glob(pattern)):
+        try:
+            out.append((p.name, json.loads(p.read_text())))
+        except (OSError, ValueError) as e:
+            print(f"(skipping {p.name}: {e})")
+    return out

@@ -309,7 +309,7 @@ def plot_tile_phases(spec, M: int, N: int, K: int, block_xy=(0, 0), title=None):
     Kp = phases[-1][1]
     cmap = plt.get_cmap("tab10")
     fig, (axA, axB, axC) = plt.subplots(
-        1, 3, figsize=(12, 4.2), gridspec_kw={"width_ratios": [Kp, max(cols) + 1, max(cols) + 1]})
+        1, 3, figsize=(12, 5.2), gridspec_kw={"width_ratios": [Kp, max(cols) + 1, max(cols) + 1]})
 
     def frame(ax, h, w, title):
         ax.add_patch(plt.Rectangle((0, 0), w, h, fill=False, lw=1.5))

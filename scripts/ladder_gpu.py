@@ -130,13 +130,10 @@ def step_bench(shapes=((4096, 4096, 4096),), names=None):
                 f"  cuBLAS {row['cublas_tflops']:6.2f}  -> {row['pct']:5.1f}%  err {err:.1e}")
 
 
-VARIANTS = [
-    ("blocktile_2d", {}), ("blocktile_2d", {"max_registers": 128}),
-    ("blocktile_2d", {"BK": 16}), ("blocktile_2d", {"BK": 16, "max_registers": 128}),
-    ("vectorized", {}), ("vectorized", {"max_registers": 128}),
-    ("vectorized", {"BK": 16}), ("vectorized", {"BK": 16, "max_registers": 128}),
-    ("bank_free", {}), ("bank_free", {"max_registers": 128}),
-    ("bank_free", {"BK": 16}), ("bank_free", {"BK": 16, "max_registers": 128}),
+VARIANTS = [  # the bank-conflict fixes one at a time (all BK=16, 128 registers)
+    ("vectorized", {"SPLIT": True}), ("vectorized", {"SWIZZLE": True}),
+    ("vectorized", {"BK": 8}), ("bank_free", {"BK": 8, "PAD": 4, "SWIZZLE": False}),
+    ("blocktile_2d", {"CONTIGUOUS": True}), ("blocktile_2d", {"max_registers": None}),
 ]
 
 
@@ -176,6 +173,23 @@ def step_tune(out_dir: Path, budget: float, limit: int):
         r2 = autotune.tune(shape, candidates=cands, limit=len(cands), path=path, log=say)
         DATA["tune"].append(autotune.trials_json(r2))
     # use the file just written for kernel="auto" in the later steps
+    os.environ["GEMMLIB_CACHE"] = str(out_dir)
+    say(json.dumps(json.loads(path.read_text()), indent=1))
+
+
+def step_retune(out_dir: Path):
+    """Re-tune each shape class on a short list: the committed choices plus the classics."""
+    path = out_dir / "tuning" / f"{autotune.gpu_slug()}.json"
+    committed = json.loads((autotune.REPO_TUNING_DIR / f"{autotune.gpu_slug()}.json")
+                           .read_text())["kernels"]["warptile"]
+    base = [e["params"] for e in committed.values()]
+    base += [p for p in autotune.CLASSICS["warptile"][:3] if p not in base]
+    base = [dict(p) for i, p in enumerate(base) if p not in base[:i]]
+    for shape in ((4096, 4096, 4096), (8192, 8192, 8192), (4095, 3073, 2047),
+                  (2048, 2048, 2048), (1024, 1024, 1024)):
+        say(f"retune warptile at {shape}: {len(base)} candidates")
+        r = autotune.tune(shape, candidates=base, limit=len(base), path=path, log=say)
+        DATA.setdefault("tune", []).append(autotune.trials_json(r))
     os.environ["GEMMLIB_CACHE"] = str(out_dir)
     say(json.dumps(json.loads(path.read_text()), indent=1))
 
@@ -222,6 +236,8 @@ def main():
                 step_sweep()
             elif step == "variants":
                 step_variants()
+            elif step == "retune":
+                step_retune(out)
     finally:
         (out / "ladder-gpu.log").write_text("\n".join(LOG) + "\n")
         (out / "ladder-gpu.json").write_text(json.dumps(DATA, indent=1, default=str) + "\n")

@@ -81,6 +81,21 @@ def elementwise_bound(A64, B64t, K: int) -> np.ndarray:
     return 2.0 * max(K, 1) * EPS32 * (np.abs(A64) @ np.abs(B64t)) + 1e-30
 
 
+def assert_close(C, ref, K: int) -> None:
+    """C is finite and within gemmlib's tolerance of the float64 ``ref`` (relative Frobenius
+    error, ``verify.tolerance``), as in ``gemmlib.verify``."""
+    from gemmlib.verify import tolerance
+
+    C = np.asarray(backend.to_host(C), dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert C.shape == ref.shape, (C.shape, ref.shape)
+    bad = int((~np.isfinite(C)).sum())
+    assert bad == 0, f"{bad} non-finite element(s) in C"
+    scale = float(np.linalg.norm(ref))
+    err = float(np.linalg.norm(C - ref)) / (scale if scale > 0 else 1.0)
+    assert err <= tolerance("float32", K), f"relative error {err:.2e} > {tolerance('float32', K):.1e}"
+
+
 def report(name: str, data) -> None:
     """Write ``data`` as JSON to $GEMMLIB_REPORT_DIR/<name>.json (when that is set)."""
     where = os.environ.get("GEMMLIB_REPORT_DIR")

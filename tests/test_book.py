@@ -72,7 +72,7 @@ def test_exercise_checks_never_raise(capsys):
     assert nb.check_matmul(lambda A, B: A @ B) is True
     assert nb.check_matmul(lambda A, B: (A @ B).T) is False
     out = capsys.readouterr().out
-    assert "correct" in out and "not yet" in out
+    assert "[correct]" in out and "[not yet]" in out
 
 
 def test_notebook_helpers_in_simulator():

@@ -169,6 +169,7 @@ def test_vector_aligned16_gpu():
 
 async_copy = _module("async_copy")
 NTH = 32  # threads in the async tests
+NTH2, NTH4 = 2 * NTH, 4 * NTH  # shared-array sizes must be plain constants on the GPU
 
 
 def _async_kernels(ops):
@@ -178,7 +179,7 @@ def _async_kernels(ops):
     @cuda.jit
     def k_copy(src, rows, cols, nbytes, out4, out16):
         sh4 = cuda.shared.array(NTH, float32)
-        sh16 = cuda.shared.array(4 * NTH, float32, alignment=SH_ALIGN)
+        sh16 = cuda.shared.array(NTH4, float32, alignment=SH_ALIGN)
         t = cuda.threadIdx.x
         sh4[t] = float32(-7.0)
         for e in range(4):
@@ -195,7 +196,7 @@ def _async_kernels(ops):
 
     @cuda.jit
     def k_wait_one(src, out_first, out_all):
-        sh = cuda.shared.array(2 * NTH, float32)
+        sh = cuda.shared.array(NTH2, float32)
         t = cuda.threadIdx.x
         sh[t] = float32(-7.0)
         sh[NTH + t] = float32(-7.0)

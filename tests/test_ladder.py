@@ -177,5 +177,5 @@ def test_gpu_no_spills(name):
     A = backend.random_matrix((64, 64))
     gemmlib.matmul(A, A, kernel=spec)
     res = compiled_resources(spec)
-    assert res["local_bytes"] == 0, res
-    assert res["registers"] <= 255
+    assert res["local_bytes"] <= spec.max_spill_bytes, res
+    assert res["registers"] <= min(255, spec.params.get("max_registers") or 255)

