@@ -71,7 +71,7 @@ def _offline_device(cc):
         dispatcher.get_current_device = real
 
 
-def resources(ptx: str, cc=(9, 0)) -> dict:
+def resources(ptx: str, cc=(9, 0), max_registers: int | None = None) -> dict:
     """Registers, spills and stack of the PTX once assembled to machine code.
 
     PTX alone cannot show spills: ptxas decides register allocation.  ptxas
@@ -80,7 +80,10 @@ def resources(ptx: str, cc=(9, 0)) -> dict:
     """
     from cuda.bindings import nvjitlink
 
-    h = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"])
+    opts = [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"]
+    if max_registers:  # the kernel's cuda.jit(max_registers=...) cap, as the driver applies it
+        opts.append(f"-maxrregcount={max_registers}")
+    h = nvjitlink.create(len(opts), opts)
     try:
         data = ptx.encode()
         nvjitlink.add_data(h, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
@@ -125,7 +128,7 @@ def gate(names=None, targets=TARGETS) -> list[dict]:
             else:
                 try:
                     ptx = compile_ptx(spec, cc)
-                    rec.update(resources(ptx, cc))
+                    rec.update(resources(ptx, cc, spec.kernel.targetoptions.get("max_registers")))
                     rec["problems"] = problems(spec, ptx, rec)
                     rec["ptx_lines"] = ptx.count("\n")
                 except Exception as e:  # a compile error is the finding

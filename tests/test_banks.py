@@ -82,7 +82,7 @@ def test_predict_matches_ncu():
     assert p["st_conflicts"] == 32_768
     from gemmlib.kernels import warptile
 
-    old = warptile.build(BM=128, BN=128, BK=16, WM=64, WN=32, WNITER=2, TM=4, TN=4,
+    old = warptile.build(BM=128, BN=128, BK=16, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4,
                          SWIZZLE=False)
     q = banks.predict(old, 512, 512, 512)
     assert q["ld_conflicts"] == 0 and q["st_conflicts"] == 32_768
