@@ -102,6 +102,13 @@ class DeviceInfo:
     warp_size: int
     max_sm_clock_mhz: float
     simulated: bool
+    memory_clock_khz: int = 0
+    memory_bus_bits: int = 0
+
+    @property
+    def peak_bandwidth_gbs(self) -> float:
+        """DRAM peak: 2 transfers per clock (double data rate) x clock x bus width."""
+        return 2 * self.memory_clock_khz * 1e3 * self.memory_bus_bits / 8 / 1e9
 
     @property
     def fp32_peak_tflops(self) -> float:
@@ -146,6 +153,8 @@ def device_info(device_id: int | None = None) -> DeviceInfo:
         warp_size=attr("WARP_SIZE"),
         max_sm_clock_mhz=attr("CLOCK_RATE") / 1000.0,
         simulated=False,
+        memory_clock_khz=attr("MEMORY_CLOCK_RATE"),
+        memory_bus_bits=attr("GLOBAL_MEMORY_BUS_WIDTH"),
     )
 
 

@@ -138,20 +138,10 @@ def gemm_flops(M: int, N: int, K: int) -> int:
 
 
 def memory_bandwidth_gbs():
-    """Peak DRAM bandwidth from the driver: 2 (double data rate) x memory clock x bus width.
-
-    None in the simulator.  (Read here from the device attributes
-    MEMORY_CLOCK_RATE, in kHz, and GLOBAL_MEMORY_BUS_WIDTH, in bits.)
-    """
+    """Peak DRAM bandwidth read from the driver (GB/s); None in the simulator."""
     if SIMULATOR or not backend.gpu_present():
         return None
-    dev = backend.cuda.get_current_device()
-    try:
-        clock_khz = int(dev.MEMORY_CLOCK_RATE)
-        bus_bits = int(dev.GLOBAL_MEMORY_BUS_WIDTH)
-    except Exception:
-        return None
-    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+    return backend.device_info().peak_bandwidth_gbs
 
 
 def runnable(spec) -> bool:

@@ -515,14 +515,15 @@ def plot_owner_grid(owner: np.ndarray, *, title: str, highlight=(0,), xlabel="co
         fig, ax = plt.subplots(figsize=figsize or (max(w, 3.5), max(min(h, 8), 2.2)))
     else:
         fig = ax.figure
-    palette = plt.get_cmap("tab20").colors
+    # light tab20 shades first, then the dark ones, then tab20b: 40 distinct warp colours
+    t20 = plt.get_cmap("tab20").colors
+    palette = list(t20[1::2]) + list(t20[0::2]) + list(plt.get_cmap("tab20b").colors)
     img = np.ones((rows, cols, 3))
     for r in range(rows):
         for c in range(cols):
             t = owner[r, c]
             if t >= 0:
-                base = np.array(to_rgb(palette[(2 * (t // 32)) % 20 + 1]))
-                img[r, c] = base
+                img[r, c] = np.array(to_rgb(palette[(t // 32) % len(palette)]))
     ax.imshow(img, interpolation="nearest", aspect="auto" if max(rows, cols) > 4 * min(rows, cols)
               else "equal")
     edge = [_HIGHLIGHT, "#1f4e9e", "#2a7d2a", "#7d2a7d"]

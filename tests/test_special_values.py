@@ -159,7 +159,10 @@ def test_special_values_propagate_exactly_gpu(name):
     problems, infos = [], []
     for pattern in PATTERNS:
         for i, (M, N, K) in enumerate(gpu_shapes(spec)):
-            p, info = _check(spec, M, N, K, pattern, seed=1000 + i, cublas=True)
+            try:  # report every shape, not only the first that goes wrong
+                p, info = _check(spec, M, N, K, pattern, seed=1000 + i, cublas=True)
+            except Exception as e:  # noqa: BLE001
+                p, info = [f"{type(e).__name__}: {e}"], {"shape": [M, N, K], "ok": False}
             problems += [f"{M}x{N}x{K} {pattern}: {x}" for x in p]
             infos.append(info)
     report(f"special-values-{name}", {"kernel": name, "checks": infos})

@@ -72,7 +72,7 @@ def _check(arr, i, j, what):
         raise MisalignedAccess(f"{what}: columns {j}..{j + 3} leave a row of {arr.shape[1]}")
     if a is None:
         return
-    addr = a.ctypes.data + i * a.strides[0] + j * a.strides[1]
+    addr = a.ctypes.data + int(i) * a.strides[0] + int(j) * a.strides[1]  # no int32 wrap
     if addr % 16:
         raise MisalignedAccess(
             f"{what}: element [{i}, {j}] is at an address that is not a multiple of 16 "
