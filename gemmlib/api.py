@@ -11,8 +11,9 @@ from gemmlib.backend import SIMULATOR, cuda
 from gemmlib.kernels import get as get_kernel
 from gemmlib.spec import KernelSpec
 
-#: The kernel ``matmul`` uses when none is named.
-DEFAULT_KERNEL = "shared"
+#: The kernel ``matmul`` uses when none is named: the autotuned fastest rung
+#: (gemmlib.autotune; the warptile default where no tuning data exists).
+DEFAULT_KERNEL = "auto"
 
 
 @dataclass
@@ -206,7 +207,9 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         array when A is one, else CuPy (also for torch inputs; pass a torch
         ``out`` to get one back).  An output that does not fit in GPU memory
         raises ``MemoryError`` with its size.
-    kernel : rung name (see ``gemmlib.list_kernels()``) or a KernelSpec.
+    kernel : rung name (see ``gemmlib.list_kernels()``), a KernelSpec, or
+        ``"auto"`` (the default): the configuration the autotuner measured
+        fastest for this GPU and shape class.
     stream : CuPy or numba stream to launch on; default CuPy's current stream.
         Anything else is refused with a TypeError (wrap a torch stream as
         ``cupy.cuda.ExternalStream(s.cuda_stream)``).  The call returns
@@ -226,6 +229,10 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     c = _describe(out, "out") if out is not None else None
     M, N, K = _check_operands(spec, a, b, c, transpose_b)
     backend.require_device()
+    if (kernel or DEFAULT_KERNEL) == "auto":  # the tuned choice for this shape class
+        from gemmlib.autotune import select
+
+        spec = select(M, N, K)
     spec.check(M, N, K, backend.device_info())
 
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
