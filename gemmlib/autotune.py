@@ -374,26 +374,15 @@ def compiled_resources(spec) -> dict:
 
 
 def time_spec(spec, A, B, C, reps: int = 10, warmup: int = 2) -> float:
-    """Median milliseconds of one launch (CUDA events; GPU only)."""
+    """Median milliseconds of one launch (the benchmark harness's timing; GPU only)."""
     from gemmlib.api import launch
     from gemmlib.backend import cuda
+    from gemmlib.bench import time_fn
 
-    cp = backend.array_module()
     M, K = A.shape
     N = B.shape[1]
     a, b, c = (cuda.as_cuda_array(x, sync=False) for x in (A, B, C))
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(warmup):
-        launch(spec, a, b, c, M, N, K)
-    times = []
-    for _ in range(reps):
-        start.record()
-        launch(spec, a, b, c, M, N, K)
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    times.sort()
-    return times[len(times) // 2]
+    return time_fn(lambda: launch(spec, a, b, c, M, N, K), reps, warmup).median
 
 
 def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, limit: int = 24,
@@ -458,19 +447,10 @@ def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, lim
 
 
 def time_spec_cublas(A, B, C, reps: int = 10) -> float:
-    cp = backend.array_module()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(2):
-        cp.matmul(A, B, out=C)
-    times = []
-    for _ in range(reps):
-        start.record()
-        cp.matmul(A, B, out=C)
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    times.sort()
-    return times[len(times) // 2]
+    """Median milliseconds of cuBLAS on the same operands, timed the same way."""
+    from gemmlib.bench import time_fn
+
+    return time_fn(lambda: backend.cublas_matmul(A, B, out=C), reps).median
 
 
 def record(result: TuneResult, path: Path | None = None, slug: str | None = None) -> Path:

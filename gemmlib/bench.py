@@ -218,6 +218,11 @@ class _Timer:
         return Timing(times)
 
 
+def time_fn(fn, reps: int = 10, warmup: int = 2, flush_l2: bool = True) -> Timing:
+    """Time ``fn`` (which launches GPU work on the current stream) the harness's way."""
+    return _Timer(flush_l2)(fn, reps, warmup)
+
+
 def _reps_for(seconds_per_run: float, reps: int, budget_s: float) -> int:
     """At least 10 runs; fewer than asked only when a run is slow (naive at 8192^3)."""
     if seconds_per_run <= 0:

@@ -549,27 +549,18 @@ def environment_summary() -> str:
 
 
 def time_cublas(n: int, reps: int = 10) -> float | None:
-    """Median milliseconds of cuBLAS SGEMM (CuPy's matmul, TF32 off) on n x n x n; None
-    without a GPU.  A quick look: the benchmark harness (gemmlib.bench) is the careful one."""
+    """Median milliseconds of cuBLAS SGEMM (CuPy's matmul, TF32 off) on n x n x n, timed
+    the benchmark harness's way; None without a GPU."""
     if not on_gpu():
         return None
-    import statistics
-
     import numpy as np
 
-    cp = backend.array_module()
+    from gemmlib.bench import time_fn
+
     A = backend.random_matrix((n, n), np.float32, 0)
     B = backend.random_matrix((n, n), np.float32, 1)
-    C = cp.matmul(A, B)  # warm-up: creates the cuBLAS handle, picks the algorithm
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record()
-        cp.matmul(A, B, out=C)
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return statistics.median(times)
+    C = backend.cublas_matmul(A, B)
+    return time_fn(lambda: backend.cublas_matmul(A, B, out=C), reps).median
 
 
 def roofline(points, title=None):

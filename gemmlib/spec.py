@@ -109,6 +109,14 @@ class KernelSpec:
     module: str = ""
 
     @property
+    def k_tile(self) -> int:
+        """How far along K one block step reaches (BK, or TILE for square tiles)."""
+        for key in ("BK", "bk", "TILE"):
+            if key in self.params:
+                return int(self.params[key])
+        return int(self.tile[1])
+
+    @property
     def threads(self) -> int:
         x, y, z = self.block
         return x * y * z

@@ -25,18 +25,10 @@ from gemmlib.kernels import LADDER, get  # noqa: E402
 from gemmlib.spec import ConstraintError  # noqa: E402
 
 
-def k_tile(spec) -> int:
-    p = dict(spec.params)
-    for key in ("BK", "bk", "TILE"):
-        if key in p:
-            return int(p[key])
-    return int(spec.tile[1])
-
-
 def shape_for(spec, text: str):
     if text == "tile+":
         tm, tn = spec.tile
-        return tm + 3, tn + 4, max(2 * k_tile(spec), 16) + 4
+        return tm + 3, tn + 4, max(2 * spec.k_tile, 16) + 4
     M, N, K = (int(v) for v in text.lower().split("x"))
     return M, N, K
 

@@ -67,15 +67,6 @@ def ref64(spec, A, B) -> np.ndarray:
     return A64 @ (B64.T if nk(spec) else B64)
 
 
-def k_tile(spec) -> int:
-    """The k-extent of one block step (BK, or the square tile for the tiled rungs)."""
-    p = dict(spec.params)
-    for key in ("BK", "bk", "TILE"):
-        if key in p:
-            return int(p[key])
-    return int(spec.tile[1])
-
-
 def elementwise_bound(A64, B64t, K: int) -> np.ndarray:
     """A rigorous bound on |C - ref| for a K-term float32 dot product: ~K*eps*(|A| @ |B|)."""
     return 2.0 * max(K, 1) * EPS32 * (np.abs(A64) @ np.abs(B64t)) + 1e-30

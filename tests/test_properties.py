@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from gemmlib import backend
 from gemmlib.verify import check_once
 
-from _reliability import k_tile, kernel_names, report, spec_or_skip
+from _reliability import kernel_names, report, spec_or_skip
 
 SIM_EXAMPLES = int(os.environ.get("GEMMLIB_SIM_EXAMPLES", "4"))
 SIM_MAX_DIM = 40
@@ -42,7 +42,7 @@ PRIMES = (2, 3, 5, 7, 11, 13, 17, 31, 37, 61, 127, 257, 509, 1021)
 def interesting_dims(spec, hi: int) -> list[int]:
     """Dimension values where tiled kernels go wrong, capped at ``hi``."""
     tm, tn = spec.tile
-    bk = k_tile(spec)
+    bk = spec.k_tile
     vals = {1, 2, 3, 4, 5, 8, 16, 33, 63, 64, 65}
     vals.update(PRIMES)
     for t in (tm, tn, bk, 2 * tm, 2 * tn, 2 * bk):
@@ -56,7 +56,7 @@ def dims(spec, hi: int):
 
 def shapes(spec, hi: int, long: int):
     """General shapes plus the families that break kernels: tall-skinny, short-wide, tiny K."""
-    bk = k_tile(spec)
+    bk = spec.k_tile
     d, small = dims(spec, hi), st.integers(1, 8)
     tiny_k = st.integers(1, max(bk - 1, 1))
     big = st.integers(max(hi // 2, 1), long)
@@ -72,7 +72,7 @@ def shapes(spec, hi: int, long: int):
 def fixed_gpu_shapes(spec) -> list[tuple[int, int, int]]:
     """Deterministic edge shapes for one kernel (about 60-90, all distinct)."""
     tm, tn = spec.tile
-    bk = k_tile(spec)
+    bk = spec.k_tile
     out = [(1, 1, 1), (1, 1, 1000), (1, 1000, 1), (1000, 1, 1), (2, 3, 5), (7, 11, 13),
            (31, 37, 61), (127, 257, 509), (509, 127, 1021), (1021, 1021, 3)]
     for dm in (-1, 0, 1):

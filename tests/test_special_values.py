@@ -30,7 +30,7 @@ import pytest
 from gemmlib import backend
 from gemmlib.backend import cuda, float32
 
-from _reliability import (elementwise_bound, k_tile, kernel_names, nk, report, run,
+from _reliability import (elementwise_bound, kernel_names, nk, report, run,
                           spec_or_skip)
 
 PATTERNS = ("structured", "scattered")
@@ -45,7 +45,7 @@ def planted(spec, M, N, K, pattern, seed):
     rng = np.random.default_rng(seed)
     A = rng.uniform(-1, 1, (M, K))
     Bkn = rng.uniform(-1, 1, (K, N))
-    bk = k_tile(spec)
+    bk = spec.k_tile
     if pattern == "structured":
         A[0, K - 1] = np.inf                   # last k: the partial k-tile
         A[M // 2, 0] = -np.inf                 # = A[M//2 - 1, K] in memory: a read past the row
@@ -100,13 +100,13 @@ def mismatches(C, ref, bound) -> list[str]:
 
 
 def sim_shapes(spec):
-    bk = k_tile(spec)
+    bk = spec.k_tile
     return [(13, 11, bk + 3)]
 
 
 def gpu_shapes(spec):
     tm, tn = spec.tile
-    bk = k_tile(spec)
+    bk = spec.k_tile
     return [(tm + 1, tn + 1, bk + 3), (2 * tm + 3, 2 * tn - 1, 3 * bk + 5), (67, 45, 37),
             (tm - 1, tn + 4, 4 * bk), (257, 130, 1), (3, 2, 2), (513, 515, 129)]
 
