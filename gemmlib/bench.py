@@ -242,7 +242,7 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
     shapes = [tuple(int(v) for v in s) for s in (shapes or default_shapes())]
     if backend.SIMULATOR:
         return _simulated(names, shapes, progress)
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # the text bar: tqdm.auto warns in notebooks without ipywidgets
 
     cp = backend.array_module()
     timer = _Timer(flush_l2)
