@@ -16,6 +16,18 @@ from gemmlib.spec import KernelSpec
 DEFAULT_KERNEL = "auto"
 
 
+def _default_kernel(transpose_b: bool) -> str:
+    """The kernel for a call that names none.
+
+    A @ B: the autotuned choice.  A @ B.T (B given K-major): the fastest rung
+    that takes B that way and runs on this GPU (cp.async needs sm_80).
+    """
+    if not transpose_b:
+        return DEFAULT_KERNEL
+    backend.require_device()
+    return "double_buffer" if backend.device_info().compute_capability >= (8, 0) else "layout_nt"
+
+
 @dataclass
 class _Operand:
     """What matmul needs to know about one array, whatever library made it."""
@@ -209,7 +221,8 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         raises ``MemoryError`` with its size.
     kernel : rung name (see ``gemmlib.list_kernels()``), a KernelSpec, or
         ``"auto"`` (the default): the configuration the autotuner measured
-        fastest for this GPU and shape class.
+        fastest for this GPU and shape class.  With ``transpose_b=True`` the
+        default is the fastest rung that takes B as (N, K).
     stream : CuPy or numba stream to launch on; default CuPy's current stream.
         Anything else is refused with a TypeError (wrap a torch stream as
         ``cupy.cuda.ExternalStream(s.cuda_stream)``).  The call returns
@@ -223,13 +236,14 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     cannot run the problem on this GPU raises ``ConstraintError`` naming the
     constraint, before anything is launched.
     """
-    spec = get_kernel(kernel or DEFAULT_KERNEL)
+    kernel = kernel or _default_kernel(transpose_b)
+    spec = get_kernel(kernel)
     _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
     c = _describe(out, "out") if out is not None else None
     M, N, K = _check_operands(spec, a, b, c, transpose_b)
     backend.require_device()
-    if (kernel or DEFAULT_KERNEL) == "auto":  # the tuned choice for this shape class
+    if kernel == "auto":  # the tuned choice for this shape class
         from gemmlib.autotune import select
 
         spec = select(M, N, K)

@@ -134,3 +134,9 @@ def test_device_aliasing_is_refused():
     A = cp.asarray(f32(4, 4))
     with pytest.raises(ValueError, match=r"out shares memory with B"):
         gemmlib.matmul(cp.asarray(f32(4, 4)), A, out=A, kernel="naive")
+
+
+def test_transpose_b_without_naming_a_kernel_picks_one_that_takes_it():
+    A, Bt = f32(5, 7), f32(6, 7)
+    C = gemmlib.matmul(A, Bt, transpose_b=True)
+    np.testing.assert_allclose(C, A.astype(np.float64) @ Bt.T, rtol=1e-5, atol=1e-5)
