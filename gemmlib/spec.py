@@ -60,6 +60,18 @@ def _grid(spec, M, N, K, dev):
     return all(g <= lim for g, lim in zip(grid, dev.max_grid))
 
 
+def register_tile_fits(overhead: int) -> Constraint:
+    """A TM x TN accumulator plus its two fragments, and ``overhead`` registers for
+    addresses and loop state, must fit a thread's 255 registers (else they spill)."""
+    def holds(spec, M, N, K, dev):
+        p = spec.params
+        return p["TM"] * p["TN"] + p["TM"] + p["TN"] + overhead <= 255
+
+    return Constraint("registers per thread", holds,
+                      "the TM x TN accumulator plus fragments must fit in 255 registers "
+                      "(otherwise it spills to local memory)")
+
+
 COMMON_CONSTRAINTS = (
     Constraint("threads per block", _threads,
                "a block may hold at most the device's MAX_THREADS_PER_BLOCK threads"),

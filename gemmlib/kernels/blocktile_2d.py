@@ -25,7 +25,7 @@ compile-time trip count and is unrolled.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32
-from gemmlib.spec import Constraint, KernelSpec, cdiv
+from gemmlib.spec import Constraint, KernelSpec, cdiv, register_tile_fits
 
 
 def _divides(spec, M, N, K, dev):
@@ -35,20 +35,12 @@ def _divides(spec, M, N, K, dev):
             and (p["BK"] * p["BN"]) % spec.threads == 0)
 
 
-def _registers(spec, M, N, K, dev):
-    # accumulators + fragments + ~30 for addresses must fit the 255-register limit
-    p = spec.params
-    return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 30 <= 255
-
-
 CONSTRAINTS = (
     Constraint("tile divisibility", _divides,
                "TM | BM, TN | BN, BK a multiple of 4 (the k loop is unrolled by 4), and the "
                "threads must copy the BM x BK and BK x BN tiles "
                "in whole passes"),
-    Constraint("registers per thread", _registers,
-               "the TM x TN accumulator plus fragments must fit in 255 registers "
-               "(otherwise it spills to local memory)"),
+    register_tile_fits(overhead=30),
 )
 
 

@@ -37,7 +37,7 @@ loads; capped, two blocks fit (a few bytes spill), 49% -> 62% of cuBLAS at
 
 from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
-from gemmlib.spec import Constraint, KernelSpec, cdiv
+from gemmlib.spec import Constraint, KernelSpec, cdiv, register_tile_fits
 
 
 def _divides(spec, M, N, K, dev):
@@ -50,18 +50,12 @@ def _divides(spec, M, N, K, dev):
             and (not p.get("SWIZZLE") or p["BM"] % min(32, p["BM"]) == 0 and p["BK"] <= 32))
 
 
-def _registers(spec, M, N, K, dev):
-    p = spec.params
-    return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 40 <= 255
-
-
 CONSTRAINTS = (
     Constraint("tile divisibility", _divides,
                "TM, TN, BK and PAD must be multiples of 4 (float4 pieces); TM | BM, TN | BN; "
                "the threads must copy both tiles in whole float4 passes; SWIZZLE needs BM a "
                "multiple of 32 (or a power of two below it) and BK <= 32"),
-    Constraint("registers per thread", _registers,
-               "the TM x TN accumulator plus fragments must fit in 255 registers"),
+    register_tile_fits(overhead=40),
 )
 
 
