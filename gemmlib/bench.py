@@ -238,7 +238,9 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
     ``budget_s`` caps the timed seconds per (kernel, shape): slow kernels get
     fewer repetitions, never fewer than 10.
     """
-    names = list(LADDER if kernels is None else kernels)  # [] times cuBLAS alone
+    # By default every rung, then "auto": what matmul runs when no kernel is named (the
+    # tuned configuration for each shape's class), so its row is the library's number.
+    names = list(LADDER) + ["auto"] if kernels is None else list(kernels)  # []: cuBLAS alone
     shapes = [tuple(int(v) for v in s) for s in (shapes or default_shapes())]
     if backend.SIMULATOR:
         return _simulated(names, shapes, progress)
@@ -262,12 +264,12 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
         cublas_err = backend.relative_error(C, ref)
         # Kernels that take B transposed (C = A @ Bt.T) race cuBLAS doing the same.
         cub_nt = cublas_nt_err = None
-        if any(get_kernel(n).b_operand == "NK" for n in names) or not names:
+        if any(_spec(n, M, N, K).b_operand == "NK" for n in names) or not names:
             cub_nt = timer(lambda: cp.matmul(A, Bt.T, out=C), reps, warmup)
             cublas_nt_err = backend.relative_error(C, ref)
         bar.update()
         for name in names:
-            spec = get_kernel(name)
+            spec = _spec(name, M, N, K)
             bar.set_postfix_str(f"{name} {M}x{N}x{K}")
             failed = spec.failed_constraints(M, N, K, backend.device_info())
             if failed:
@@ -290,7 +292,10 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
             probe = timer(run, 1, 1)
             n = _reps_for(probe.median / 1e3, reps, budget_s)
             t = timer(run, n, max(0, warmup - 2))
-            result.rows.append(_row(name, M, N, K, t, flops, cub_nt if nt else cub, err))
+            row = _row(name, M, N, K, t, flops, cub_nt if nt else cub, err)
+            if name == "auto":
+                row.note = spec.name  # the configuration chosen for this shape
+            result.rows.append(row)
             bar.update()
         result.rows.append(_row("cublas", M, N, K, cub, flops, cub, cublas_err))
         if cub_nt is not None:
@@ -301,6 +306,15 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
     result.meta.update({f"after_smi_{k.replace('.', '_')}": v
                         for k, v in _nvidia_smi("clocks.sm,temperature.gpu").items()})
     return result
+
+
+def _spec(name: str, M: int, N: int, K: int):
+    """The spec a bench row runs: a rung by name, or "auto"'s choice for this shape."""
+    if name == "auto":
+        from gemmlib.autotune import select
+
+        return select(M, N, K)
+    return get_kernel(name)
 
 
 def _row(name, M, N, K, t: Timing, flops, cub: Timing, err) -> Row:
@@ -320,7 +334,7 @@ def _simulated(names, shapes, progress) -> Result:
     result = Result(meta=environment())
     for (M, N, K) in shapes:
         for name in names:
-            chk = check_once(get_kernel(name), M, N, K)
+            chk = check_once(_spec(name, M, N, K), M, N, K)
             nan = float("nan")
             result.rows.append(Row(name, M, N, K, nan, nan, nan, nan, nan, nan, 0, nan, nan,
                                    nan, nan, chk.rel_error, note="simulated: not timed"))

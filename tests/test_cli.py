@@ -35,6 +35,16 @@ def test_bench_in_simulator_says_timings_mean_nothing(capsys, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written: no fake numbers
 
 
+def test_bench_has_an_auto_row_by_default():
+    # "auto" is what matmul runs when no kernel is named: the bench reports it beside the rungs.
+    from gemmlib.bench import benchmark
+    from gemmlib.kernels import LADDER
+
+    rows = benchmark(shapes=[(5, 6, 7)], reps=2, budget_s=1, progress=False).rows
+    kernels = [r.kernel for r in rows]
+    assert "auto" in kernels and all(k in kernels for k in LADDER)
+
+
 def test_help_mentions_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

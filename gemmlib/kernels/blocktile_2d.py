@@ -25,6 +25,7 @@ compile-time trip count and is unrolled.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.intrinsics.index import uidx
 from gemmlib.spec import Constraint, KernelSpec, cdiv, register_tile_fits
 
 
@@ -87,9 +88,9 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
     def k_step(sA, sB, kk, r0, c0, acc, fa, fb):
         """One k: a column fragment of A, a row fragment of B, their outer product."""
         for i in range(TM):
-            fa[i] = sA[r0 + i * RSTEP, kk]
+            fa[i] = sA[uidx(r0 + i * RSTEP), uidx(kk)]
         for j in range(TN):
-            fb[j] = sB[kk, c0 + j * CSTEP]
+            fb[j] = sB[uidx(kk), uidx(c0 + j * CSTEP)]
         for i in range(TM):
             for j in range(TN):
                 acc[i * TN + j] += fa[i] * fb[j]
@@ -114,12 +115,14 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
                 r, c = _a_load(tid, p)
                 gr = m0 + r
                 gc = k0 + c
-                sA[r, c] = A[gr, gc] if gr < M and gc < K else float32(0.0)
+                v = A[uidx(gr), uidx(gc)] if gr < M and gc < K else float32(0.0)
+                sA[uidx(r), uidx(c)] = v
             for p in range(B_PASSES):
                 r, c = _b_load(tid, p)
                 gr = k0 + r
                 gc = n0 + c
-                sB[r, c] = B[gr, gc] if gr < K and gc < N else float32(0.0)
+                v = B[uidx(gr), uidx(gc)] if gr < K and gc < N else float32(0.0)
+                sB[uidx(r), uidx(c)] = v
             cuda.syncthreads()
             # Four k-steps per iteration, written out by hand: numba leaves a loop
             # this large rolled, and the loop bookkeeping and address arithmetic per
@@ -137,7 +140,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
                 for j in range(TN):
                     gc = n0 + c0 + j * CSTEP
                     if gc < N:
-                        C[gr, gc] = acc[i * TN + j]
+                        C[uidx(gr), uidx(gc)] = acc[i * TN + j]
 
     # max_registers caps registers per thread (ptxas -maxrregcount): fewer registers, more
     # resident blocks per SM.  The simulator has no such option.

@@ -36,6 +36,7 @@ loads; capped, two blocks fit (a few bytes spill), 49% -> 62% of cuBLAS at
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
 from gemmlib.spec import Constraint, KernelSpec, cdiv, register_tile_fits
 
@@ -166,15 +167,15 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
                         v0 = v1 = v2 = v3 = float32(0.0)
                 else:
                     inside = gr < M
-                    v0 = A[gr, gk] if inside and gk < K else float32(0.0)
-                    v1 = A[gr, gk + 1] if inside and gk + 1 < K else float32(0.0)
-                    v2 = A[gr, gk + 2] if inside and gk + 2 < K else float32(0.0)
-                    v3 = A[gr, gk + 3] if inside and gk + 3 < K else float32(0.0)
+                    v0 = A[uidx(gr), uidx(gk)] if inside and gk < K else float32(0.0)
+                    v1 = A[uidx(gr), uidx(gk + 1)] if inside and gk + 1 < K else float32(0.0)
+                    v2 = A[uidx(gr), uidx(gk + 2)] if inside and gk + 2 < K else float32(0.0)
+                    v3 = A[uidx(gr), uidx(gk + 3)] if inside and gk + 3 < K else float32(0.0)
                 rs = r ^ _swz(kq)  # (= r unless SWIZZLE)
-                sAT[kq, rs] = v0  # transposed: the 4 k-values go to 4 rows of sAT
-                sAT[kq + 1, rs] = v1
-                sAT[kq + 2, rs] = v2
-                sAT[kq + 3, rs] = v3
+                sAT[uidx(kq), uidx(rs)] = v0  # transposed: the 4 k-values go to 4 rows of sAT
+                sAT[uidx(kq + 1), uidx(rs)] = v1
+                sAT[uidx(kq + 2), uidx(rs)] = v2
+                sAT[uidx(kq + 3), uidx(rs)] = v3
             for p in range(B_PASSES):
                 kr, c = _b_chunk(tid, p)
                 gk = k0 + kr
@@ -186,10 +187,10 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
                         v0 = v1 = v2 = v3 = float32(0.0)
                 else:
                     inside = gk < K
-                    v0 = B[gk, gc] if inside and gc < N else float32(0.0)
-                    v1 = B[gk, gc + 1] if inside and gc + 1 < N else float32(0.0)
-                    v2 = B[gk, gc + 2] if inside and gc + 2 < N else float32(0.0)
-                    v3 = B[gk, gc + 3] if inside and gc + 3 < N else float32(0.0)
+                    v0 = B[uidx(gk), uidx(gc)] if inside and gc < N else float32(0.0)
+                    v1 = B[uidx(gk), uidx(gc + 1)] if inside and gc + 1 < N else float32(0.0)
+                    v2 = B[uidx(gk), uidx(gc + 2)] if inside and gc + 2 < N else float32(0.0)
+                    v3 = B[uidx(gk), uidx(gc + 3)] if inside and gc + 3 < N else float32(0.0)
                 store4(sB, kr, c, v0, v1, v2, v3)
             cuda.syncthreads()
 
@@ -218,7 +219,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
                         else:
                             for jj in range(4):
                                 if gc + jj < N:
-                                    C[gr, gc + jj] = acc[i * TN + j + jj]
+                                    C[uidx(gr), uidx(gc + jj)] = acc[i * TN + j + jj]
 
     # max_registers caps registers per thread (ptxas -maxrregcount): fewer registers, more
     # resident blocks per SM.  The simulator has no such option.

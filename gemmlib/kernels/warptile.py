@@ -35,6 +35,7 @@ there is no local memory in the PTX even for 8 x 16 results per thread.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
@@ -194,10 +195,10 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
                     v0 = v1 = v2 = v3 = float32(0.0)
             else:
                 inside = gr < M
-                v0 = A[gr, gk] if inside and gk < K else float32(0.0)
-                v1 = A[gr, gk + 1] if inside and gk + 1 < K else float32(0.0)
-                v2 = A[gr, gk + 2] if inside and gk + 2 < K else float32(0.0)
-                v3 = A[gr, gk + 3] if inside and gk + 3 < K else float32(0.0)
+                v0 = A[uidx(gr), uidx(gk)] if inside and gk < K else float32(0.0)
+                v1 = A[uidx(gr), uidx(gk + 1)] if inside and gk + 1 < K else float32(0.0)
+                v2 = A[uidx(gr), uidx(gk + 2)] if inside and gk + 2 < K else float32(0.0)
+                v3 = A[uidx(gr), uidx(gk + 3)] if inside and gk + 3 < K else float32(0.0)
             ra[4 * p] = v0
             ra[4 * p + 1] = v1
             ra[4 * p + 2] = v2
@@ -217,10 +218,10 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
                     v0 = v1 = v2 = v3 = float32(0.0)
             else:
                 inside = gk < K
-                v0 = B[gk, gc] if inside and gc < N else float32(0.0)
-                v1 = B[gk, gc + 1] if inside and gc + 1 < N else float32(0.0)
-                v2 = B[gk, gc + 2] if inside and gc + 2 < N else float32(0.0)
-                v3 = B[gk, gc + 3] if inside and gc + 3 < N else float32(0.0)
+                v0 = B[uidx(gk), uidx(gc)] if inside and gc < N else float32(0.0)
+                v1 = B[uidx(gk), uidx(gc + 1)] if inside and gc + 1 < N else float32(0.0)
+                v2 = B[uidx(gk), uidx(gc + 2)] if inside and gc + 2 < N else float32(0.0)
+                v3 = B[uidx(gk), uidx(gc + 3)] if inside and gc + 3 < N else float32(0.0)
             rb[4 * p] = v0
             rb[4 * p + 1] = v1
             rb[4 * p + 2] = v2
@@ -233,7 +234,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
             r, kq = _a_chunk(tid, p)
             rs = r ^ _swz(kq)
             for e in range(4):
-                sAT[boff + kq + e, rs] = ra[4 * p + e]
+                sAT[uidx(boff + kq + e), uidx(rs)] = ra[4 * p + e]
         for p in range(B_PASSES):
             kr, c = _b_chunk(tid, p)
             store4(sB, boff + kr, c, rb[4 * p], rb[4 * p + 1], rb[4 * p + 2], rb[4 * p + 3])
@@ -331,7 +332,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
                     for cj in range(FN):
                         gc = gcol0 + (cj // TN) * WSUBN + cj % TN
                         if gc < N:
-                            C[gr, gc] = acc[ri * FN + cj]
+                            C[uidx(gr), uidx(gc)] = acc[ri * FN + cj]
 
     # max_registers caps registers per thread (like __launch_bounds__); the simulator has no
     # such option, and there it would mean nothing anyway.
