@@ -237,7 +237,9 @@ SPACES = {"warptile": warptile_space}
 #: layouts known to do well on other GPUs (siboehm's A100 warptile, the 64x128
 #: block with 32x64 warp tiles).
 CLASSICS = {"warptile": [
-    dict(BM=128, BN=256, BK=8, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),  # the default
+    dict(BM=256, BN=128, BK=16, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),  # the default
+    dict(BM=128, BN=256, BK=16, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),
+    dict(BM=128, BN=256, BK=8, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),
     dict(BM=256, BN=128, BK=8, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),
     dict(BM=128, BN=128, BK=16, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4),
     dict(BM=128, BN=128, BK=16, WM=64, WN=64, WNITER=4, TM=8, TN=4, PAD=4),

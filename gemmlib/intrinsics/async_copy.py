@@ -136,13 +136,15 @@ def _make_sync():
     from types import SimpleNamespace
 
     from gemmlib.backend import cuda, float32
+    from gemmlib.intrinsics.index import uidx  # unsigned: no negative-index fix-up
 
     def copy4(dst, di, src, si, sj, src_bytes):
-        dst[di] = src[si, sj] if src_bytes >= 4 else float32(0.0)
+        dst[uidx(di)] = src[uidx(si), uidx(sj)] if src_bytes >= 4 else float32(0.0)
 
     def copy16(dst, di, src, si, sj, src_bytes):
         for e in range(4):
-            dst[di + e] = src[si, sj + e] if src_bytes >= 4 * (e + 1) else float32(0.0)
+            v = src[uidx(si), uidx(sj + e)] if src_bytes >= 4 * (e + 1) else float32(0.0)
+            dst[uidx(di + e)] = v
 
     def nothing():
         return

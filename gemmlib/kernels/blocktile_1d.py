@@ -21,9 +21,10 @@ rung whose inner loop is all shared-memory reads: every index goes through
 signed indices Python's meaning (``-1`` is the last element) and so fixes up
 each one with a compare-and-select; that hides from the compiler that
 ``sA[r0, k]``, ``sA[r0 + 1, k]``, ... are a constant distance apart, and every
-address is recomputed.  Unsigned indices skip the fix-up: on an H200 the
-inner loop shrinks from 96 to 58 instructions per two k-steps (16 of them
-multiply-adds).  All indices here are >= 0 by construction.
+address is recomputed.  Unsigned indices skip the fix-up: compiled for sm_90
+the inner loop shrinks from 96 to 58 instructions per two k-steps (16 of them
+multiply-adds), and on an H200 the kernel goes from 14.9% to 22.1% of cuBLAS
+at 4096^3 (results/uidx-2026-11-22/).  All indices here are >= 0 by construction.
 """
 
 from gemmlib.backend import cuda, float32

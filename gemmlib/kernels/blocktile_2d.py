@@ -45,9 +45,10 @@ CONSTRAINTS = (
 )
 
 
-#: The rung's default.  max_registers=128 lets two 256-thread blocks share an SM (16 warps
-#: instead of 8) at the price of a few spilled bytes: 26.6% of cuBLAS instead of 16.3% at
-#: 4096^3 on an H200 (results/tuning/README.md).
+#: The rung's default.  With unsigned indices the compiler fits the kernel in 128 registers
+#: on its own; max_registers=128 only makes sure of it (two 256-thread blocks per SM, 16
+#: warps instead of 8): 53.1% of cuBLAS at 4096^3 on an H200, against 26.9% before uidx and
+#: 40.3% with the cap lifted (results/uidx-2026-11-22/).
 DEFAULTS = {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8, "max_registers": 128}
 
 
@@ -168,9 +169,9 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8,
         grid=grid,
         params=params,
         shared_bytes=(BM * BK + BK * BN) * 4,
-        # Capping registers to fit two 256-thread blocks per SM spills a few bytes (48-96 B
-        # measured on sm_90); it is still much faster than 1 block per SM (tuning README).
-        max_spill_bytes=256 if max_registers else 0,  # ptxas versions differ: 72-168 B seen
+        # Capped at 128 registers some ptxas versions spill a few bytes (0-72 B seen on
+        # sm_90); still much faster than 1 block per SM (results/uidx-2026-11-22/).
+        max_spill_bytes=256 if max_registers else 0,
         constraints=CONSTRAINTS,
         index={"thread_tile": thread_tile, "a_load": a_load, "b_load": b_load},
         module=__name__,

@@ -31,11 +31,21 @@ Every address in the kernel comes from :mod:`gemmlib.layout`:
 The layouts generate small index functions with their integers written in
 (print ``SPEC.index["a_frag"].__source__``), compiled as device functions;
 ``build(indexing="hand")`` is the same kernel with those expressions typed by
-hand, to check (by the PTX and by the clock) that layouts cost nothing.  They
-compile to the same inner loop (per k: 16 ``ld.shared.f32``, 64 ``fma``), the
-same 139 registers, and on an H200 ran within 1.5% of each other at 4096^3
-(26.1% vs 26.4% of cuBLAS; the layout version has 18 more PTX instructions,
-all outside the k loop).
+hand, to check (by the PTX and by the clock) what layouts cost.
+
+Every array index goes through ``uidx`` (unsigned: no negative-index fix-up,
+see :mod:`gemmlib.intrinsics.index`).  On sm_90 that took the k loop from 189
+to 94 machine instructions per k (64 of them FMAs), and 139 registers to 117,
+and doubled the speed (26% -> 51% of cuBLAS at 4096^3 on an H200).
+
+Both versions compile to the same k loop (per k: 16 ``ld.shared.f32``, 64
+``fma``).  Outside it the PTX differs by a few instructions: the layouts'
+generic floor divisions and remainders leave some signed shifts that the
+hand-typed expressions do not need.  Before ``uidx`` that was invisible
+(26.1% vs 26.4% of cuBLAS); after it, the H200's driver compiled the two to
+117 and 125 registers and the hand version ran faster: 58.5% vs 51.1% at
+4096^3 (results/uidx-2026-11-22/).  Layouts cost nothing in the inner loop;
+at the edges of it, here, they cost about an eighth of the time.
 
 Any M, N, K works: loads outside the matrix give 0 (which adds nothing to
 the sums) and stores outside it are skipped.
@@ -43,6 +53,7 @@ the sums) and stores outside it are skipped.
 
 from gemmlib import layout as L
 from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.intrinsics.index import uidx
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -113,18 +124,20 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
                     for j in range(CA_K):
                         m, k = a_src(tid, i, j)
                         gm, gk = m0 + m, k0 + k
-                        sA[a_dst(tid, i, j)] = A[gm, gk] if gm < M and gk < K else float32(0.0)
+                        v = A[uidx(gm), uidx(gk)] if gm < M and gk < K else float32(0.0)
+                        sA[uidx(a_dst(tid, i, j))] = v
                 for i in range(CB_N):
                     for j in range(CB_K):
                         n, k = b_src(tid, i, j)
                         gn, gk = n0 + n, k0 + k
-                        sB[b_dst(tid, i, j)] = B[gn, gk] if gn < N and gk < K else float32(0.0)
+                        v = B[uidx(gn), uidx(gk)] if gn < N and gk < K else float32(0.0)
+                        sB[uidx(b_dst(tid, i, j))] = v
                 cuda.syncthreads()
                 for k in range(BK):             # compute: my rows of A x my rows of B
                     for i in range(TM):
-                        ra[i] = sA[a_frag(tid, i, k)]
+                        ra[i] = sA[uidx(a_frag(tid, i, k))]
                     for jj in range(TN):
-                        rb[jj] = sB[b_frag(tid, jj, k)]
+                        rb[jj] = sB[uidx(b_frag(tid, jj, k))]
                     for i in range(TM):
                         for jj in range(TN):
                             acc[i * TN + jj] += ra[i] * rb[jj]
@@ -133,7 +146,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
                 for jj in range(TN):
                     m, n = c_dst(tid, i, jj)
                     if m0 + m < M and n0 + n < N:
-                        C[m0 + m, n0 + n] = acc[i * TN + jj]
+                        C[uidx(m0 + m), uidx(n0 + n)] = acc[i * TN + jj]
 
         kernel = layout_nt
     elif indexing == "hand":
@@ -165,19 +178,21 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
                         m = cm + i * CT_M
                         k = ck + j * CT_K
                         gm, gk = m0 + m, k0 + k
-                        sA[m + k * LDA] = A[gm, gk] if gm < M and gk < K else float32(0.0)
+                        v = A[uidx(gm), uidx(gk)] if gm < M and gk < K else float32(0.0)
+                        sA[uidx(m + k * LDA)] = v
                 for i in range(CB_N):
                     for j in range(CB_K):
                         n = cm + i * CT_M
                         k = ck + j * CT_K
                         gn, gk = n0 + n, k0 + k
-                        sB[n + k * LDB] = B[gn, gk] if gn < N and gk < K else float32(0.0)
+                        v = B[uidx(gn), uidx(gk)] if gn < N and gk < K else float32(0.0)
+                        sB[uidx(n + k * LDB)] = v
                 cuda.syncthreads()
                 for k in range(BK):
                     for i in range(TM):
-                        ra[i] = sA[tm + i * MT_M + k * LDA]
+                        ra[i] = sA[uidx(tm + i * MT_M + k * LDA)]
                     for jj in range(TN):
-                        rb[jj] = sB[tn + jj * MT_N + k * LDB]
+                        rb[jj] = sB[uidx(tn + jj * MT_N + k * LDB)]
                     for i in range(TM):
                         for jj in range(TN):
                             acc[i * TN + jj] += ra[i] * rb[jj]
@@ -187,7 +202,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
                     m = m0 + tm + i * MT_M
                     n = n0 + tn + jj * MT_N
                     if m < M and n < N:
-                        C[m, n] = acc[i * TN + jj]
+                        C[uidx(m), uidx(n)] = acc[i * TN + jj]
 
         kernel = layout_nt_hand
     else:

@@ -29,10 +29,11 @@ bound: one bounds check per four elements, none in the inner loop.
 
 The default, 128 x 128 tiles with a 16-wide k-tile and 8 x 8 results per
 thread, caps registers at 128 per thread (``max_registers``, ptxas's
-``-maxrregcount``): left alone the compiler takes ~166, so only one block of
+``-maxrregcount``): left alone the compiler takes ~167, so only one block of
 256 threads fits an SM and nothing hides the latency of the next tile's
-loads; capped, two blocks fit (a few bytes spill), 49% -> 62% of cuBLAS at
-4096^3 on an H200 (results/tuning/README.md).
+loads; capped, two blocks fit (a few bytes spill): 49.6% -> 64.4% of cuBLAS
+at 4096^3 on an H200.  The scalar edge paths and the transposing store index
+through ``uidx`` like the earlier rungs (62.0% before; results/uidx-2026-11-22/).
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32
@@ -251,9 +252,9 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
         grid=grid,
         params=params,
         shared_bytes=(BK * SA_COLS + BK * BN) * 4,
-        # Capping registers to fit two 256-thread blocks per SM spills a few bytes (48-96 B
-        # measured on sm_90); it is still much faster than 1 block per SM (tuning README).
-        max_spill_bytes=256 if max_registers else 0,  # ptxas versions differ: 72-168 B seen
+        # Capping registers to fit two 256-thread blocks per SM spills a few bytes (32-84 B
+        # seen on sm_75-sm_90); still much faster than 1 block per SM (see the docstring).
+        max_spill_bytes=256 if max_registers else 0,
         constraints=CONSTRAINTS,
         ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.shared\.v4\.f32",
                   r"st\.global\.v4\.f32"),
