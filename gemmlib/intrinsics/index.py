@@ -18,10 +18,10 @@ Use it where the compiler sees it many times (the unrolled inner loop and the
 tile copies); the kernel's correctness must not depend on it: every index
 passed through ``uidx`` is >= 0 by construction.
 
-Compiled for sm_90 (ptxas 13.0, offline) the 2D-tiled rung -- 128 x 128 x 8
-tiles, 8 x 8 results per thread -- went from 484 machine instructions (256 of
-them FMAs) to 329 per four k-steps, and from 174 registers to 128 with no
-cap; on an H200 from 26.9% to 53.1% of cuBLAS at 4096^3
+Compiled for sm_90 offline (the ptxas inside nvJitLink 13.5), the 2D-tiled
+rung -- 128 x 128 x 8 tiles, 8 x 8 results per thread -- went from 484
+machine instructions (256 of them FMAs) to 329 per four k-steps, and from 174
+registers to 128 with no cap; on an H200 from 26.9% to 53.1% of cuBLAS at 4096^3
 (results/uidx-2026-11-22/, which has every rung before and after).
 """
 
