@@ -38,14 +38,14 @@ see :mod:`gemmlib.intrinsics.index`).  On sm_90 that took the k loop from 189
 to 94 machine instructions per k (64 of them FMAs), and 139 registers to 117,
 and doubled the speed (26% -> 51% of cuBLAS at 4096^3 on an H200).
 
-Both versions compile to the same k loop (per k: 16 ``ld.shared.f32``, 64
-``fma``).  Outside it the PTX differs by a few instructions: the layouts'
-generic floor divisions and remainders leave some signed shifts that the
-hand-typed expressions do not need.  Before ``uidx`` that was invisible
-(26.1% vs 26.4% of cuBLAS); after it, the H200's driver compiled the two to
-117 and 125 registers and the hand version ran faster: 58.5% vs 51.1% at
-4096^3 (results/uidx-2026-11-22/).  Layouts cost nothing in the inner loop;
-at the edges of it, here, they cost about an eighth of the time.
+Both versions compile to nearly the same k loop: per k, 16 ``ld.shared.f32``
+and 64 ``fma`` in the PTX; in the H200 driver's machine code 94 and 91
+instructions (64 FFMA, 16 LDS each).  Outside it the PTX differs by a few
+signed shifts from the layouts' general floor divisions.  Before ``uidx``
+their speeds were the same (26.1% vs 26.4% of cuBLAS); after it the hand
+version ran faster: 58.5% vs 51.1% at 4096^3, with 125 and 117 registers
+(results/uidx-2026-11-22/).  Where that gap comes from is not explained yet;
+until it is, count it as a measured cost of this layout-built kernel here.
 
 Any M, N, K works: loads outside the matrix give 0 (which adds nothing to
 the sums) and stores outside it are skipped.
