@@ -44,8 +44,11 @@ instructions (64 FFMA, 16 LDS each).  Outside it the PTX differs by a few
 signed shifts from the layouts' general floor divisions.  Before ``uidx``
 their speeds were the same (26.1% vs 26.4% of cuBLAS); after it the hand
 version ran faster: 58.5% vs 51.1% at 4096^3, with 125 and 117 registers
-(results/uidx-2026-11-22/).  Where that gap comes from is not explained yet;
-until it is, count it as a measured cost of this layout-built kernel here.
+(results/uidx-2026-11-22/).  Nsight Compute at 2048^3 sees both halves of
+the gap: the layout version executes 3.4% more instructions (468.0 M vs
+452.8 M) and each warp issues one every 5.31 cycles instead of 4.81.  Which
+instructions and which stalls is not pinned down yet; until it is, count it
+as a measured cost of this layout-built kernel here.
 
 Any M, N, K works: loads outside the matrix give 0 (which adds nothing to
 the sums) and stores outside it are skipped.
