@@ -348,8 +348,9 @@ NO_RESULTS = ("No committed results yet: they appear here once `python -m gemmli
 def results_table(kernels=None, *, squares_only=True, result=None):
     """A table of committed timings: TFLOP/s and % of cuBLAS for ``kernels`` (default all).
 
-    Returns a :class:`Table` (or prints a message and returns None when there
-    are no committed results).
+    ``squares_only``: True for the M = N = K rows, False for the others (the
+    rectangular and odd shapes), None for every row.  Returns a :class:`Table`
+    (or prints a message and returns None when there are no committed results).
     """
     result = result or pick_result()
     if result is None:
@@ -357,8 +358,8 @@ def results_table(kernels=None, *, squares_only=True, result=None):
         return None
     rows = [r for r in result.rows if kernels is None or r.kernel in kernels or
             r.kernel == "cublas"]
-    if squares_only:
-        rows = [r for r in rows if r.M == r.N == r.K]
+    if squares_only is not None:
+        rows = [r for r in rows if (r.M == r.N == r.K) == squares_only]
     order = {k: i for i, k in enumerate(list(kernels or []) + ["cublas"])}
     rows.sort(key=lambda r: (r.M, r.N, r.K, order.get(r.kernel, -1)))
     body = [(r.kernel, f"{r.M}x{r.N}x{r.K}", f"{r.median_ms:.3f}", f"{r.tflops:.2f}",
