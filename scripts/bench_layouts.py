@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -44,7 +43,10 @@ import numpy as np  # noqa: E402
 import gemmlib  # noqa: E402
 from gemmlib import backend  # noqa: E402
 from gemmlib.api import launch  # noqa: E402
+from gemmlib.autotune import compiled_resources  # noqa: E402
+from gemmlib.bench import time_fn  # noqa: E402
 from gemmlib.kernels import async_copy, double_buffer, layout_nt  # noqa: E402
+from gemmlib.notebook import blocks_per_sm  # noqa: E402
 from gemmlib.verify import tolerance  # noqa: E402
 
 ODD = [(1, 1, 1), (127, 129, 7), (129, 255, 9), (1000, 999, 1001), (257, 3, 4096),
@@ -73,61 +75,19 @@ VARIANTS = [
 ]
 
 
-def _one(v):
-    """numba's get_*() return a dict keyed by signature; we compile one signature."""
-    if isinstance(v, dict):
-        return next(iter(v.values())) if v else None
-    return v
-
-
 def resources(spec) -> dict:
-    k = spec.kernel
-    out = {}
-    for key, fn in (("registers", "get_regs_per_thread"), ("shared_bytes", "get_shared_mem_per_block"),
-                    ("local_bytes", "get_local_mem_per_thread")):
-        try:
-            out[key] = _one(getattr(k, fn)())
-        except Exception as e:  # pragma: no cover - API differences
-            out[key] = f"n/a ({type(e).__name__})"
-    out.update(occupancy(spec, out.get("registers"), out.get("shared_bytes")))
+    """Registers, shared and local bytes of the compiled kernel, and how many blocks fit an SM."""
+    out = compiled_resources(spec)
+    fit = blocks_per_sm(spec, out["registers"])
+    blocks = min(min(fit.values()), 32)  # at most 32 resident blocks per SM
+    out.update(blocks_per_sm=blocks, limited_by=min((n, k) for k, n in fit.items())[1],
+               occupancy=blocks * spec.threads / backend.device_info().max_threads_per_sm)
     return out
 
 
-def occupancy(spec, regs, shared) -> dict:
-    """Resident blocks per SM and theoretical occupancy, from the device's limits.
-
-    Registers are allocated per warp in units of 256; shared memory per block
-    with a 1 KiB reservation; at most 32 blocks per SM.
-    """
-    dev = backend.device_info()
-    if not isinstance(regs, int) or not isinstance(shared, int):
-        return {}
-    warps = math.ceil(spec.threads / 32)
-    regs_per_warp = math.ceil(regs * 32 / 256) * 256
-    by_threads = dev.max_threads_per_sm // spec.threads
-    by_regs = dev.registers_per_sm // (regs_per_warp * warps) if regs else by_threads
-    by_smem = dev.max_shared_per_sm // (shared + 1024) if shared else by_threads
-    blocks = min(by_threads, by_regs, by_smem, 32)
-    limiter = min((by_threads, "threads"), (by_regs, "registers"), (by_smem, "shared memory"))[1]
-    return {"blocks_per_sm": blocks, "occupancy": blocks * warps * 32 / dev.max_threads_per_sm,
-            "limited_by": limiter}
-
-
-def timer(fn, reps: int, warmup: int = 3) -> list[float]:
-    cp = backend.array_module()
-    scratch = cp.empty(max(2 * backend.device_info().l2_bytes, 1 << 20) // 4, dtype=np.float32)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(warmup):
-        fn()
-    times = []
-    for i in range(reps):
-        scratch.fill(i)  # evict A, B, C from L2
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return times
+def timer(fn, reps: int) -> list[float]:
+    """Per-run milliseconds, the benchmark harness's way (CUDA events, L2 flushed)."""
+    return time_fn(fn, reps, warmup=3).times_ms
 
 
 def main(argv=None) -> int:

@@ -68,18 +68,21 @@ def test_vector_rungs_claim_16_byte_accesses_in_their_ptx(name):
 
 
 def _count_global_float4(monkeypatch, module):
-    """Wrap the kernel module's load4/store4 (simulator twins): count the calls that touch
-    global matrices (simulator kernel arguments; shared arrays are plain NumPy arrays)."""
+    """Wrap load4/store4 (simulator twins) where the kernel calls them -- its module, and
+    gemmlib.intrinsics.vector for the tile copies (load4_or_zero) -- and count the calls
+    that touch global matrices (simulator kernel arguments; shared arrays are NumPy)."""
+    from gemmlib.intrinsics import vector
+
     calls = {"load4": 0, "store4": 0}
-    for fname in calls:
-        real = getattr(module, fname)
+    for target, fname in ((module, "load4"), (vector, "load4"), (module, "store4")):
+        real = getattr(target, fname)
 
         def wrapped(arr, *args, _real=real, _name=fname):
             if not isinstance(arr, np.ndarray):
                 calls[_name] += 1
             return _real(arr, *args)
 
-        monkeypatch.setattr(module, fname, wrapped)
+        monkeypatch.setattr(target, fname, wrapped)
     return calls
 
 

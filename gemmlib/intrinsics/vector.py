@@ -33,11 +33,17 @@ Functions (all usable inside ``@cuda.jit`` kernels):
     write four floats to ``arr[i, j:j+4]``
 ``aligned16(arr) -> bool``
     whether ``arr``'s data pointer is a multiple of 16 bytes
+``load4_or_zero(arr, i, j, vec) -> (a, b, c, d)``
+    ``arr[i, j:j+4]`` with zeros for the elements outside ``arr``: one float4
+    load when ``vec`` (the caller has checked that ``arr``'s rows are 16-byte
+    aligned), four guarded scalar loads otherwise.  This is how the tiled
+    kernels copy a chunk of a tile whatever the matrix's shape.
 """
 
 from __future__ import annotations
 
-from gemmlib.backend import SIMULATOR
+from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.intrinsics.index import uidx
 
 #: Pass as ``alignment=`` to ``cuda.shared.array``: 16 on a GPU; None in the
 #: simulator, which raises on any alignment (its NumPy arrays are aligned anyway).
@@ -176,5 +182,34 @@ if SIMULATOR:
 else:
     load4, store4, aligned16 = _make_intrinsics()
 
-__all__ = ["load4", "store4", "aligned16", "SHARED_ALIGN", "MisalignedAccess",
+
+# --------------------------------------------------------------------------
+# Built from the above (a device function: the same code in both modes)
+
+
+def _load4_or_zero(arr, i, j, vec):
+    """``arr[i, j:j+4]``, zero where outside ``arr``; one float4 load when ``vec``.
+
+    ``vec`` is a uniform, once-per-launch decision (the row length is a
+    multiple of 4 and the base pointer 16-byte aligned).  Then a chunk starting
+    at a multiple of 4 is either wholly inside the matrix or wholly outside, so
+    one bounds check covers it.  Otherwise each element is checked and loaded
+    on its own.  Indices are >= 0 (``uidx``: see gemmlib.intrinsics.index).
+    """
+    rows, cols = arr.shape
+    if vec:
+        if i < rows and j < cols:
+            return load4(arr, i, j)
+        return float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+    inside = i < rows
+    v0 = arr[uidx(i), uidx(j)] if inside and j < cols else float32(0.0)
+    v1 = arr[uidx(i), uidx(j + 1)] if inside and j + 1 < cols else float32(0.0)
+    v2 = arr[uidx(i), uidx(j + 2)] if inside and j + 2 < cols else float32(0.0)
+    v3 = arr[uidx(i), uidx(j + 3)] if inside and j + 3 < cols else float32(0.0)
+    return v0, v1, v2, v3
+
+
+load4_or_zero = cuda.jit(device=True)(_load4_or_zero)
+
+__all__ = ["load4", "store4", "aligned16", "load4_or_zero", "SHARED_ALIGN", "MisalignedAccess",
            "load4_py", "store4_py", "aligned16_py"]

@@ -48,45 +48,61 @@ PTX_ASYNC = (r"cp\.async\.ca\.shared\.global", r"cp\.async\.commit_group",
              r"cp\.async\.wait_group 0")
 
 
-def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
-          mma_threads=(16, 16), pad: int = 4, copy: str = "async",
-          min_blocks: int | None = None) -> KernelSpec:
-    p = plan(BM, BN, BK, copy_threads, mma_threads, pad)
-    f = _index_functions(p, device=True)
-    a_src, a_dst, b_src, b_dst = f["a_src"], f["a_dst"], f["b_src"], f["b_dst"]
-    a_frag, b_frag, c_dst = f["a_frag"], f["b_frag"], f["c_dst"]
-    cp = async_copy.ops(copy)
-    cp_async4, commit, wait_all = cp.cp_async4, cp.cp_async_commit, cp.cp_async_wait_all
+def tile_copier(p, f, cp):
+    """The device function that starts one thread's copies of a k-tile into shared memory.
 
-    NT = p["threads_mma"].size
-    # min_blocks: ask the compiler to fit that many blocks per SM (caps registers,
-    # like CUDA's __launch_bounds__(NT, min_blocks)); the simulator has no such option.
-    jit_opts = {} if SIMULATOR or not min_blocks else {"launch_bounds": (NT, min_blocks)}
+    ``issue_tile(sA, sB, a_buf, b_buf, A, B, tid, m0, n0, k0, M, N, K)`` copies
+    this thread's share of the A and B k-tiles at ``k0`` (layouts of plan ``p``,
+    index functions ``f``) to ``sA[a_buf + ...]`` and ``sB[b_buf + ...]`` with
+    ``cp``'s ``cp_async4`` (zero-fill outside the matrix), then commits them as
+    one group.  This rung has one buffer (offsets 0); double_buffer passes the
+    offset of the buffer being filled.
+    """
+    a_src, a_dst, b_src, b_dst = f["a_src"], f["a_dst"], f["b_src"], f["b_dst"]
+    cp_async4, commit = cp.cp_async4, cp.cp_async_commit
     CA_M, CA_K = p["copyA"].shape
     CB_N, CB_K = p["copyB"].shape
-    TM, TN = p["mmaC"].shape
-    ACC = TM * TN
-    FA, FB = BK * TM, BK * TN                 # register fragments of one whole k-tile
-    SA_SIZE, SB_SIZE = p["sA"].cosize, p["sB"].cosize
 
     @cuda.jit(device=True)
-    def issue_tile(sA, sB, A, B, tid, m0, n0, k0, M, N, K):
-        """Start this thread's cp.async copies of k-tile k0 (zero-fill outside the matrix)."""
+    def issue_tile(sA, sB, a_buf, b_buf, A, B, tid, m0, n0, k0, M, N, K):
         for i in range(CA_M):
             for j in range(CA_K):
                 m, k = a_src(tid, i, j)
                 gm, gk = m0 + m, k0 + k
                 ok = gm < M and gk < K
-                cp_async4(sA, a_dst(tid, i, j), A, gm if ok else 0, gk if ok else 0,
+                cp_async4(sA, a_buf + a_dst(tid, i, j), A, gm if ok else 0, gk if ok else 0,
                           4 if ok else 0)
         for i in range(CB_N):
             for j in range(CB_K):
                 n, k = b_src(tid, i, j)
                 gn, gk = n0 + n, k0 + k
                 ok = gn < N and gk < K
-                cp_async4(sB, b_dst(tid, i, j), B, gn if ok else 0, gk if ok else 0,
+                cp_async4(sB, b_buf + b_dst(tid, i, j), B, gn if ok else 0, gk if ok else 0,
                           4 if ok else 0)
         commit()
+
+    return issue_tile
+
+
+def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
+          mma_threads=(16, 16), pad: int = 4, copy: str = "async",
+          min_blocks: int | None = None) -> KernelSpec:
+    p = plan(BM, BN, BK, copy_threads, mma_threads, pad)
+    f = _index_functions(p, device=True)
+    a_frag, b_frag, c_dst = f["a_frag"], f["b_frag"], f["c_dst"]
+    cp = async_copy.ops(copy)
+    wait_all = cp.cp_async_wait_all
+
+    NT = p["threads_mma"].size
+    # min_blocks: ask the compiler to fit that many blocks per SM (caps registers,
+    # like CUDA's __launch_bounds__(NT, min_blocks)); the simulator has no such option.
+    jit_opts = {} if SIMULATOR or not min_blocks else {"launch_bounds": (NT, min_blocks)}
+    TM, TN = p["mmaC"].shape
+    ACC = TM * TN
+    FA, FB = BK * TM, BK * TN                 # register fragments of one whole k-tile
+    SA_SIZE, SB_SIZE = p["sA"].cosize, p["sB"].cosize
+
+    issue_tile = tile_copier(p, f, cp)
 
     # numba has no "#pragma unroll", and a 512-FMA loop nest is more than the
     # compiler unrolls by itself; rolled, the k loop would index the fragment
@@ -112,14 +128,14 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
             acc[e] = float32(0.0)
         num_k = (K + BK - 1) // BK
         if num_k > 0:
-            issue_tile(sA, sB, A, B, tid, m0, n0, 0, M, N, K)     # prologue: tile 0
+            issue_tile(sA, sB, 0, 0, A, B, tid, m0, n0, 0, M, N, K)  # prologue: tile 0
         for kt in range(num_k):
             wait_all()                        # my copies of tile kt have landed
             cuda.syncthreads()                # ... and everyone else's
             load_fragments(sA, sB, fa, fb, tid)   # shared -> registers: the whole tile
             cuda.syncthreads()                # nobody reads the buffer any more
             if kt + 1 < num_k:                # prefetch tile kt+1 into it ...
-                issue_tile(sA, sB, A, B, tid, m0, n0, (kt + 1) * BK, M, N, K)
+                issue_tile(sA, sB, 0, 0, A, B, tid, m0, n0, (kt + 1) * BK, M, N, K)
             mma_tile(acc, fa, fb)             # ... while computing tile kt
         for i in range(TM):
             for jj in range(TN):

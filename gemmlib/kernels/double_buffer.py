@@ -42,7 +42,7 @@ from gemmlib import layout as L
 from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics import async_copy
 from gemmlib.intrinsics.index import uidx
-from gemmlib.kernels.async_copy import PTX_ASYNC
+from gemmlib.kernels.async_copy import PTX_ASYNC, tile_copier
 from gemmlib.kernels.layout_nt import _index_functions, accesses, plan  # noqa: F401 (accesses: gemmlib.banks)
 from gemmlib.spec import KernelSpec, cdiv
 
@@ -54,40 +54,20 @@ def build(BM: int = 128, BN: int = 128, BK: int = 8, copy_threads=(32, 8),
         raise ValueError(f"double_buffer walks k two slices at a time: BK must be even, got {BK}")
     p = plan(BM, BN, BK, copy_threads, mma_threads, pad)
     f = _index_functions(p, device=True)
-    a_src, a_dst, b_src, b_dst = f["a_src"], f["a_dst"], f["b_src"], f["b_dst"]
     a_frag, b_frag, c_dst = f["a_frag"], f["b_frag"], f["c_dst"]
     cp = async_copy.ops(copy)
-    cp_async4, commit, wait_all = cp.cp_async4, cp.cp_async_commit, cp.cp_async_wait_all
+    wait_all = cp.cp_async_wait_all
 
     NT = p["threads_mma"].size
     # min_blocks: ask the compiler to fit that many blocks per SM (caps registers,
     # like CUDA's __launch_bounds__(NT, min_blocks)); the simulator has no such option.
     jit_opts = {} if SIMULATOR or not min_blocks else {"launch_bounds": (NT, min_blocks)}
-    CA_M, CA_K = p["copyA"].shape
-    CB_N, CB_K = p["copyB"].shape
     TM, TN = p["mmaC"].shape
     ACC = TM * TN
     SA_SIZE, SB_SIZE = p["sA"].cosize, p["sB"].cosize
     SA2, SB2 = 2 * SA_SIZE, 2 * SB_SIZE       # two buffers per operand
 
-    @cuda.jit(device=True)
-    def issue_tile(sA, sB, a_buf, b_buf, A, B, tid, m0, n0, k0, M, N, K):
-        """cp.async this thread's share of k-tile k0 into the buffers at a_buf / b_buf."""
-        for i in range(CA_M):
-            for j in range(CA_K):
-                m, k = a_src(tid, i, j)
-                gm, gk = m0 + m, k0 + k
-                ok = gm < M and gk < K
-                cp_async4(sA, a_buf + a_dst(tid, i, j), A, gm if ok else 0, gk if ok else 0,
-                          4 if ok else 0)
-        for i in range(CB_N):
-            for j in range(CB_K):
-                n, k = b_src(tid, i, j)
-                gn, gk = n0 + n, k0 + k
-                ok = gn < N and gk < K
-                cp_async4(sB, b_buf + b_dst(tid, i, j), B, gn if ok else 0, gk if ok else 0,
-                          4 if ok else 0)
-        commit()
+    issue_tile = tile_copier(p, f, cp)  # async_copy's, writing into buffer a_buf / b_buf
 
     @cuda.jit(device=True)
     def load_slice(sA, sB, a_buf, b_buf, fa, fb, tid, k):

@@ -38,7 +38,7 @@ through ``uidx`` like the earlier rungs (62.0% before; results/uidx-2026-11-22/)
 
 from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics.index import uidx
-from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
+from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, load4_or_zero, store4
 from gemmlib.spec import Constraint, KernelSpec, cdiv, register_tile_fits
 
 
@@ -161,17 +161,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
                 r, kq = _a_chunk(tid, p)
                 gr = m0 + r
                 gk = k0 + kq
-                if a_vec:
-                    if gr < M and gk < K:  # the whole float4 is inside, or all of it is out
-                        v0, v1, v2, v3 = load4(A, gr, gk)
-                    else:
-                        v0 = v1 = v2 = v3 = float32(0.0)
-                else:
-                    inside = gr < M
-                    v0 = A[uidx(gr), uidx(gk)] if inside and gk < K else float32(0.0)
-                    v1 = A[uidx(gr), uidx(gk + 1)] if inside and gk + 1 < K else float32(0.0)
-                    v2 = A[uidx(gr), uidx(gk + 2)] if inside and gk + 2 < K else float32(0.0)
-                    v3 = A[uidx(gr), uidx(gk + 3)] if inside and gk + 3 < K else float32(0.0)
+                v0, v1, v2, v3 = load4_or_zero(A, gr, gk, a_vec)
                 rs = r ^ _swz(kq)  # (= r unless SWIZZLE)
                 sAT[uidx(kq), uidx(rs)] = v0  # transposed: the 4 k-values go to 4 rows of sAT
                 sAT[uidx(kq + 1), uidx(rs)] = v1
@@ -181,17 +171,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
                 kr, c = _b_chunk(tid, p)
                 gk = k0 + kr
                 gc = n0 + c
-                if b_vec:
-                    if gk < K and gc < N:
-                        v0, v1, v2, v3 = load4(B, gk, gc)
-                    else:
-                        v0 = v1 = v2 = v3 = float32(0.0)
-                else:
-                    inside = gk < K
-                    v0 = B[uidx(gk), uidx(gc)] if inside and gc < N else float32(0.0)
-                    v1 = B[uidx(gk), uidx(gc + 1)] if inside and gc + 1 < N else float32(0.0)
-                    v2 = B[uidx(gk), uidx(gc + 2)] if inside and gc + 2 < N else float32(0.0)
-                    v3 = B[uidx(gk), uidx(gc + 3)] if inside and gc + 3 < N else float32(0.0)
+                v0, v1, v2, v3 = load4_or_zero(B, gk, gc, b_vec)
                 store4(sB, kr, c, v0, v1, v2, v3)
             cuda.syncthreads()
 

@@ -36,7 +36,7 @@ there is no local memory in the PTX even for 8 x 16 results per thread.
 
 from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics.index import uidx
-from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
+from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, load4_or_zero, store4
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
 WARP = 32
@@ -183,46 +183,26 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     _swz = cuda.jit(device=True)(swz)
 
     @cuda.jit(device=True)
-    def fetch_a(A, ra, tid, m0, k0, M, K, a_vec):
+    def fetch_a(A, ra, tid, m0, k0, a_vec):
         """Global -> registers: this thread's float4s of the A tile at (m0, k0)."""
         for p in range(A_PASSES):
             r, kq = _a_chunk(tid, p)
             gr = m0 + r
             gk = k0 + kq
-            if a_vec:
-                if gr < M and gk < K:
-                    v0, v1, v2, v3 = load4(A, gr, gk)
-                else:
-                    v0 = v1 = v2 = v3 = float32(0.0)
-            else:
-                inside = gr < M
-                v0 = A[uidx(gr), uidx(gk)] if inside and gk < K else float32(0.0)
-                v1 = A[uidx(gr), uidx(gk + 1)] if inside and gk + 1 < K else float32(0.0)
-                v2 = A[uidx(gr), uidx(gk + 2)] if inside and gk + 2 < K else float32(0.0)
-                v3 = A[uidx(gr), uidx(gk + 3)] if inside and gk + 3 < K else float32(0.0)
+            v0, v1, v2, v3 = load4_or_zero(A, gr, gk, a_vec)
             ra[4 * p] = v0
             ra[4 * p + 1] = v1
             ra[4 * p + 2] = v2
             ra[4 * p + 3] = v3
 
     @cuda.jit(device=True)
-    def fetch_b(B, rb, tid, k0, n0, K, N, b_vec):
+    def fetch_b(B, rb, tid, k0, n0, b_vec):
         """Global -> registers: this thread's float4s of the B tile at (k0, n0)."""
         for p in range(B_PASSES):
             kr, c = _b_chunk(tid, p)
             gk = k0 + kr
             gc = n0 + c
-            if b_vec:
-                if gk < K and gc < N:
-                    v0, v1, v2, v3 = load4(B, gk, gc)
-                else:
-                    v0 = v1 = v2 = v3 = float32(0.0)
-            else:
-                inside = gk < K
-                v0 = B[uidx(gk), uidx(gc)] if inside and gc < N else float32(0.0)
-                v1 = B[uidx(gk), uidx(gc + 1)] if inside and gc + 1 < N else float32(0.0)
-                v2 = B[uidx(gk), uidx(gc + 2)] if inside and gc + 2 < N else float32(0.0)
-                v3 = B[uidx(gk), uidx(gc + 3)] if inside and gc + 3 < N else float32(0.0)
+            v0, v1, v2, v3 = load4_or_zero(B, gk, gc, b_vec)
             rb[4 * p] = v0
             rb[4 * p + 1] = v1
             rb[4 * p + 2] = v2
@@ -294,16 +274,16 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
             acc[i] = float32(0.0)
 
         ntiles = (K + BK - 1) // BK
-        fetch_a(A, ra, tid, m0, 0, M, K, a_vec)
-        fetch_b(B, rb, tid, 0, n0, K, N, b_vec)
+        fetch_a(A, ra, tid, m0, 0, a_vec)
+        fetch_b(B, rb, tid, 0, n0, b_vec)
         stage(sAT, sB, ra, rb, tid, 0)
         cuda.syncthreads()
         for t in range(ntiles):
             boff = (t % 2) * BK
             more = t + 1 < ntiles
             if more:  # issue the next tile's global loads now; use them after the FMAs
-                fetch_a(A, ra, tid, m0, (t + 1) * BK, M, K, a_vec)
-                fetch_b(B, rb, tid, (t + 1) * BK, n0, K, N, b_vec)
+                fetch_a(A, ra, tid, m0, (t + 1) * BK, a_vec)
+                fetch_b(B, rb, tid, (t + 1) * BK, n0, b_vec)
             # Four k-steps per iteration, written out: numba leaves a loop this large
             # rolled, and unrolling by hand turns the per-step address arithmetic into
             # constant offsets of the shared-memory loads.
