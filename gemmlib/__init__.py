@@ -7,13 +7,13 @@
 """
 
 from gemmlib import _compat  # noqa: F401  (before numba)
+from gemmlib._version import __version__
 from gemmlib.api import DEFAULT_KERNEL, matmul
 from gemmlib.backend import SIMULATOR, NoGPUError, device_info
-from gemmlib.kernels import LADDER, all_specs, get as get_kernel
+from gemmlib.dispatch import get_spec as get_kernel
+from gemmlib.kernels import LADDER, all_specs
 from gemmlib.spec import ConstraintError, KernelSpec
 from gemmlib.verify import Report, verify
-
-__version__ = "0.1.0"
 
 
 def list_kernels() -> list[str]:

@@ -1,4 +1,13 @@
-"""``gemmlib.matmul``: checks the operands, picks the kernel, launches it."""
+"""``gemmlib.matmul``: checks the operands, then hands them to the dispatch layer.
+
+What a call costs the caller is mostly host time for small and medium
+problems, so the common case -- CuPy arrays in, CuPy array (or ``out=``) --
+takes a short path: operands are described from CuPy's own attributes (no
+``__cuda_array_interface__`` dict, no pointer queries), the launch plan is a
+dict lookup (:func:`gemmlib.dispatch.plan`) and the launch one driver call
+(:func:`gemmlib.dispatch.run`).  Every check of the long path still runs,
+with the same messages.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gemmlib import backend
+from gemmlib import backend, dispatch
 from gemmlib.backend import SIMULATOR, cuda
-from gemmlib.kernels import get as get_kernel
 from gemmlib.spec import KernelSpec
 
 #: The kernel ``matmul`` uses when none is named: the autotuned fastest rung
@@ -64,7 +72,22 @@ def _dlpack_on_host(x) -> bool:
         return False
 
 
+_CUPY_NDARRAY = None  # cupy.ndarray, once CuPy is imported (never in the simulator)
+
+
+def _cupy_ndarray():
+    global _CUPY_NDARRAY
+    if _CUPY_NDARRAY is None and not SIMULATOR and "cupy" in __import__("sys").modules:
+        _CUPY_NDARRAY = __import__("sys").modules["cupy"].ndarray
+    return _CUPY_NDARRAY
+
+
 def _describe(x, name: str) -> _Operand:
+    if type(x) is _CUPY_NDARRAY or type(x) is _cupy_ndarray():  # the common case, cheaply
+        nbytes = x.nbytes
+        mem = x.data
+        return _Operand(x, x.shape, x.dtype, x.flags.c_contiguous, on_host=False, ptr=mem.ptr,
+                        nbytes=nbytes, device=mem.device_id if nbytes else None, kind="cupy")
     if (not isinstance(x, np.ndarray) and not hasattr(x, "__cuda_array_interface__")
             and not type(x).__module__.startswith("numba")  # the simulator's device arrays
             and hasattr(x, "__dlpack__") and _dlpack_on_host(x)):
@@ -237,24 +260,22 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     constraint, before anything is launched.
     """
     kernel = kernel or _default_kernel(transpose_b)
-    spec = get_kernel(kernel)
-    _check_stream(stream)
+    # The spec the operand checks read (dtype, B's layout); "auto" resolves per shape below.
+    spec = dispatch.get_spec(dispatch.AUTO_RUNG if kernel == dispatch.AUTO else kernel)
+    if stream is not None:
+        _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
     c = _describe(out, "out") if out is not None else None
     M, N, K = _check_operands(spec, a, b, c, transpose_b)
     backend.require_device()
-    if kernel == "auto":  # the tuned choice for this shape class
-        from gemmlib.autotune import select
-
-        spec = select(M, N, K)
-    spec.check(M, N, K, backend.device_info())
+    plan = dispatch.plan(kernel, M, N, K)  # the constraint check (ConstraintError) is here
 
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
         xp = backend.array_module()
         with _staging_stream(stream):  # copies in, kernel, copy out: one stream, in order
             C = matmul(xp.asarray(np.ascontiguousarray(a.obj)),
                        xp.asarray(np.ascontiguousarray(b.obj)),
-                       kernel=spec, stream=stream, transpose_b=transpose_b)
+                       kernel=plan.spec, stream=stream, transpose_b=transpose_b)
             result = xp.asnumpy(C)  # blocking: waits for the kernel
         if out is None:
             return result
@@ -266,18 +287,19 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         # inputs (np.broadcast_to, frozen arrays) need a private copy.
         A_, B_ = (x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C")
                   for x in (a.obj, b.obj))
-        C = c.obj if out is not None else np.empty((M, N), dtype=spec.dtype)
+        C = c.obj if out is not None else np.empty((M, N), dtype=plan.spec.dtype)
+        if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
+            dispatch.launch(plan, A_, B_, C, M, N, K, stream=stream)
+        return C
+
+    if out is not None:
+        C, c_ptr = out, c.ptr
     else:
-        A_ = cuda.as_cuda_array(a.obj, sync=False)
-        B_ = cuda.as_cuda_array(b.obj, sync=False)
-        if out is not None:
-            C = out
-        else:
-            C = _allocate_output(M, N, spec.dtype, numba=a.kind == "numba")
+        C = _allocate_output(M, N, plan.spec.dtype, numba=a.kind == "numba")
+        c_ptr = C.data.ptr if a.kind != "numba" else C.__cuda_array_interface__["data"][0]
     if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
-        C_ = C if a.on_host else cuda.as_cuda_array(C, sync=False)
-        launch(spec, A_, B_, C_, M, N, K, stream=stream)
-    return out if out is not None else C
+        dispatch.run(plan, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream))
+    return C
 
 
 def _allocate_output(M: int, N: int, dtype, numba: bool):
@@ -299,7 +321,5 @@ def _allocate_output(M: int, N: int, dtype, numba: bool):
 
 
 def launch(spec: KernelSpec, A, B, C, M: int, N: int, K: int, stream=None) -> None:
-    """Launch ``spec`` on arrays the kernel can take as they are (no checks)."""
-    geo = spec.launch(M, N, K)
-    s = backend.kernel_stream(stream)
-    spec.kernel[geo.grid, geo.block, s, geo.dynamic_shared_bytes](A, B, C)
+    """Launch ``spec`` on arrays the kernel can take as they are (no operand checks)."""
+    dispatch.launch(spec, A, B, C, M, N, K, stream=stream)

@@ -17,8 +17,8 @@ rung (by default :mod:`gemmlib.kernels.warptile`):
 3. the fastest is stored per *shape class* (M*N and K rounded to powers of
    two) in a JSON file per GPU.
 
-Lookups (:func:`best_params`, :func:`select`, and ``kernel="auto"`` through
-:func:`gemmlib.kernels.get`) read, in order, the user cache
+Lookups (:func:`gemmlib.tuning.best_params`, and ``kernel="auto"`` through
+:func:`gemmlib.dispatch.select`) read, in order, the user cache
 (``$GEMMLIB_CACHE`` or ``$XDG_CACHE_HOME/gemmlib`` or ``~/.cache/gemmlib``,
 ``tuning/<gpu-slug>.json``) and the tuning data committed with the course
 (``results/tuning/<gpu-slug>.json``); with neither -- or in the simulator --
@@ -33,173 +33,33 @@ import importlib
 import itertools
 import json
 import math
-import os
-import re
-import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gemmlib import backend
+from gemmlib import backend, dispatch
+from gemmlib.tuning import (  # noqa: F401  (the tuning data API, re-exported here)
+    _LOCK, REPO_TUNING_DIR, _read, _write, best_entry, best_params, cache_paths,
+    gpu_slug, nearest_class, shape_class, user_cache_dir)
 
 DEFAULT_KERNEL = "warptile"
-_LOCK = threading.RLock()
-_MEMO: dict[str, dict] = {}  # path -> parsed file, invalidated by mtime
-
-REPO_TUNING_DIR = Path(__file__).resolve().parent.parent / "results" / "tuning"
-
-
-# --------------------------------------------------------------------------
-# Where tuning data lives
-
-
-def gpu_slug(name: str | None = None) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200' (the same slug the benchmark files use)."""
-    if name is None:
-        name = backend.device_info().name
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def user_cache_dir() -> Path:
-    root = os.environ.get("GEMMLIB_CACHE")
-    if root:
-        return Path(root) / "tuning"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "gemmlib" / "tuning"
-
-
-def cache_paths(slug: str) -> list[Path]:
-    """Files consulted for a GPU, most specific first."""
-    return [user_cache_dir() / f"{slug}.json", REPO_TUNING_DIR / f"{slug}.json"]
-
-
-def _read(path: Path) -> dict | None:
-    with _LOCK:
-        try:
-            mtime = path.stat().st_mtime_ns
-        except OSError:
-            return None
-        memo = _MEMO.get(str(path))
-        if memo and memo["mtime"] == mtime:
-            return memo["data"]
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        _MEMO[str(path)] = {"mtime": mtime, "data": data}
-        return data
-
-
-def _write(path: Path, data: dict) -> None:
-    """Atomic replace: readers see the old file or the new one, never a mix."""
-    with _LOCK:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        _MEMO.pop(str(path), None)
-
-
-# --------------------------------------------------------------------------
-# Shape classes
-
-
-def _pow2(x: float) -> int:
-    return 1 << max(0, round(math.log2(max(x, 1))))
-
-
-def shape_class(M: int, N: int, K: int) -> str:
-    """The bucket a problem is tuned for: sqrt(M*N) and K, each to the nearest power of two."""
-    return f"mn{_pow2(math.sqrt(M * N))}-k{_pow2(K)}"
-
-
-def _class_coords(cls: str):
-    m = re.fullmatch(r"mn(\d+)-k(\d+)", cls)
-    return (math.log2(int(m.group(1))), math.log2(int(m.group(2)))) if m else None
-
-
-def nearest_class(cls: str, available) -> str | None:
-    """The tuned class closest (in log2 size) to ``cls``."""
-    target = _class_coords(cls)
-    best, dist = None, math.inf
-    for c in available:
-        xy = _class_coords(c)
-        if xy is None or target is None:
-            continue
-        d = abs(xy[0] - target[0]) + 0.5 * abs(xy[1] - target[1])
-        if d < dist:
-            best, dist = c, d
-    return best
-
-
-# --------------------------------------------------------------------------
-# Lookup
-
-
-def best_params(M: int, N: int, K: int, kernel: str = DEFAULT_KERNEL,
-                slug: str | None = None) -> dict | None:
-    """Tuned parameters for this GPU and the shape's class, or None (use the default)."""
-    if backend.SIMULATOR:
-        return None
-    if slug is None:
-        try:
-            slug = gpu_slug()
-        except Exception:
-            return None
-    cls = shape_class(M, N, K)
-    for path in cache_paths(slug):
-        data = _read(path)
-        if not data:
-            continue
-        classes = data.get("kernels", {}).get(kernel, {})
-        if not classes:
-            continue
-        key = cls if cls in classes else nearest_class(cls, classes)
-        if key is not None:
-            return dict(classes[key]["params"])
-    return None
-
 
 def build(kernel: str, params: dict | None):
-    """KernelSpec of rung ``kernel`` with ``params`` (its default when None)."""
-    mod = importlib.import_module(f"gemmlib.kernels.{kernel}")
-    return mod.SPEC if not params else mod.build(**params)
+    """KernelSpec of rung ``kernel`` with ``params`` (its default when None): built once."""
+    return dispatch.build(kernel, params)
 
 
 def select(M: int, N: int, K: int, kernel: str = DEFAULT_KERNEL, slug: str | None = None):
-    """The spec to run (M, N, K) with: tuned when data exists, the rung's default otherwise.
-
-    A tuned configuration that does not satisfy its constraints for this
-    problem and device falls back to the default too.
-    """
-    params = best_params(M, N, K, kernel, slug)
-    if params:
-        try:
-            spec = build(kernel, params)
-            if not spec.failed_constraints(M, N, K, backend.device_info()):
-                return spec
-        except Exception:
-            pass
-    return build(kernel, None)
+    """What ``kernel="auto"`` runs for (M, N, K): :func:`gemmlib.dispatch.select`."""
+    return dispatch.select(M, N, K, slug)
 
 
-#: The shape ``kernel="auto"`` is chosen for when no shape is known (gemmlib.kernels.get).
-AUTO_SHAPE = (4096, 4096, 4096)
+AUTO_SHAPE = dispatch.AUTO_SHAPE
 
 
 def auto_spec():
-    """What ``kernels.get("auto")`` returns: the tuned choice for AUTO_SHAPE on this GPU."""
-    return select(*AUTO_SHAPE)
+    """What ``get_kernel("auto")`` returns: the choice for AUTO_SHAPE on this GPU."""
+    return dispatch.select(*AUTO_SHAPE)
 
 
 # --------------------------------------------------------------------------
@@ -377,14 +237,12 @@ def compiled_resources(spec) -> dict:
 
 def time_spec(spec, A, B, C, reps: int = 10, warmup: int = 2) -> float:
     """Median milliseconds of one launch (the benchmark harness's timing; GPU only)."""
-    from gemmlib.api import launch
-    from gemmlib.backend import cuda
     from gemmlib.bench import time_fn
 
     M, K = A.shape
     N = B.shape[1]
-    a, b, c = (cuda.as_cuda_array(x, sync=False) for x in (A, B, C))
-    return time_fn(lambda: launch(spec, a, b, c, M, N, K), reps, warmup).median
+    p = dispatch.warm(spec, M, N, K)
+    return time_fn(lambda: dispatch.launch(p, A, B, C, M, N, K), reps, warmup).median
 
 
 def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, limit: int = 24,

@@ -34,37 +34,13 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from gemmlib.spec import Access  # noqa: F401  (re-exported)
+
 BANKS = 32
 WARP = 32
 
 
-@dataclass(frozen=True)
-class Access:
-    """One shared-memory instruction of a kernel, as seen by each thread.
-
-    ``where(tid)`` gives the (row, column) of the first element thread ``tid``
-    touches in the 2-D shared array whose rows are ``row_stride`` words apart
-    (padding included); ``width`` is how many consecutive words one thread moves
-    (1 for a float, 4 for a float4).  ``address`` may replace the row-major
-    rule (e.g. for a swizzled layout): it maps (row, col) to a word address.
-    """
-
-    array: str
-    op: str  # "load" or "store"
-    row_stride: int
-    where: Callable[[int], tuple[int, int]]
-    width: int = 1
-    label: str = ""
-    address: Callable[[int, int], int] | None = None
-    #: how many times each warp executes this instruction per k-tile (for predict())
-    count: int = 1
-
-    def words(self, tid: int) -> list[int]:
-        r, c = self.where(tid)
-        base = self.address(r, c) if self.address else r * self.row_stride + c
-        return [base + e for e in range(self.width)]
-
-
+# Access lives in gemmlib.spec (a rung declares its accesses there, below this module).
 @dataclass(frozen=True)
 class Result:
     access: Access

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gemmlib import backend
-from gemmlib.api import launch, matmul
+from gemmlib import backend, dispatch
+from gemmlib.api import matmul
 from gemmlib.kernels import LADDER, get as get_kernel
 from gemmlib.verify import tolerance
 
@@ -311,9 +311,7 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
 def _spec(name: str, M: int, N: int, K: int):
     """The spec a bench row runs: a rung by name, or "auto"'s choice for this shape."""
     if name == "auto":
-        from gemmlib.autotune import select
-
-        return select(M, N, K)
+        return dispatch.select(M, N, K)
     return get_kernel(name)
 
 

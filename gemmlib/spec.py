@@ -119,6 +119,18 @@ class KernelSpec:
     #: plain-Python index functions the kernel itself calls (for figures)
     index: Mapping[str, Callable] = field(default_factory=dict)
     module: str = ""
+    #: Split-K specs only: when the grid has Z > 1 blocks along z, the kernel writes Z
+    #: partial products into a (Z*M, N) workspace and ``reduce_kernel(W, C)`` adds them,
+    #: launched with ``reduce_block`` threads (see gemmlib.kernels.split_k).
+    reduce_kernel: object = None
+    reduce_block: tuple[int, int, int] = (32, 8, 1)
+    #: params that only change the launch (the grid), not the compiled code
+    launch_only: tuple[str, ...] = ()
+
+    @property
+    def code_params(self) -> dict:
+        """The params that determine the compiled kernel (for compile caches)."""
+        return {k: v for k, v in self.params.items() if k not in self.launch_only}
 
     @property
     def k_tile(self) -> int:
@@ -165,3 +177,30 @@ class KernelSpec:
         if name == "grid size":
             return f"grid {self.launch(M, N, K).grid} exceeds {dev.max_grid}"
         return f"M={M}, N={N}, K={K}, params={dict(self.params)}"
+
+
+@dataclass(frozen=True)
+class Access:
+    """One shared-memory instruction of a kernel, as seen by each thread.
+
+    ``where(tid)`` gives the (row, column) of the first element thread ``tid``
+    touches in the 2-D shared array whose rows are ``row_stride`` words apart
+    (padding included); ``width`` is how many consecutive words one thread moves
+    (1 for a float, 4 for a float4).  ``address`` may replace the row-major
+    rule (e.g. for a swizzled layout): it maps (row, col) to a word address.
+    """
+
+    array: str
+    op: str  # "load" or "store"
+    row_stride: int
+    where: Callable[[int], tuple[int, int]]
+    width: int = 1
+    label: str = ""
+    address: Callable[[int, int], int] | None = None
+    #: how many times each warp executes this instruction per k-tile (for predict())
+    count: int = 1
+
+    def words(self, tid: int) -> list[int]:
+        r, c = self.where(tid)
+        base = self.address(r, c) if self.address else r * self.row_stride + c
+        return [base + e for e in range(self.width)]

@@ -15,7 +15,7 @@ import numpy as np
 
 from gemmlib import backend
 from gemmlib.api import matmul
-from gemmlib.kernels import get as get_kernel
+from gemmlib.dispatch import get_spec as get_kernel
 
 #: Unit roundoff of each precision: the tolerance scales with it.
 EPS = {"float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.float64).eps)}

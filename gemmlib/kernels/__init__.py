@@ -25,22 +25,18 @@ LADDER: tuple[str, ...] = (
     "layout_nt",
     "async_copy",
     "double_buffer",
+    "split_k",
 )
 
 
 def get(name: str) -> KernelSpec:
     """The default spec of the rung called ``name``.
 
-    ``"auto"`` is the fastest configuration the autotuner recorded for this GPU
-    (see :mod:`gemmlib.autotune`); without tuning data, or in the simulator, it
-    is the warptile rung's default.
+    The registry knows rungs only: ``"auto"`` (the choice per shape) is
+    resolved a layer up, by :func:`gemmlib.dispatch.get_spec`.
     """
     if isinstance(name, KernelSpec):
         return name
-    if name == "auto":
-        from gemmlib.autotune import auto_spec
-
-        return auto_spec()
     if name not in LADDER:
         raise KeyError(f"unknown kernel {name!r}; known kernels: {', '.join(LADDER)}")
     return importlib.import_module(f"{__name__}.{name}").SPEC

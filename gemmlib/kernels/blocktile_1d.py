@@ -133,7 +133,7 @@ def build(BM: int = 64, BN: int = 64, BK: int = 8, TM: int = 8) -> KernelSpec:
 
 def accesses(spec):
     """The shared-memory access patterns of ``spec`` for gemmlib.banks (one per instruction)."""
-    from gemmlib.banks import Access
+    from gemmlib.spec import Access
 
     p, ix = spec.params, spec.index
     BM, BN, BK, TM = p["BM"], p["BN"], p["BK"], p["TM"]

@@ -246,7 +246,7 @@ def accesses(spec):
     """Shared-memory access patterns of ``spec`` for gemmlib.banks, from the layouts'
     own index functions (shared arrays are 1-D: each word address is a layout offset).
     Also used by ``async_copy`` and ``double_buffer``, whose layouts are these."""
-    from gemmlib.banks import Access
+    from gemmlib.spec import Access
 
     ix, p, nt = spec.index, spec.params, spec.threads
     at = lambda name: (lambda t: (ix[name](t, 0, 0), 0))  # noqa: E731

@@ -246,7 +246,7 @@ def build(BM: int = 128, BN: int = 128, BK: int = 16, TM: int = 8, TN: int = 8,
 
 def accesses(spec):
     """Shared-memory access patterns of ``spec`` for gemmlib.banks (one per instruction)."""
-    from gemmlib.banks import Access
+    from gemmlib.spec import Access
 
     p, ix = spec.params, spec.index
     sa_cols = p["BM"] + p["PAD"]

@@ -121,7 +121,15 @@ DEFAULTS = {"BM": 256, "BN": 128, "BK": 16, "WM": 64, "WN": 64, "WNITER": 2, "TM
 def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS["BK"],
           WM: int = DEFAULTS["WM"], WN: int = DEFAULTS["WN"], WNITER: int = DEFAULTS["WNITER"],
           TM: int = DEFAULTS["TM"], TN: int = DEFAULTS["TN"], PAD: int = DEFAULTS["PAD"],
-          SWIZZLE: bool = True, max_registers: int | None = None) -> KernelSpec:
+          SWIZZLE: bool = True, max_registers: int | None = None,
+          SPLIT_K: bool = False) -> KernelSpec:
+    """A warptile spec for these tile parameters.
+
+    ``SPLIT_K`` compiles the split-K variant used by :mod:`gemmlib.kernels.split_k`:
+    block z of a grid with Z blocks along z sums only its slice of the k-tiles and
+    writes its partial product to rows ``z*M .. z*M + M-1`` of C (a workspace of
+    Z*M rows).  It is a compile-time switch: the plain rung's code is unchanged.
+    """
     params = {"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "WNITER": WNITER,
               "TM": TM, "TN": TN, "PAD": PAD}
     if not SWIZZLE:
@@ -147,6 +155,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     SWIZZLE_ = bool(SWIZZLE)
     RPW = max(32 // BK4, 1)  # rows of A one warp copies per pass
     SWZ_MASK = min(32, BM) - 1
+    SPLIT_K_ = bool(SPLIT_K)
 
     def swz(k):
         """Column XOR-ed into row k (0 <= k < BK) of a sAT buffer: constant over 4 rows."""
@@ -274,13 +283,21 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
             acc[i] = float32(0.0)
 
         ntiles = (K + BK - 1) // BK
-        fetch_a(A, ra, tid, m0, 0, a_vec)
-        fetch_b(B, rb, tid, 0, n0, b_vec)
+        t0 = 0  # this block sums k-tiles t0 .. t1-1 ...
+        t1 = ntiles
+        crow = 0  # ... into rows crow .. crow+M-1 of C
+        if SPLIT_K_:  # a compile-time constant: the plain rung has no such branch
+            per = (ntiles + cuda.gridDim.z - 1) // cuda.gridDim.z
+            t0 = cuda.blockIdx.z * per
+            t1 = min(ntiles, t0 + per)
+            crow = cuda.blockIdx.z * M
+        fetch_a(A, ra, tid, m0, t0 * BK, a_vec)
+        fetch_b(B, rb, tid, t0 * BK, n0, b_vec)
         stage(sAT, sB, ra, rb, tid, 0)
         cuda.syncthreads()
-        for t in range(ntiles):
-            boff = (t % 2) * BK
-            more = t + 1 < ntiles
+        for t in range(t0, t1):
+            boff = ((t - t0) % 2) * BK
+            more = t + 1 < t1
             if more:  # issue the next tile's global loads now; use them after the FMAs
                 fetch_a(A, ra, tid, m0, (t + 1) * BK, a_vec)
                 fetch_b(B, rb, tid, (t + 1) * BK, n0, b_vec)
@@ -305,7 +322,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
             for ri in range(FM):
                 gr = m0 + row0 + (ri // TM) * WSUBM + ri % TM
                 if gr < M:
-                    store_row_vec(C, acc, ri, gr, gcol0, N)
+                    store_row_vec(C, acc, ri, crow + gr, gcol0, N)
         else:
             for ri in range(FM):
                 gr = m0 + row0 + (ri // TM) * WSUBM + ri % TM
@@ -313,7 +330,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
                     for cj in range(FN):
                         gc = gcol0 + (cj // TN) * WSUBN + cj % TN
                         if gc < N:
-                            C[uidx(gr), uidx(gc)] = acc[ri * FN + cj]
+                            C[uidx(crow + gr), uidx(gc)] = acc[ri * FN + cj]
 
     # max_registers caps registers per thread (like __launch_bounds__); the simulator has no
     # such option, and there it would mean nothing anyway.
@@ -327,6 +344,8 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     name = "warptile" if default else (
         f"warptile_{BM}x{BN}x{BK}_w{WM}x{WN}n{WNITER}_t{TM}x{TN}_p{PAD}"
         + ("" if SWIZZLE_ else "_noswz") + (f"_r{max_registers}" if max_registers else ""))
+    if SPLIT_K_:
+        name += "_splitk"
     return KernelSpec(
         name=name,
         chapter="09-warp-tiling",
@@ -349,7 +368,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
 
 def accesses(spec):
     """Shared-memory access patterns of ``spec`` for gemmlib.banks (one per instruction)."""
-    from gemmlib.banks import Access
+    from gemmlib.spec import Access
 
     p, ix = spec.params, spec.index
     sa_cols = p["BM"] + p["PAD"]

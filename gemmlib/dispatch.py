@@ -1,0 +1,551 @@
+"""The dispatch layer: which kernel runs a problem, compiled once, launched cheaply.
+
+It sits between the rung registry (:mod:`gemmlib.kernels`, which knows
+rungs only) and the public call (:func:`gemmlib.matmul`), and does four
+things:
+
+**Build once.**  :func:`build` returns one :class:`~gemmlib.spec.KernelSpec`
+per (rung, parameters) for the life of the process.  A rung's ``build()``
+makes fresh closures and a fresh ``cuda.jit`` kernel, and numba compiles per
+kernel object, so handing out the same spec is what makes a kernel compile
+once (thread-safe: a lock guards the table).
+
+**Choose per shape** (``kernel="auto"``).  :func:`select` is the one place
+the choice is made:
+
+1. the tile: the warptile configuration tuned for the shape's class on this
+   GPU (:mod:`gemmlib.tuning`; the nearest tuned class when the shape's own
+   was not tuned; the rung's default without data, in the simulator, or when
+   the tuned tile breaks a constraint).  Tuning data is how small problems get
+   small tiles: a 1024^2 output in 256 x 128 tiles is 32 blocks for 132 SMs;
+2. the slices of K: the count tuned for the shape's own class if there is
+   one, else :func:`gemmlib.kernels.split_k.splits_for`'s cost model (waves of
+   blocks x k-tiles per slice, plus the workspace traffic of the reduction);
+3. one slice: the warptile spec; several: the split-K spec with that count.
+
+**Compile once, across processes.**  On a GPU the kernel's machine code
+(cubin) comes from an on-disk cache (:mod:`gemmlib.diskcache`, under
+``$GEMMLIB_CACHE`` or ``~/.cache/gemmlib/kernels``) keyed by the kernels'
+source, the parameters, the compute capability and the versions of
+gemmlib, numba and numba-cuda; on a miss numba compiles it and the entry is
+stored.  A damaged entry is detected (checksum) and rebuilt.  numba's own
+``cache=True`` is not used: it keys closures by pickling their contents and
+raises on a truncated index file.
+
+**Launch near the floor.**  Per call, numba's dispatcher types every
+argument and wraps each CuPy array in a numba device array (tens of
+microseconds).  Here that work is done once per (kernel, shape): a
+:class:`Plan` holds the launch geometry and the constraint check, and
+:func:`run` packs the three arrays' pointers, shapes and strides into the
+kernel's parameter layout (numba's array ABI: meminfo, parent, size,
+itemsize, data, shape, strides -- 9 eight-byte words for a 2-D array) and
+calls the driver's ``cuLaunchKernel`` once.  In the simulator kernels are
+launched through numba as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib
+import json
+import struct
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from gemmlib import backend, diskcache, tuning
+from gemmlib._version import __version__
+from gemmlib.backend import SIMULATOR, cuda
+from gemmlib.kernels import get as get_rung
+from gemmlib.spec import KernelSpec, cdiv
+
+AUTO = "auto"
+#: The rung "auto" tunes and picks configurations of (split-K is a mode of it).
+AUTO_RUNG = "warptile"
+SPLIT_RUNG = "split_k"
+#: The shape "auto" stands for when no shape is known (``get_spec("auto")``).
+AUTO_SHAPE = (4096, 4096, 4096)
+
+#: Counters: ``builds`` (kernel objects made), ``compiles`` (numba -> machine code),
+#: ``disk_hits`` / ``disk_misses`` / ``disk_rejects`` (damaged entries), ``loads``
+#: (modules loaded into a context), ``plans`` (launch plans made).
+STATS = dict(builds=0, compiles=0, disk_hits=0, disk_misses=0, disk_rejects=0, loads=0,
+             plans=0)
+_LOCK = threading.RLock()
+
+
+def cache_info() -> dict:
+    """A copy of the counters (tests and the chapter use them to count compilations)."""
+    return dict(STATS)
+
+
+def clear_memory_caches() -> None:
+    """Forget specs, choices, plans and loaded kernels (not the disk cache)."""
+    with _LOCK:
+        _SPECS.clear()
+        _CHOICES.clear()
+        _PLANS.clear()
+        _COMPILED.clear()
+        _KEEP.clear()
+
+
+# --------------------------------------------------------------------------
+# 1. Specs, built once
+
+
+_SPECS: dict = {}
+
+
+def build(rung: str, params: dict | None = None) -> KernelSpec:
+    """The spec of ``rung`` with ``params`` (its default when empty): one object per process."""
+    key = (rung, tuple(sorted((params or {}).items())))
+    spec = _SPECS.get(key)
+    if spec is not None:
+        return spec
+    with _LOCK:
+        spec = _SPECS.get(key)
+        if spec is None:
+            default = get_rung(rung)
+            if not params or dict(params) == dict(default.params):
+                spec = default
+            else:
+                spec = importlib.import_module(f"gemmlib.kernels.{rung}").build(**params)
+                STATS["builds"] += 1
+            _SPECS[key] = spec
+    return spec
+
+
+def get_spec(kernel) -> KernelSpec:
+    """A rung name, ``"auto"`` (its choice for AUTO_SHAPE) or a KernelSpec, as a spec."""
+    if isinstance(kernel, KernelSpec):
+        return kernel
+    if kernel == AUTO:
+        return select(*AUTO_SHAPE)
+    return get_rung(kernel)
+
+
+# --------------------------------------------------------------------------
+# 2. The choice per shape
+
+
+class _LRU(OrderedDict):
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def put(self, key, value):
+        with _LOCK:
+            self[key] = value
+            if len(self) > self.size:
+                self.popitem(last=False)
+        return value
+
+
+_CHOICES = _LRU(4096)
+
+
+def resident_blocks(spec: KernelSpec, dev, registers: int | None = None) -> int:
+    """Blocks of ``spec`` one SM holds at once (registers, shared memory, threads)."""
+    if registers is None:  # the rung's own estimate: accumulators + fragments + staging + ~30
+        p = spec.params
+        per = (p.get("BM", 64) * p.get("BN", 64)) // max(spec.threads, 1)
+        registers = min(255, per + 2 * int(per ** 0.5) + 60)
+    regs = -(-registers // 8) * 8 * spec.threads
+    by_regs = dev.registers_per_sm // max(regs, 1)
+    by_smem = dev.max_shared_per_sm // max(spec.shared_bytes + 1024, 1)
+    by_threads = dev.max_threads_per_sm // max(spec.threads, 1)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
+def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
+    """What ``kernel="auto"`` runs for (M, N, K) on this GPU (see the module docstring)."""
+    key = (M, N, K, slug)
+    spec = _CHOICES.get(key)
+    if spec is not None:
+        return spec
+    dev = backend.device_info()
+    entry = tuning.best_entry(M, N, K, AUTO_RUNG, slug)
+    tile = build(AUTO_RUNG, entry["params"] if entry else None)
+    if tile.failed_constraints(M, N, K, dev):
+        tile, entry = build(AUTO_RUNG), None
+    if entry and entry.get("exact") and "splits" in entry:
+        splits = int(entry["splits"])
+    else:
+        from gemmlib.kernels.split_k import splits_for
+
+        p = tile.params
+        splits = splits_for(M, N, K, p["BM"], p["BN"], p["BK"], dev,
+                            resident_blocks(tile, dev, _known_registers(tile)))
+    spec = tile
+    if splits > 1:
+        spec = build(SPLIT_RUNG, dict(tile.params, SPLITS=splits))
+        if spec.failed_constraints(M, N, K, dev):
+            spec = tile
+    return _CHOICES.put(key, spec)
+
+
+def _known_registers(spec) -> int | None:
+    """Registers per thread if this kernel has been compiled in this process."""
+    c = _COMPILED.get(id(spec.kernel))
+    return c.registers if c is not None else None
+
+
+# --------------------------------------------------------------------------
+# 3. Plans: everything about a launch that depends only on (spec, M, N, K)
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: KernelSpec
+    M: int
+    N: int
+    K: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    #: K slices (grid z); > 1 only for split-K specs, which then need a workspace
+    splits: int = 1
+
+    @property
+    def reduce_grid(self) -> tuple[int, int, int]:
+        bx, by, _ = self.spec.reduce_block
+        return (cdiv(self.N, bx), cdiv(self.M, by), 1)
+
+
+_PLANS = _LRU(4096)
+
+
+def plan(kernel, M: int, N: int, K: int) -> Plan:
+    """The launch plan of ``kernel`` (rung name, "auto" or spec) for (M, N, K).
+
+    Checks the spec's constraints on this device (``ConstraintError`` naming
+    the one that fails); memoised, so a repeated shape costs a dict lookup.
+    """
+    key = (kernel if isinstance(kernel, str) else id(kernel), M, N, K)
+    p = _PLANS.get(key)
+    if p is not None and (isinstance(kernel, str) or p.spec is kernel):
+        return p
+    spec = select(M, N, K) if kernel == AUTO else get_spec(kernel)
+    dev = backend.device_info()
+    spec.check(M, N, K, dev)
+    geo = spec.launch(M, N, K)
+    splits = geo.grid[2] if spec.reduce_kernel is not None else 1
+    STATS["plans"] += 1
+    return _PLANS.put(key, Plan(spec, M, N, K, geo.grid, geo.block, geo.dynamic_shared_bytes,
+                                splits))
+
+
+# --------------------------------------------------------------------------
+# 4. Compiled kernels: the disk cache, the driver, the launch
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$GEMMLIB_CACHE/kernels`` or ``~/.cache/gemmlib/kernels``."""
+    return tuning.cache_root() / "kernels"
+
+
+_SOURCE_FILES = ("kernels/*.py", "intrinsics/*.py", "spec.py", "layout.py", "backend.py")
+
+
+@lru_cache(maxsize=None)
+def source_digest() -> str:
+    """SHA-256 over the source every kernel is compiled from: any edit makes new keys."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for pattern in _SOURCE_FILES:
+        for path in sorted(root.glob(pattern)):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def cache_key(module: str, kernel_name: str, params: dict, cc, signature: str) -> str:
+    """The disk-cache key of one compiled kernel (hex SHA-256)."""
+    fields = {"module": module, "kernel": kernel_name,
+              "params": sorted((k, repr(v)) for k, v in params.items()),
+              "cc": list(cc), "signature": signature, "source": source_digest(),
+              "gemmlib": __version__, "numba": _dist_version("numba"),
+              "numba_cuda": _dist_version("numba-cuda"), "format": 1}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed (the message names the call and the error)."""
+
+
+class _Driver:
+    """The few driver entry points the launch path needs, called through ctypes."""
+
+    FUNC_ATTR = {"max_threads": 0, "shared_bytes": 1, "const_bytes": 2, "local_bytes": 3,
+                 "registers": 4}
+    MAX_DYNAMIC_SHARED = 8
+
+    def __init__(self):
+        name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+        lib = ctypes.CDLL(name)
+        P, vp, ci, cu = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
+
+        def fn(symbol, *argtypes):
+            f = getattr(lib, symbol)
+            f.argtypes, f.restype = list(argtypes), ci
+            return f
+
+        self.ctx_get_current = fn("cuCtxGetCurrent", P(vp))
+        self.module_load_data = fn("cuModuleLoadData", P(vp), ctypes.c_char_p)
+        self.module_get_function = fn("cuModuleGetFunction", P(vp), vp, ctypes.c_char_p)
+        self.func_get_attribute = fn("cuFuncGetAttribute", P(ci), ci, vp)
+        self.func_set_attribute = fn("cuFuncSetAttribute", vp, ci, ci)
+        self.launch_kernel = fn("cuLaunchKernel", vp, cu, cu, cu, cu, cu, cu, cu, vp, vp, vp)
+        self._error_name = fn("cuGetErrorName", ci, P(ctypes.c_char_p))
+
+    def check(self, rc: int, what: str) -> None:
+        if rc:
+            name = ctypes.c_char_p()
+            self._error_name(rc, ctypes.byref(name))
+            raise CudaError(f"{what} failed: {(name.value or b'?').decode()} ({rc})")
+
+    def current_context(self) -> int:
+        ctx = ctypes.c_void_p()
+        self.check(self.ctx_get_current(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:  # a thread that has not touched CUDA yet: use the primary context
+            cuda.current_context()
+            self.check(self.ctx_get_current(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        return ctx.value
+
+
+@lru_cache(maxsize=None)
+def driver() -> _Driver:
+    return _Driver()
+
+
+class Compiled:
+    """One kernel's machine code and its loaded function per CUDA context."""
+
+    def __init__(self, cubin: bytes, entry: str, source: str):
+        self.cubin, self.entry, self.source = cubin, entry, source  # source: "disk" | "compiled"
+        self.registers = self.local_bytes = self.static_shared_bytes = None
+        self._functions: dict[int, int] = {}
+        self._modules: list = []  # keeps module handles alive with this object
+
+    def function(self, ctx: int, dynamic_shared: int = 0) -> int:
+        f = self._functions.get(ctx)
+        if f is not None:
+            return f
+        with _LOCK:
+            f = self._functions.get(ctx)
+            if f is None:
+                f = self._load(dynamic_shared)
+                self._functions[ctx] = f
+        return f
+
+    def _load(self, dynamic_shared: int) -> int:
+        drv = driver()
+        mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        drv.check(drv.module_load_data(ctypes.byref(mod), self.cubin), "cuModuleLoadData")
+        drv.check(drv.module_get_function(ctypes.byref(fn), mod, self.entry.encode()),
+                  "cuModuleGetFunction")
+        if dynamic_shared > 48 * 1024:
+            drv.check(drv.func_set_attribute(fn, drv.MAX_DYNAMIC_SHARED, dynamic_shared),
+                      "cuFuncSetAttribute")
+        self._modules.append(mod)
+        out = ctypes.c_int()
+        for attr, field in (("registers", "registers"), ("local_bytes", "local_bytes"),
+                            ("shared_bytes", "static_shared_bytes")):
+            drv.check(drv.func_get_attribute(ctypes.byref(out), drv.FUNC_ATTR[attr], fn),
+                      "cuFuncGetAttribute")
+            setattr(self, field, out.value)
+        STATS["loads"] += 1
+        return fn.value
+
+
+_COMPILED: dict[int, Compiled] = {}  # id(numba kernel) -> Compiled (the kernel is kept alive)
+_KEEP: dict[int, object] = {}
+
+
+def _signature(dtype: str, nargs: int):
+    from numba import types
+
+    elem = getattr(types, dtype)[:, ::1]
+    return (elem,) * nargs
+
+
+def compiled(kernel, *, module: str, params: dict, dtype: str = "float32",
+             nargs: int = 3) -> Compiled:
+    """The machine code of numba kernel ``kernel``: memory, then disk, then numba (GPU only)."""
+    c = _COMPILED.get(id(kernel))
+    if c is not None:
+        return c
+    with _LOCK:
+        c = _COMPILED.get(id(kernel))
+        if c is None:
+            c = _compile(kernel, module, params, dtype, nargs)
+            _COMPILED[id(kernel)] = c
+            _KEEP[id(kernel)] = kernel  # the id stays this kernel's while the entry lives
+    return c
+
+
+def _compile(kernel, module, params, dtype, nargs) -> Compiled:
+    cc = backend.device_info().compute_capability
+    sig = _signature(dtype, nargs)
+    name = getattr(kernel, "py_func", kernel).__qualname__
+    key = cache_key(module, name, params, cc, str(sig))
+    hit = diskcache.load(cache_dir(), key)
+    if hit is not None:
+        cubin, meta = hit
+        if meta.get("key") == key and meta.get("entry"):
+            STATS["disk_hits"] += 1
+            return Compiled(cubin, meta["entry"], "disk")
+        diskcache.discard(cache_dir(), key)
+        STATS["disk_rejects"] += 1
+    elif diskcache.entry_path(cache_dir(), key).exists():
+        STATS["disk_rejects"] += 1
+    else:
+        STATS["disk_misses"] += 1
+    k = kernel.compile(sig)  # numba: Python -> PTX -> cubin, for this device
+    STATS["compiles"] += 1
+    lib = k._codelibrary
+    if getattr(lib, "_setup_functions", None):  # e.g. numba's runtime (NRT): not ours to init
+        raise CudaError(f"{name} needs numba's module set-up; gemmlib kernels must not")
+    cubin = bytes(lib.get_cubin(cc=cc))
+    diskcache.store(cache_dir(), key, cubin, {"key": key, "entry": k.entry_name,
+                                              "kernel": name, "module": module,
+                                              "params": {k_: repr(v) for k_, v in params.items()},
+                                              "cc": list(cc)})
+    return Compiled(cubin, k.entry_name, "compiled")
+
+
+def compiled_spec(spec: KernelSpec) -> Compiled:
+    """The main kernel of ``spec``, compiled (or read from the cache) for this GPU."""
+    return compiled(spec.kernel, module=spec.module, params=spec.code_params, dtype=spec.dtype)
+
+
+def _compiled_reduce(spec: KernelSpec) -> Compiled:
+    return compiled(spec.reduce_kernel, module=spec.module, params={}, dtype=spec.dtype, nargs=2)
+
+
+# Kernel parameters: numba passes a 2-D array as 9 eight-byte words.
+_WORDS = 9
+_TLS = threading.local()
+
+
+def _params(n_arrays: int):
+    """This thread's parameter block: (values buffer, address of the pointer array)."""
+    bufs = getattr(_TLS, "bufs", None)
+    if bufs is None:
+        bufs = _TLS.bufs = {}
+    b = bufs.get(n_arrays)
+    if b is None:
+        n = _WORDS * n_arrays
+        values = (ctypes.c_int64 * n)()
+        base = ctypes.addressof(values)
+        pointers = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+        b = bufs[n_arrays] = (values, ctypes.addressof(pointers), pointers,
+                              struct.Struct(f"<{n}q"))
+    return b
+
+
+def _launch(fn: int, grid, block, shared: int, stream: int, arrays, itemsize: int) -> None:
+    """cuLaunchKernel with ``arrays`` = ((ptr, rows, cols), ...) in numba's array layout."""
+    values, pointers, _keep, packer = _params(len(arrays))
+    words = []
+    for ptr, rows, cols in arrays:
+        words += (0, 0, rows * cols, itemsize, ptr, rows, cols, cols * itemsize, itemsize)
+    packer.pack_into(values, 0, *words)
+    drv = driver()
+    drv.check(drv.launch_kernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                                shared, stream, pointers, None), "cuLaunchKernel")
+
+
+def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
+    """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
+
+    B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
+    :func:`gemmlib.matmul` makes them first.
+    """
+    spec, M, N, K = p.spec, p.M, p.N, p.K
+    ctx = driver().current_context()
+    item = np.dtype(spec.dtype).itemsize
+    b_shape = (N, K) if spec.b_operand == "NK" else (K, N)
+    fn = compiled_spec(spec).function(ctx, p.shared_bytes)
+    if p.splits <= 1:
+        _launch(fn, p.grid, p.block, p.shared_bytes, stream,
+                ((a_ptr, M, K), (b_ptr, *b_shape), (c_ptr, M, N)), item)
+        return
+    red = _compiled_reduce(spec).function(ctx)
+    W = _workspace(p.splits * M, N, spec.dtype, stream)
+    w_ptr = W.data.ptr
+    _launch(fn, p.grid, p.block, p.shared_bytes, stream,
+            ((a_ptr, M, K), (b_ptr, *b_shape), (w_ptr, p.splits * M, N)), item)
+    _launch(red, p.reduce_grid, spec.reduce_block, 0, stream,
+            ((w_ptr, p.splits * M, N), (c_ptr, M, N)), item)
+    # W goes back to CuPy's pool when dropped; the pool hands it out again only to
+    # work on the same stream, which runs after these two kernels.
+
+
+def _workspace(rows: int, cols: int, dtype, stream: int):
+    """A (rows, cols) scratch array allocated on ``stream`` (CuPy's pool is stream-ordered)."""
+    cp = backend.array_module()
+    if stream == cp.cuda.get_current_stream().ptr:
+        return cp.empty((rows, cols), dtype=dtype)
+    with cp.cuda.ExternalStream(stream):
+        return cp.empty((rows, cols), dtype=dtype)
+
+
+# --------------------------------------------------------------------------
+# Launching on arrays (the simulator, and callers that hold arrays)
+
+
+def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None) -> None:
+    """Launch on arrays the kernel can take as they are (no checks).
+
+    On a GPU: any arrays with ``__cuda_array_interface__`` (CuPy, numba), through
+    :func:`run`.  In the simulator: numba's launch, with the split-K workspace
+    and reduction done the same way.
+    """
+    p = spec_or_plan if isinstance(spec_or_plan, Plan) else plan(spec_or_plan, M, N, K)
+    if not SIMULATOR:
+        ptr = [x.__cuda_array_interface__["data"][0] for x in (A, B, C)]
+        run(p, *ptr, stream=stream_handle(stream))
+        return
+    spec = p.spec
+    s = backend.kernel_stream(stream)
+    if p.splits <= 1:
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C)
+        return
+    W = np.empty((p.splits * M, N), dtype=spec.dtype)
+    spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
+    spec.reduce_kernel[p.reduce_grid, spec.reduce_block, s](W, C)
+
+
+def stream_handle(stream=None) -> int:
+    """The raw CUstream of a CuPy or numba stream (None: CuPy's current stream)."""
+    if stream is None:
+        return backend.array_module().cuda.get_current_stream().ptr
+    if hasattr(stream, "ptr"):  # CuPy
+        return int(stream.ptr)
+    return int(stream)  # numba streams convert to their handle
+
+
+def warm(kernel, M: int, N: int, K: int) -> Plan:
+    """Make the plan and load its kernels now (compiling them if the cache misses)."""
+    p = plan(kernel, M, N, K)
+    if not SIMULATOR:
+        ctx = driver().current_context()
+        compiled_spec(p.spec).function(ctx, p.shared_bytes)
+        if p.splits > 1:
+            _compiled_reduce(p.spec).function(ctx)
+    return p
+
