@@ -113,6 +113,18 @@ CLASSICS = {"warptile": [
 ]}
 
 
+#: The tiles the split-K tuning pairs with slice counts (``scripts/tune.py --candidates split``):
+#: the default, the square 128 x 128, the small tiles tuned for 1024^2 outputs, and 64 x 64.
+SPLIT_TILES = {"warptile": [
+    dict(BM=256, BN=128, BK=16, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),
+    dict(BM=128, BN=256, BK=16, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),
+    dict(BM=128, BN=128, BK=16, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4),
+    dict(BM=64, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=8, TN=4, PAD=4),
+    dict(BM=128, BN=64, BK=16, WM=64, WN=32, WNITER=1, TM=8, TN=8, PAD=4),
+    dict(BM=64, BN=64, BK=16, WM=32, WN=32, WNITER=1, TM=4, TN=8, PAD=0),
+]}
+
+
 def _conflict_free(kernel: str, p: dict) -> bool:
     """True when gemmlib.banks finds no conflict in the inner-loop shared loads."""
     from gemmlib import banks
@@ -188,6 +200,8 @@ class Trial:
     registers: int | None = None
     local_bytes: int | None = None
     shared_bytes: int | None = None
+    #: K slices (split-K); 1 = the plain rung
+    splits: int = 1
 
 
 @dataclass
@@ -206,6 +220,7 @@ class TuneResult:
         lines = []
         for t in sorted(self.trials, key=lambda t: (t.status != "timed", t.ms)):
             p = ",".join(f"{k}={v}" for k, v in t.params.items())
+            p += f" splits={t.splits}" if t.splits > 1 else ""
             if t.status == "timed":
                 pct = 100 * self.cublas_ms / t.ms if self.cublas_ms == self.cublas_ms else math.nan
                 lines.append(f"  {t.ms:8.3f} ms {t.tflops:6.2f} TFLOP/s {pct:5.1f}% cuBLAS "
@@ -223,7 +238,18 @@ def _first(v):
 
 
 def compiled_resources(spec) -> dict:
-    """Registers/thread, local (spill) bytes/thread and shared bytes/block of the compiled kernel."""
+    """Registers/thread, local (spill) bytes/thread and shared bytes/block of the compiled kernel.
+
+    Read from the driver for the kernel the dispatch layer loaded (GPU), else from numba.
+    """
+    if not backend.SIMULATOR:
+        try:
+            c = dispatch.compiled_spec(spec)
+            c.function(dispatch.driver().current_context())
+            return {"registers": c.registers, "local_bytes": c.local_bytes,
+                    "shared_bytes": c.static_shared_bytes}
+        except Exception:
+            pass
     k = spec.kernel
     out = {}
     for key, meth in (("registers", "get_regs_per_thread"), ("local_bytes", "get_local_mem_per_thread"),
@@ -247,12 +273,18 @@ def time_spec(spec, A, B, C, reps: int = 10, warmup: int = 2) -> float:
 
 def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, limit: int = 24,
          reps: int = 10, time_budget_s: float | None = None, save: bool = True,
-         path: Path | None = None, log=print) -> TuneResult:
+         path: Path | None = None, log=print, splits=(1,)) -> TuneResult:
     """Search ``candidates`` (default: :func:`default_candidates`) for ``shape`` on this GPU.
 
-    Rejected candidates never compile.  With ``save``, the best is merged into
-    ``path`` (default: the user cache) under the shape's class.
+    Each candidate tile is tried with every slice count in ``splits`` (1 = the
+    plain rung, S > 1 = the split-K rung with S slices; the slices share one
+    compiled kernel).  Rejected candidates never compile.  With ``save``, the
+    best (tile and slice count) is merged into ``path`` (default: the user
+    cache) under the shape's class.
     """
+    if tuple(splits) != (1,):
+        cands = list(candidates) if candidates is not None else default_candidates(kernel)
+        candidates = [dict(p, SPLITS=S) if S > 1 else dict(p) for p in cands for S in splits]
     M, N, K = shape
     dev = backend.device_info()
     cands = list(candidates) if candidates is not None else default_candidates(kernel)
@@ -277,13 +309,15 @@ def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, lim
     t_start = time.perf_counter()
     timed = 0
     for p in cands:
-        spec = build(kernel, p)
+        S = p.get("SPLITS", 1)
+        p = {k: v for k, v in p.items() if k != "SPLITS"}
+        spec = build(kernel, p) if S == 1 else build("split_k", dict(p, SPLITS=S))
         why = spec.failed_constraints(M, N, K, dev)
         if why:
-            result.trials.append(Trial(p, "rejected", "; ".join(why)))
+            result.trials.append(Trial(p, "rejected", "; ".join(why), splits=S))
             continue
         if timed >= limit or (time_budget_s and time.perf_counter() - t_start > time_budget_s):
-            result.trials.append(Trial(p, "skipped", "search budget spent"))
+            result.trials.append(Trial(p, "skipped", "search budget spent", splits=S))
             continue
         timed += 1
         try:
@@ -292,15 +326,16 @@ def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, lim
             err = backend.relative_error(C, ref)
             res = compiled_resources(spec)
             if not err <= tolerance("float32", K):
-                result.trials.append(Trial(p, "wrong", f"rel. error {err:.2e}", **res))
+                result.trials.append(Trial(p, "wrong", f"rel. error {err:.2e}", splits=S, **res))
                 continue
             ms = time_spec(spec, A, B, C, reps)
-            result.trials.append(Trial(p, "timed", "", ms, 2e-9 * M * N * K / ms, **res))
+            result.trials.append(Trial(p, "timed", "", ms, 2e-9 * M * N * K / ms, splits=S, **res))
             if log:
                 log(f"  {ms:7.3f} ms {100 * result.cublas_ms / ms:5.1f}% regs {res['registers']} "
                     f"local {res['local_bytes']} {spec.name}")
         except Exception as e:  # a compile or launch error is a finding, not a crash
-            result.trials.append(Trial(p, "failed", f"{type(e).__name__}: {e}".splitlines()[0]))
+            result.trials.append(Trial(p, "failed", f"{type(e).__name__}: {e}".splitlines()[0],
+                                       splits=S))
     if save and result.best is not None:
         record(result, path=path)
     return result
@@ -328,7 +363,8 @@ def record(result: TuneResult, path: Path | None = None, slug: str | None = None
         data.update(gpu=dev.name, gpu_slug=slug,
                     compute_capability=f"{dev.compute_capability[0]}.{dev.compute_capability[1]}",
                     sm_count=dev.sm_count)
-        entry = {"params": best.params, "shape": [M, N, K], "ms": round(best.ms, 4),
+        entry = {"params": best.params, "splits": best.splits, "shape": [M, N, K],
+                 "ms": round(best.ms, 4),
                  "tflops": round(best.tflops, 2),
                  "cublas_ms": round(result.cublas_ms, 4),
                  "pct_of_cublas": round(100 * result.cublas_ms / best.ms, 1),

@@ -1,8 +1,18 @@
 """The benchmark harness: honest GPU timings of gemmlib kernels against cuBLAS.
 
+Two timings, each row saying which (``timing``):
+
+* ``"kernel"``: CUDA events around the launch alone (operands checked and the
+  launch planned beforehand) -- what the kernel costs, to explain it;
+* ``"call"``: CUDA events around the public call ``gemmlib.matmul(A, B,
+  out=C)`` as a user makes it, checks, choice of kernel and launch included --
+  what a caller receives.  These rows also carry ``host_us``: the host time of
+  one call (median over back-to-back calls timed on the CPU clock).  cuBLAS is
+  timed the same way, as the call ``cupy.matmul(A, B, out=C)``.
+
 How each number is made:
 
-* CUDA events around the kernel alone, on the stream it runs on;
+* CUDA events, on the stream the work runs on;
 * warm-up launches first (compilation, module load, cuBLAS handle creation);
 * the median of ``reps`` timed runs (at least 10), with the spread
   (interquartile range / median) reported beside it;
@@ -26,6 +36,8 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
+import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -40,7 +52,9 @@ from gemmlib.verify import tolerance
 SQUARES = (128, 256, 512, 1024, 2048, 4096, 8192)
 #: Non-square and odd shapes, (M, N, K): tall, wide, short-K, and off-tile sizes.
 OTHERS = ((8192, 2048, 1024), (1024, 8192, 4096), (4096, 4096, 256),
-          (4095, 3073, 2047), (1999, 2001, 1997))
+          (4095, 3073, 2047), (1999, 2001, 1997),
+          # deep K against a small output (split-K territory), and all-odd
+          (1024, 1024, 8192), (8192, 256, 8192), (777, 1999, 3001), (4095, 4097, 4093))
 SIM_SHAPES = ((16, 16, 16), (33, 17, 9))  # the simulator is ~10^6 times slower
 
 
@@ -92,6 +106,10 @@ class Row:
     pct_of_cublas: float
     rel_error_vs_fp64: float
     note: str = ""
+    #: "kernel": events around the launch alone; "call": around gemmlib.matmul(A, B, out=C)
+    timing: str = "kernel"
+    #: host microseconds per call (call rows; None for kernel rows)
+    host_us: float | None = None
 
 
 @dataclass
@@ -115,22 +133,25 @@ class Result:
         return pj, pc
 
     def table(self) -> str:
-        head = (f"{'kernel':>14} {'M':>6} {'N':>6} {'K':>6} {'ms':>9} {'TFLOP/s':>8} "
-                f"{'cuBLAS':>8} {'%cuBLAS':>8} {'spread':>7}")
+        head = (f"{'kernel':>14} {'timing':>6} {'M':>6} {'N':>6} {'K':>6} {'ms':>9} "
+                f"{'TFLOP/s':>8} {'cuBLAS':>8} {'%cuBLAS':>8} {'spread':>7} {'host us':>8}")
         out = [head]
         for r in self.rows:
-            out.append(f"{r.kernel:>14} {r.M:>6} {r.N:>6} {r.K:>6} {r.median_ms:>9.3f} "
-                       f"{r.tflops:>8.2f} {r.cublas_tflops:>8.2f} {r.pct_of_cublas:>7.1f}% "
-                       f"{100 * r.spread:>6.2f}%{' ' + r.note if r.note else ''}")
+            host = f"{r.host_us:8.1f}" if r.host_us is not None else f"{'':>8}"
+            out.append(f"{r.kernel:>14} {r.timing:>6} {r.M:>6} {r.N:>6} {r.K:>6} "
+                       f"{r.median_ms:>9.3f} {r.tflops:>8.2f} {r.cublas_tflops:>8.2f} "
+                       f"{r.pct_of_cublas:>7.1f}% {100 * r.spread:>6.2f}% {host}"
+                       f"{' ' + r.note if r.note else ''}")
         return "\n".join(out)
 
 
 def _csv(v) -> str:
-    s = f"{v:.6g}" if isinstance(v, float) else str(v)
+    s = f"{v:.6g}" if isinstance(v, float) else "" if v is None else str(v)
     return f'"{s}"' if "," in s else s
 
 
 def load(path) -> Result:
+    """A result file; rows written before ``timing`` existed are kernel timings."""
     data = json.loads(Path(path).read_text())
     return Result(meta=data["meta"], rows=[Row(**r) for r in data["rows"]])
 
@@ -195,12 +216,21 @@ def environment() -> dict:
 
 
 class _Timer:
-    """Times one callable with CUDA events, flushing L2 before every run."""
+    """Times one callable with CUDA events, flushing L2 before every run.
 
-    def __init__(self, flush_l2: bool = True):
+    ``idle_start``: wait for the flush to finish before the start event, so
+    the GPU is idle when the call begins and its host work shows between the
+    events (call timing).  Without it (kernel timing) the host work of the
+    launch overlaps the flush and only the GPU's time is measured.
+    """
+
+    def __init__(self, flush_l2: bool = True, idle_start: bool = False, scratch=None):
         self.cp = backend.array_module()
         l2 = backend.device_info().l2_bytes
-        self.scratch = self.cp.empty(max(2 * l2, 1 << 20) // 4, dtype=np.float32) if flush_l2 else None
+        if scratch is None and flush_l2:
+            scratch = self.cp.empty(max(2 * l2, 1 << 20) // 4, dtype=np.float32)
+        self.scratch = scratch if flush_l2 else None
+        self.idle_start = idle_start
         self.start, self.end = self.cp.cuda.Event(), self.cp.cuda.Event()
 
     def __call__(self, fn, reps: int, warmup: int) -> Timing:
@@ -210,6 +240,8 @@ class _Timer:
         for i in range(reps):
             if self.scratch is not None:
                 self.scratch.fill(i)  # evicts A, B and C from L2
+            if self.idle_start:
+                self.cp.cuda.get_current_stream().synchronize()
             self.start.record()
             fn()
             self.end.record()
@@ -232,12 +264,17 @@ def _reps_for(seconds_per_run: float, reps: int, budget_s: float) -> int:
 
 def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
               budget_s: float = 20.0, flush_l2: bool = True, progress: bool = True,
-              seed: int = 0) -> Result:
+              seed: int = 0, timing: str = "kernel") -> Result:
     """Time every kernel on every shape against cuBLAS; returns a :class:`Result`.
 
+    ``timing`` is ``"kernel"`` (the launch alone), ``"call"`` (the public call
+    ``gemmlib.matmul(A, B, out=C)``, with its host cost) or ``"both"``.
     ``budget_s`` caps the timed seconds per (kernel, shape): slow kernels get
     fewer repetitions, never fewer than 10.
     """
+    if timing not in ("kernel", "call", "both"):
+        raise ValueError(f"timing must be 'kernel', 'call' or 'both', not {timing!r}")
+    modes = ("kernel", "call") if timing == "both" else (timing,)
     # By default every rung, then "auto": what matmul runs when no kernel is named (the
     # tuned configuration for each shape's class), so its row is the library's number.
     names = list(LADDER) + ["auto"] if kernels is None else list(kernels)  # []: cuBLAS alone
@@ -247,10 +284,14 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
     from tqdm import tqdm  # the text bar: tqdm.auto warns in notebooks without ipywidgets
 
     cp = backend.array_module()
-    timer = _Timer(flush_l2)
+    kernel_timer = _Timer(flush_l2)
+    call_timer = _Timer(flush_l2, idle_start=True, scratch=kernel_timer.scratch)
+    timers = {"kernel": kernel_timer, "call": call_timer}
     result = Result(meta=environment())
-    result.meta.update(reps_requested=reps, warmup=warmup, flush_l2=flush_l2, budget_s=budget_s)
-    bar = tqdm(total=len(shapes) * (len(names) + 1), disable=not progress, desc="bench")
+    result.meta.update(reps_requested=reps, warmup=warmup, flush_l2=flush_l2, budget_s=budget_s,
+                       timing=timing)
+    bar = tqdm(total=len(shapes) * (len(modes) * len(names) + 1), disable=not progress,
+               desc="bench")
     for (M, N, K) in shapes:
         A = backend.random_matrix((M, K), np.float32, seed)
         B = backend.random_matrix((K, N), np.float32, seed + 1)
@@ -260,52 +301,90 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
         flops = 2.0 * M * N * K
 
         bar.set_postfix_str(f"cuBLAS {M}x{N}x{K}")
-        cub = timer(lambda: cp.matmul(A, B, out=C), reps, warmup)
+        cublas_call = lambda: cp.matmul(A, B, out=C)  # noqa: E731
+        # cuBLAS timed each way the kernels are: events around the launch, and around the call
+        cubs = {mode: timers[mode](cublas_call, reps, warmup) for mode in modes}
+        cub = cubs[modes[0]]
         cublas_err = backend.relative_error(C, ref)
+        cub_host = host_time(cublas_call, reps) if "call" in modes else None
         # Kernels that take B transposed (C = A @ Bt.T) race cuBLAS doing the same.
         cub_nt = cublas_nt_err = None
         if any(_spec(n, M, N, K).b_operand == "NK" for n in names) or not names:
-            cub_nt = timer(lambda: cp.matmul(A, Bt.T, out=C), reps, warmup)
+            cub_nt = kernel_timer(lambda: cp.matmul(A, Bt.T, out=C), reps, warmup)
             cublas_nt_err = backend.relative_error(C, ref)
         bar.update()
-        for name in names:
-            spec = _spec(name, M, N, K)
-            bar.set_postfix_str(f"{name} {M}x{N}x{K}")
-            failed = spec.failed_constraints(M, N, K, backend.device_info())
-            if failed:
-                result.meta.setdefault("skipped", []).append(
-                    {"kernel": name, "shape": [M, N, K], "why": failed})
+        for mode in modes:
+            for name in names:
+                bar.set_postfix_str(f"{name} {mode} {M}x{N}x{K}")
+                row = _measure(name, mode, A, B, Bt, C, ref, M, N, K, timers[mode], reps,
+                               warmup, budget_s, flops, cubs[mode], cub_nt, result)
+                if row is not None:
+                    result.rows.append(row)
                 bar.update()
-                continue
-            nt = spec.b_operand == "NK"
-            Bk = Bt if nt else B
-            C.fill(np.nan)
-            matmul(A, Bk, out=C, kernel=spec, transpose_b=nt)  # compiles; checks operands once
-            err = backend.relative_error(C, ref)
-            if not err <= tolerance(spec.dtype, K):
-                raise AssertionError(f"{name} is wrong at {M}x{N}x{K}: rel. error {err:.2e}")
-            # Launch directly in the timed loop: operands were checked above.
-            from gemmlib.backend import cuda
-
-            a, b, c = (cuda.as_cuda_array(x, sync=False) for x in (A, Bk, C))
-            run = lambda: launch(spec, a, b, c, M, N, K)  # noqa: E731
-            probe = timer(run, 1, 1)
-            n = _reps_for(probe.median / 1e3, reps, budget_s)
-            t = timer(run, n, max(0, warmup - 2))
-            row = _row(name, M, N, K, t, flops, cub_nt if nt else cub, err)
-            if name == "auto":
-                row.note = spec.name  # the configuration chosen for this shape
-            result.rows.append(row)
-            bar.update()
-        result.rows.append(_row("cublas", M, N, K, cub, flops, cub, cublas_err))
-        if cub_nt is not None:
-            result.rows.append(_row("cublas_nt", M, N, K, cub_nt, flops, cub_nt, cublas_nt_err))
+        for mode in modes:
+            result.rows.append(_row("cublas", M, N, K, cubs[mode], flops, cubs[mode], cublas_err,
+                                    timing=mode, host_us=cub_host if mode == "call" else None))
+            if cub_nt is not None:
+                result.rows.append(_row("cublas_nt", M, N, K, cub_nt, flops, cub_nt,
+                                        cublas_nt_err, timing=mode))
         del A, B, Bt, C, ref
         cp.get_default_memory_pool().free_all_blocks()
     bar.close()
     result.meta.update({f"after_smi_{k.replace('.', '_')}": v
                         for k, v in _nvidia_smi("clocks.sm,temperature.gpu").items()})
     return result
+
+
+def _measure(name, mode, A, B, Bt, C, ref, M, N, K, timer, reps, warmup, budget_s, flops,
+             cub, cub_nt, result):
+    """One row: kernel ``name`` on this shape, timed as ``mode``; None when it cannot run."""
+    spec = _spec(name, M, N, K)
+    failed = spec.failed_constraints(M, N, K, backend.device_info())
+    if failed:
+        if mode == "kernel" or "kernel" not in result.meta.get("timing", ""):
+            result.meta.setdefault("skipped", []).append(
+                {"kernel": name, "shape": [M, N, K], "why": failed})
+        return None
+    nt = spec.b_operand == "NK"
+    Bk = Bt if nt else B
+    C.fill(np.nan)
+    kernel = name if name in ("auto",) or mode == "call" else spec
+    matmul(A, Bk, out=C, kernel=kernel, transpose_b=nt)  # compiles; checks operands once
+    err = backend.relative_error(C, ref)
+    if not err <= tolerance(spec.dtype, K):
+        raise AssertionError(f"{name} is wrong at {M}x{N}x{K}: rel. error {err:.2e}")
+    if mode == "kernel":  # the launch alone: operands were checked above
+        p = dispatch.warm(spec, M, N, K)
+        run = lambda: dispatch.launch(p, A, Bk, C, M, N, K)  # noqa: E731
+    else:  # the public call, as a user writes it
+        run = lambda: matmul(A, Bk, out=C, kernel=kernel, transpose_b=nt)  # noqa: E731
+    probe = timer(run, 1, 1)
+    n = _reps_for(probe.median / 1e3, reps, budget_s)
+    t = timer(run, n, max(0, warmup - 2))
+    host = host_time(run, n) if mode == "call" else None
+    row = _row(name, M, N, K, t, flops, cub_nt if nt else cub, err, timing=mode, host_us=host)
+    if name == "auto" or spec.name != name:
+        row.note = spec.name  # the configuration that ran
+    return row
+
+
+def host_time(fn, calls: int = 20, warmup: int = 3) -> float:
+    """Median host microseconds of one ``fn()`` (CPU clock around each call, no sync).
+
+    The calls run back to back, as in a loop of a user's program: the GPU work
+    is queued, not waited for, so this is the time the call keeps the CPU.
+    """
+    cp = backend.array_module()
+    for _ in range(warmup):
+        fn()
+    cp.cuda.runtime.deviceSynchronize()
+    times = []
+    for _ in range(max(calls, 1)):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    cp.cuda.runtime.deviceSynchronize()
+    return statistics.median(times) * 1e6
 
 
 def _spec(name: str, M: int, N: int, K: int):
@@ -315,12 +394,14 @@ def _spec(name: str, M: int, N: int, K: int):
     return get_kernel(name)
 
 
-def _row(name, M, N, K, t: Timing, flops, cub: Timing, err) -> Row:
+def _row(name, M, N, K, t: Timing, flops, cub: Timing, err, timing="kernel",
+         host_us=None) -> Row:
     return Row(kernel=name, M=M, N=N, K=K, median_ms=t.median, p25_ms=t.quantile(0.25),
                p75_ms=t.quantile(0.75), min_ms=min(t.times_ms), max_ms=max(t.times_ms),
                spread=t.spread, reps=len(t.times_ms), tflops=flops / (t.median * 1e-3) / 1e12,
                cublas_median_ms=cub.median, cublas_tflops=flops / (cub.median * 1e-3) / 1e12,
-               pct_of_cublas=100.0 * cub.median / t.median, rel_error_vs_fp64=float(err))
+               pct_of_cublas=100.0 * cub.median / t.median, rel_error_vs_fp64=float(err),
+               timing=timing, host_us=host_us)
 
 
 def _simulated(names, shapes, progress) -> Result:
@@ -339,3 +420,113 @@ def _simulated(names, shapes, progress) -> Result:
             if progress:
                 print(f"  {name:>14} {M}x{N}x{K}: ran, rel. error {chk.rel_error:.1e}")
     return result
+
+
+# --------------------------------------------------------------------------
+# Host cost of a call, step by step
+
+
+_FIRST_CALL = """
+import time
+t0 = time.perf_counter()
+import cupy as cp, gemmlib
+t1 = time.perf_counter()
+A = cp.random.rand({n}, {n}, dtype=cp.float32); B = cp.random.rand({n}, {n}, dtype=cp.float32)
+cp.cuda.runtime.deviceSynchronize()
+t2 = time.perf_counter()
+C = gemmlib.matmul(A, B)
+cp.cuda.runtime.deviceSynchronize()
+t3 = time.perf_counter()
+from gemmlib import dispatch
+print("RESULT", t1 - t0, t3 - t2, dispatch.cache_info()["compiles"])
+"""
+
+
+def first_call(n: int = 512, cache_dir=None) -> dict:
+    """Seconds of the first ``gemmlib.matmul`` in a fresh process: cold cache, then warm.
+
+    Runs two child processes sharing a new, empty kernel cache (``cache_dir``,
+    default a temporary directory): the first compiles, the second finds the
+    kernels on disk.  Importing gemmlib (and numba, CuPy) is timed apart.
+    """
+    import os
+    import tempfile
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GEMMLIB_CACHE=str(cache_dir or tmp))
+        for label in ("cold", "warm"):
+            r = subprocess.run([sys.executable, "-c", _FIRST_CALL.format(n=n)], env=env,
+                               capture_output=True, text=True, timeout=600)
+            line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT")), None)
+            if line is None:
+                raise RuntimeError(f"first-call child failed: {r.stderr[-2000:]}")
+            _, imp, call, compiles = line.split()
+            out[f"{label}_s"] = float(call)
+            out[f"{label}_compiles"] = int(compiles)
+            out["import_s"] = float(imp)
+    return out
+
+
+def host_costs(shape=(64, 64, 64), calls: int = 2000) -> dict:
+    """Where one call's host time goes, measured piece by piece (GPU only).
+
+    ``rows``: whole calls -- cupy.matmul, gemmlib.matmul with and without
+    ``out``, a bare numba launch (numba arrays, CuPy arrays) and the dispatch
+    layer's driver launch alone.  ``steps``: the parts of one
+    ``gemmlib.matmul(A, B, out=C)`` timed separately in the order the call
+    runs them.  Each number is the median over ``calls`` back-to-back calls.
+    """
+    from gemmlib import api
+    from gemmlib.backend import cuda
+
+    cp = backend.array_module()
+    M, N, K = shape
+    A = backend.random_matrix((M, K), np.float32, 1)
+    B = backend.random_matrix((K, N), np.float32, 2)
+    C = cp.empty((M, N), dtype=np.float32)
+    matmul(A, B, out=C)  # compile, plan
+    p = dispatch.plan("auto", M, N, K)
+    spec, geo = p.spec, p.spec.launch(M, N, K)
+    na, nb_, nc = (cuda.as_cuda_array(x, sync=False) for x in (A, B, C))
+    numba_launch = spec.kernel[geo.grid, geo.block]
+    numba_launch(na, nb_, nc)
+    ptrs = (A.data.ptr, B.data.ptr, C.data.ptr)
+    rows = [
+        ("cupy.matmul(A, B, out=C)", "cuBLAS through CuPy: the reference",
+         lambda: cp.matmul(A, B, out=C)),
+        ("cupy.matmul(A, B)", "the same, allocating C", lambda: cp.matmul(A, B)),
+        ("gemmlib.matmul(A, B, out=C)", "the public call, default kernel ('auto')",
+         lambda: matmul(A, B, out=C)),
+        ("gemmlib.matmul(A, B)", "the same, allocating C", lambda: matmul(A, B)),
+        ("numba launch, numba arrays", "kernel[grid, block](a, b, c): typing + launch",
+         lambda: numba_launch(na, nb_, nc)),
+        ("numba launch, CuPy arrays", "the same, each CuPy array wrapped per call",
+         lambda: numba_launch(A, B, C)),
+        ("dispatch.run", "pack the arguments + cuLaunchKernel (a planned call)",
+         lambda: dispatch.run(p, *ptrs, 0)),
+    ]
+    a, b, c = api._describe(A, "A"), api._describe(B, "B"), api._describe(C, "out")
+    base = dispatch.get_spec(dispatch.AUTO_RUNG)
+    steps = [
+        ("resolve kernel", lambda: dispatch.get_spec(dispatch.AUTO_RUNG)),
+        ("describe operands", lambda: (api._describe(A, "A"), api._describe(B, "B"),
+                                       api._describe(C, "out"))),
+        ("check operands", lambda: api._check_operands(base, a, b, c, False)),
+        ("plan (memoised)", lambda: dispatch.plan("auto", M, N, K)),
+        ("stream handle", lambda: dispatch.stream_handle(None)),
+        ("driver launch", lambda: dispatch.run(p, *ptrs, 0)),
+    ]
+    return {
+        "meta": environment(), "shape": [M, N, K], "calls": calls,
+        "rows": [{"name": n, "what": w, "host_us": host_time(f, calls)} for n, w, f in rows],
+        "steps": [{"step": n, "host_us": host_time(f, calls)} for n, f in steps],
+    }
+
+
+def save_host_costs(data: dict, directory="results") -> Path:
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"host-cost-{data['meta']['gpu_slug']}-{data['meta']['date'][:10]}.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path

@@ -78,12 +78,31 @@ def cmd_verify(args) -> int:
 def cmd_bench(args) -> int:
     from gemmlib.bench import benchmark
 
+    if args.host_cost:
+        from gemmlib import backend
+        from gemmlib.bench import first_call, host_costs, save_host_costs
+
+        if backend.SIMULATOR:
+            print("host costs need a GPU: the simulator's timings mean nothing")
+            return 0
+        data = host_costs()
+        data["first_call"] = first_call()
+        for r in data["rows"]:
+            print(f"  {r['name']:32} {r['host_us']:8.1f} us  {r['what']}")
+        for r in data["steps"]:
+            print(f"    step {r['step']:24} {r['host_us']:8.1f} us")
+        print(f"  first call: {data['first_call']}")
+        if args.out:
+            print(f"wrote {save_host_costs(data, args.out)}")
+        return 0
     result = benchmark(args.kernels or None, args.shape or None, reps=args.reps,
                        warmup=args.warmup, budget_s=args.budget, flush_l2=not args.no_flush,
-                       progress=not args.quiet)
+                       progress=not args.quiet, timing=args.timing)
     print(result.table())
     if args.out and not result.meta.get("simulated"):
-        pj, pc = result.save(args.out, args.stem)
+        stem = args.stem or (None if args.timing == "kernel" else  # files with call rows
+                             f"bench-{result.meta['gpu_slug']}-{result.meta['date'][:10]}-call")
+        pj, pc = result.save(args.out, stem)
         print(f"wrote {pj} and {pc}")
     return 0
 
@@ -131,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="directory for the JSON and CSV result files")
     s.add_argument("--stem", help="file name stem (default bench-<gpu>-<date>)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--timing", choices=("kernel", "call", "both"), default="kernel",
+                   help="kernel: events around the launch alone (default); call: around "
+                   "gemmlib.matmul(A, B, out=C) as users call it, with host us per call "
+                   "(file stem gets -call); both")
+    s.add_argument("--host-cost", action="store_true",
+                   help="instead: where one call's host time goes (64^3, step by step) and "
+                   "the first call in a fresh process -> host-cost-<gpu>-<date>.json")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("plot", help="figures from result files")

@@ -49,6 +49,7 @@ import ctypes
 import hashlib
 import importlib
 import json
+import os
 import struct
 import sys
 import threading
@@ -94,6 +95,7 @@ def clear_memory_caches() -> None:
         _PLANS.clear()
         _COMPILED.clear()
         _KEEP.clear()
+        _BOUND.clear()
 
 
 # --------------------------------------------------------------------------
@@ -402,15 +404,13 @@ def _compile(kernel, module, params, dtype, nargs) -> Compiled:
     sig = _signature(dtype, nargs)
     name = getattr(kernel, "py_func", kernel).__qualname__
     key = cache_key(module, name, params, cc, str(sig))
-    hit = diskcache.load(cache_dir(), key)
-    if hit is not None:
-        cubin, meta = hit
-        if meta.get("key") == key and meta.get("entry"):
-            STATS["disk_hits"] += 1
-            return Compiled(cubin, meta["entry"], "disk")
+    existed = diskcache.entry_path(cache_dir(), key).exists()
+    hit = diskcache.load(cache_dir(), key)  # None for a damaged entry (which it removes)
+    if hit is not None and hit[1].get("key") == key and hit[1].get("entry"):
+        STATS["disk_hits"] += 1
+        return Compiled(hit[0], hit[1]["entry"], "disk")
+    if existed:
         diskcache.discard(cache_dir(), key)
-        STATS["disk_rejects"] += 1
-    elif diskcache.entry_path(cache_dir(), key).exists():
         STATS["disk_rejects"] += 1
     else:
         STATS["disk_misses"] += 1
@@ -419,7 +419,9 @@ def _compile(kernel, module, params, dtype, nargs) -> Compiled:
     lib = k._codelibrary
     if getattr(lib, "_setup_functions", None):  # e.g. numba's runtime (NRT): not ours to init
         raise CudaError(f"{name} needs numba's module set-up; gemmlib kernels must not")
-    cubin = bytes(lib.get_cubin(cc=cc))
+    cubin = lib.get_cubin(cc=cc)
+    cubin = getattr(cubin, "code", cubin)  # numba-cuda 0.30 returns a cuda.core ObjectCode
+    cubin = Path(cubin).read_bytes() if isinstance(cubin, (str, os.PathLike)) else bytes(cubin)
     diskcache.store(cache_dir(), key, cubin, {"key": key, "entry": k.entry_name,
                                               "kernel": name, "module": module,
                                               "params": {k_: repr(v) for k_, v in params.items()},
@@ -457,16 +459,44 @@ def _params(n_arrays: int):
     return b
 
 
-def _launch(fn: int, grid, block, shared: int, stream: int, arrays, itemsize: int) -> None:
-    """cuLaunchKernel with ``arrays`` = ((ptr, rows, cols), ...) in numba's array layout."""
-    values, pointers, _keep, packer = _params(len(arrays))
-    words = []
-    for ptr, rows, cols in arrays:
-        words += (0, 0, rows * cols, itemsize, ptr, rows, cols, cols * itemsize, itemsize)
+def _array_words(ptr: int, rows: int, cols: int, itemsize: int) -> list[int]:
+    """One row-major 2-D array as numba passes it: meminfo, parent, size, itemsize, data,
+    shape (2), strides in bytes (2)."""
+    return [0, 0, rows * cols, itemsize, ptr, rows, cols, cols * itemsize, itemsize]
+
+
+#: index of the data pointer of array i in the parameter words
+_DATA = (4, 4 + _WORDS, 4 + 2 * _WORDS)
+
+
+def _launch(fn: int, grid, block, shared: int, stream: int, words: list[int]) -> None:
+    """cuLaunchKernel with the kernel parameters ``words`` (numba's layout, 8 bytes each)."""
+    values, pointers, _keep, packer = _params(len(words) // _WORDS)
     packer.pack_into(values, 0, *words)
     drv = driver()
     drv.check(drv.launch_kernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                 shared, stream, pointers, None), "cuLaunchKernel")
+
+
+class _Bound:
+    """A plan made ready for one CUDA context: functions loaded, parameter words laid out
+    with zero pointers (a call fills in the three or four pointers)."""
+
+    def __init__(self, p: Plan, ctx: int):
+        spec, M, N, K = p.spec, p.M, p.N, p.K
+        item = np.dtype(spec.dtype).itemsize
+        b_rows, b_cols = (N, K) if spec.b_operand == "NK" else (K, N)
+        c_rows = M * p.splits  # the workspace when K is split
+        self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
+        self.words = (_array_words(0, M, K, item) + _array_words(0, b_rows, b_cols, item)
+                      + _array_words(0, c_rows, N, item))
+        self.red = self.red_words = None
+        if p.splits > 1:
+            self.red = _compiled_reduce(spec).function(ctx)
+            self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, N, item)
+
+
+_BOUND: dict = {}
 
 
 def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
@@ -475,22 +505,28 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
     B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
     :func:`gemmlib.matmul` makes them first.
     """
-    spec, M, N, K = p.spec, p.M, p.N, p.K
     ctx = driver().current_context()
-    item = np.dtype(spec.dtype).itemsize
-    b_shape = (N, K) if spec.b_operand == "NK" else (K, N)
-    fn = compiled_spec(spec).function(ctx, p.shared_bytes)
+    key = (id(p), ctx)
+    b = _BOUND.get(key)
+    if b is None or b.plan is not p:
+        b = _Bound(p, ctx)
+        b.plan = p  # keeps id(p) this plan's while the entry lives
+        with _LOCK:
+            _BOUND[key] = b
+            if len(_BOUND) > 8192:
+                _BOUND.pop(next(iter(_BOUND)))
+    words = b.words.copy()
+    words[_DATA[0]], words[_DATA[1]] = a_ptr, b_ptr
     if p.splits <= 1:
-        _launch(fn, p.grid, p.block, p.shared_bytes, stream,
-                ((a_ptr, M, K), (b_ptr, *b_shape), (c_ptr, M, N)), item)
+        words[_DATA[2]] = c_ptr
+        _launch(b.fn, p.grid, p.block, p.shared_bytes, stream, words)
         return
-    red = _compiled_reduce(spec).function(ctx)
-    W = _workspace(p.splits * M, N, spec.dtype, stream)
-    w_ptr = W.data.ptr
-    _launch(fn, p.grid, p.block, p.shared_bytes, stream,
-            ((a_ptr, M, K), (b_ptr, *b_shape), (w_ptr, p.splits * M, N)), item)
-    _launch(red, p.reduce_grid, spec.reduce_block, 0, stream,
-            ((w_ptr, p.splits * M, N), (c_ptr, M, N)), item)
+    W = _workspace(p.splits * p.M, p.N, p.spec.dtype, stream)
+    words[_DATA[2]] = W.data.ptr
+    _launch(b.fn, p.grid, p.block, p.shared_bytes, stream, words)
+    red = b.red_words.copy()
+    red[_DATA[0]], red[_DATA[1]] = W.data.ptr, c_ptr
+    _launch(b.red, p.reduce_grid, p.spec.reduce_block, 0, stream, red)
     # W goes back to CuPy's pool when dropped; the pool hands it out again only to
     # work on the same stream, which runs after these two kernels.
 

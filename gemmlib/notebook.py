@@ -302,10 +302,11 @@ def repo_root() -> Path | None:
     return None
 
 
-def load_results(kernels=None):
+def load_results(kernels=None, *, call: bool = False):
     """Every committed benchmark result (newest last), as gemmlib.bench.Result objects.
 
-    Simulator runs carry no timings and are left out.
+    Simulator runs carry no timings and are left out.  The ladder's kernel sweeps
+    by default; ``call=True``: the files with call-level rows (``bench-*-call.json``).
     """
     root = repo_root()
     if root is None or not (root / "results").is_dir():
@@ -316,6 +317,8 @@ def load_results(kernels=None):
         return []
     out = []
     for p in sorted((root / "results").glob("bench-*.json")):
+        if p.name.endswith("-call.json") != call:
+            continue
         try:
             r = load(p)
         except Exception as e:  # a malformed or foreign file: say so, keep going
@@ -630,3 +633,202 @@ def committed_json(pattern: str):
         except (OSError, ValueError) as e:
             print(f"(skipping {p.name}: {e})")
     return out
+
+
+# --------------------------------------------------------------------------
+# Chapter 13: the host cost of a call, and call-level results against cuBLAS
+
+NO_CALL_DATA = "no committed call-level measurement found"
+
+
+def _results_json(pattern: str, directory=None):
+    """[(file name, parsed JSON)] for files matching ``pattern`` in ``directory``
+    (default: the checkout's results/, as :func:`committed_json`)."""
+    if directory is None:
+        return committed_json(pattern)
+    import json
+
+    out = []
+    for p in sorted(Path(directory).glob(pattern)):
+        try:
+            out.append((p.name, json.loads(p.read_text())))
+        except (OSError, ValueError) as e:
+            print(f"(skipping {p.name}: {e})")
+    return out
+
+
+def _newest_per_gpu(files):
+    """Keep the newest file per GPU (by meta date, then name), in GPU-name order."""
+    best = {}
+    for name, data in files:
+        if not isinstance(data, dict) or data.get("meta", {}).get("simulated"):
+            continue
+        meta = data.get("meta", {})
+        gpu = meta.get("gpu_slug") or meta.get("gpu") or name
+        key = (str(meta.get("date", "")), name)
+        if gpu not in best or key > best[gpu][0]:
+            best[gpu] = (key, name, data)
+    return [(name, data) for _, (_, name, data) in sorted(best.items())]
+
+
+def host_cost_files(directory=None):
+    """The newest ``host-cost-<gpu>-<date>.json`` per GPU: [(file name, data)]."""
+    return _newest_per_gpu(_results_json("host-cost-*.json", directory))
+
+
+def host_cost_tables(data: dict, name: str = ""):
+    """Two :class:`Table` s of one host-cost record: whole calls, and the steps of one call."""
+    meta = data.get("meta", {})
+    shape = "x".join(str(v) for v in data.get("shape", []))
+    where = f"{meta.get('gpu', '?')}, {str(meta.get('date', ''))[:10]}, {shape}"
+    if data.get("calls"):
+        where += f", median of {data['calls']} calls"
+    rows = [(r.get("name", "?"), f"{float(r.get('host_us', float('nan'))):.1f}",
+             r.get("what", "")) for r in data.get("rows", [])]
+    calls = Table(("call", "host us", "what it does"), rows,
+                  caption=f"Host time per call: {where} ({name})")
+    steps = data.get("steps", [])
+    total = sum(float(s.get("host_us", 0.0)) for s in steps)
+    srows = [(s.get("step", "?"), f"{float(s.get('host_us', 0.0)):.2f}",
+              f"{100.0 * float(s.get('host_us', 0.0)) / total:.0f}%" if total else "-")
+             for s in steps]
+    if steps:
+        srows.append(("sum of the steps", f"{total:.2f}", "100%"))
+    parts = Table(("step of gemmlib.matmul(A, B, out=C)", "host us", "share"), srows,
+                  caption=f"The steps of one call, timed one by one ({where})")
+    return calls, parts
+
+
+def first_call_line(data: dict) -> str | None:
+    """One line on the first call in a fresh process (``data["first_call"]``), or None."""
+    fc = data.get("first_call")
+    if not isinstance(fc, dict) or "cold_s" not in fc:
+        return None
+    line = (f"First call in a fresh process on {data.get('meta', {}).get('gpu', '?')}: "
+            f"import {fc.get('import_s', float('nan')):.2f} s; first matmul "
+            f"{fc['cold_s']:.2f} s with an empty kernel cache")
+    if "warm_s" in fc:
+        line += f", {fc['warm_s']:.2f} s with the kernels on disk"
+    return line + "."
+
+
+def show_host_costs(directory=None) -> int:
+    """Tables and a figure for every GPU's newest host-cost record; returns how many."""
+    files = host_cost_files(directory)
+    if not files:
+        print(f"({NO_CALL_DATA}: results/host-cost-*.json appears once "
+              "gemmlib.bench.host_costs has run on a GPU and its file is committed)")
+        return 0
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from gemmlib.viz import plot_host_costs
+
+    for name, data in files:
+        calls, parts = host_cost_tables(data, name)
+        display(calls)
+        display(parts)
+        line = first_call_line(data)
+        if line:
+            print(line)
+        plot_host_costs(data)
+        plt.show()
+    return len(files)
+
+
+def call_level_files(directory=None):
+    """The newest ``bench-<gpu>-<date>-call.json`` per GPU: [(file name, data)]."""
+    return _newest_per_gpu(_results_json("bench-*-call.json", directory))
+
+
+def _kernel_rows_elsewhere(data: dict, directory=None):
+    """(file name, rows) of the newest plain benchmark of the same GPU (kernel timing)."""
+    slug = data.get("meta", {}).get("gpu_slug")
+    if not slug:
+        return None, []
+    files = [(n, d) for n, d in _results_json(f"bench-{slug}-*.json", directory)
+             if not n.endswith("-call.json") and isinstance(d, dict)]
+    if not files:
+        return None, []
+    name, d = max(files, key=lambda f: (str(f[1].get("meta", {}).get("date", "")), f[0]))
+    return name, d.get("rows", [])
+
+
+def call_level_records(data: dict, targets: dict, kernel_rows=None, kernel: str = "auto"):
+    """One record per shape of ``kernel``'s call-timed rows: % of cuBLAS by call and (where
+    a kernel-timed row of the same shape exists) by kernel, the configuration that ran,
+    host microseconds of the call and of cuBLAS's call, and the target."""
+    nan = float("nan")
+    rows = data.get("rows", [])
+    krows = list(kernel_rows or []) + [r for r in rows if r.get("timing") == "kernel"]
+    kernel_pct = {(r["M"], r["N"], r["K"]): r.get("pct_of_cublas") for r in krows
+                  if r.get("kernel") == kernel and r.get("timing", "kernel") == "kernel"}
+    cublas_host = {(r["M"], r["N"], r["K"]): r.get("host_us", nan) for r in rows
+                   if r.get("kernel") == "cublas" and r.get("timing") == "call"}
+    out = []
+    for r in rows:
+        if r.get("kernel") != kernel or r.get("timing") != "call":
+            continue
+        shape = (r["M"], r["N"], r["K"])
+        target = targets.get(shape)
+        pct = r.get("pct_of_cublas")
+        out.append(dict(shape=shape, label="x".join(map(str, shape)), call=pct,
+                        kernel=kernel_pct.get(shape), target=target,
+                        met=None if target is None or pct is None else pct >= target,
+                        config=r.get("note", ""), host_us=r.get("host_us", nan),
+                        cublas_host_us=cublas_host.get(shape, nan)))
+    order = {s: i for i, s in enumerate(targets)}  # the targets' order, then the rest by size
+    out.sort(key=lambda d: (order.get(d["shape"], len(order)),
+                            d["shape"][0] * d["shape"][1] * d["shape"][2]))
+    return out
+
+
+def call_level_table(name: str, data: dict, targets: dict, directory=None):
+    """(Table, records) for one call-level benchmark file."""
+    kname, krows = None, []
+    if not any(r.get("timing") == "kernel" and r.get("kernel") == "auto"
+               for r in data.get("rows", [])):
+        kname, krows = _kernel_rows_elsewhere(data, directory)
+    recs = call_level_records(data, targets, krows)
+    pct = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
+    us = lambda v: "-" if v is None or v != v else f"{v:.1f}"  # noqa: E731
+    body = [(d["label"], pct(d["call"]), pct(d["target"]),
+             "-" if d["met"] is None else ("met" if d["met"] else "missed"),
+             pct(d["kernel"]), d["config"], us(d["host_us"]), us(d["cublas_host_us"]))
+            for d in recs]
+    meta = data.get("meta", {})
+    cap = (f"kernel='auto' against cuBLAS, both timed as calls: {meta.get('gpu', '?')}, "
+           f"{str(meta.get('date', ''))[:10]} ({name})")
+    if kname:
+        cap += f"; kernel-alone column from {kname}"
+    header = ("M x N x K", "% of cuBLAS (call)", "target", "", "% of cuBLAS (kernel alone)",
+              "configuration that ran", "host us, gemmlib", "host us, cuBLAS")
+    return Table(header, body, caption=cap), recs
+
+
+def show_call_level(targets: dict, directory=None) -> int:
+    """A table and a chart per GPU of the newest call-level benchmark; returns how many."""
+    files = call_level_files(directory)
+    if not files:
+        print(f"({NO_CALL_DATA}: results/bench-*-call.json appears once `python -m gemmlib "
+              "bench` has timed the calls on a GPU and its file is committed)")
+        return 0
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from gemmlib.viz import plot_call_level
+
+    for name, data in files:
+        table, recs = call_level_table(name, data, targets, directory)
+        display(table)
+        judged = [d for d in recs if d["met"] is not None]
+        missing = [f"{'x'.join(map(str, s))}" for s in targets
+                   if s not in {d["shape"] for d in recs}]
+        print(f"{data.get('meta', {}).get('gpu', '?')}: {sum(d['met'] for d in judged)} of "
+              f"{len(judged)} targets met" + (f"; not measured: {', '.join(missing)}"
+                                               if missing else ""))
+        if recs:
+            plot_call_level(recs, title=f"gemmlib.matmul (kernel='auto') vs cuBLAS, "
+                            f"call timing, on {data.get('meta', {}).get('gpu', '?')}")
+            plt.show()
+    return len(files)

@@ -619,3 +619,172 @@ def plot_timeline(rows, title=None, unit="time"):
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# --------------------------------------------------------------------------
+# Split-K (chapter 13): which block sums which k-tiles, and where its partial goes
+
+
+def split_k_slices(K: int, BK: int, S: int) -> list[tuple[int, int]]:
+    """The k-tiles block z of a split-K launch with ``S`` blocks along z sums, for every z.
+
+    The rule of the SPLIT_K branch of :mod:`gemmlib.kernels.warptile`:
+    ``per = ceil(ktiles / S)``; block z sums k-tiles ``[z*per, min(ktiles, z*per + per))``
+    (a pair with ``t1 <= t0`` is an empty slice).  ``S`` is the grid's z, i.e. the
+    slice count after :func:`gemmlib.kernels.split_k.effective_splits`.
+    """
+    ktiles = -(-K // BK)
+    per = -(-ktiles // max(S, 1))
+    return [(z * per, min(ktiles, z * per + per)) for z in range(max(S, 1))]
+
+
+def plot_split_k(M: int, N: int, K: int, BM: int, BN: int, BK: int, S: int,
+                 block_xy=(0, 0), title=None):
+    """Split-K for one output tile: A's row band and B's column band cut into k-tiles,
+    coloured by the block z that sums them (:func:`split_k_slices`); the S partial tiles
+    in the (S*M x N) workspace; and their sum, in slice order, into C."""
+    plt = _plt()
+    bx, by = block_xy
+    m0, n0 = by * BM, bx * BN
+    m1, n1 = min(M, m0 + BM), min(N, n0 + BN)
+    slices = split_k_slices(K, BK, S)
+    cmap = plt.get_cmap("tab10")
+    colour = {z: cmap(z % 10) for z in range(S)}
+    fig, axes = plt.subplots(1, 4, figsize=(13, 4.6),
+                             gridspec_kw={"width_ratios": [K, N, N, N]})
+    axA, axB, axW, axC = axes
+
+    def frame(ax, h, w, name):
+        ax.add_patch(plt.Rectangle((0, 0), w, h, fill=False, lw=1.5))
+        ax.set_xlim(-0.02 * w, 1.02 * w)
+        ax.set_ylim(1.02 * h, -0.02 * h)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+
+    for z, (t0, t1) in enumerate(slices):
+        for t in range(t0, t1):
+            k0, k1 = t * BK, min(K, (t + 1) * BK)
+            axA.add_patch(plt.Rectangle((k0, m0), k1 - k0, m1 - m0, facecolor=colour[z],
+                                        edgecolor="white", lw=0.8, alpha=0.8))
+            axB.add_patch(plt.Rectangle((n0, k0), n1 - n0, k1 - k0, facecolor=colour[z],
+                                        edgecolor="white", lw=0.8, alpha=0.8))
+        if t1 > t0:
+            mid = (t0 * BK + min(K, t1 * BK)) / 2
+            axA.text(mid, (m0 + m1) / 2, f"z={z}", ha="center", va="center", fontsize=8)
+            axB.text((n0 + n1) / 2, mid, f"z={z}", ha="center", va="center", fontsize=8)
+        # the partial tile of slice z: rows z*M + m0 .. of the workspace
+        axW.add_patch(plt.Rectangle((n0, z * M + m0), n1 - n0, m1 - m0, facecolor=colour[z],
+                                    edgecolor="k", lw=0.8, alpha=0.8))
+        axW.text((n0 + n1) / 2, z * M + (m0 + m1) / 2, f"partial {z}", ha="center",
+                 va="center", fontsize=8)
+        if z:
+            axW.axhline(z * M, color="grey", lw=0.8, ls="--")
+    frame(axA, M, K, f"A ({M}x{K}): rows {m0}..{m1 - 1}")
+    frame(axB, K, N, f"B ({K}x{N}): columns {n0}..{n1 - 1}")
+    frame(axW, S * M, N, f"workspace W ({S}*{M} x {N})")
+    axC.add_patch(plt.Rectangle((n0, m0), n1 - n0, m1 - m0, facecolor="#888", edgecolor="k",
+                                lw=0.8, alpha=0.6))
+    axC.text((n0 + n1) / 2, (m0 + m1) / 2, " + ".join(f"W{z}" for z in range(min(S, 4)))
+             + (" + ..." if S > 4 else ""), ha="center", va="center", fontsize=8)
+    frame(axC, M, N, f"C ({M}x{N}) = sum in order z = 0..{S - 1}")
+    ktiles = -(-K // BK)
+    fig.suptitle(title or f"split-K, block ({bx}, {by}): {ktiles} k-tiles of {BK} in {S} "
+                 f"slices of at most {-(-ktiles // max(S, 1))} (one colour per block z)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------
+# The host cost of a call (chapter 13)
+
+
+def plot_host_costs(data: dict, title=None):
+    """Host microseconds per call, from a ``results/host-cost-*.json`` record.
+
+    Left: whole calls (``data["rows"]``: name, host_us), one bar each.  Right: the
+    steps of one ``gemmlib.matmul(A, B, out=C)`` (``data["steps"]``: step, host_us)
+    stacked in the order the call runs them.
+    """
+    plt = _plt()
+    rows = list(data.get("rows", []))
+    steps = list(data.get("steps", []))
+    fig, (ax, axs) = plt.subplots(1, 2, figsize=(11, 0.42 * max(len(rows), 4) + 1.6),
+                                  gridspec_kw={"width_ratios": [3, 1.3]})
+    names = [r["name"] for r in rows][::-1]
+    us = [float(r["host_us"]) for r in rows][::-1]
+    colours = ["#4a7fb5" if n.startswith("gemmlib") or n.startswith("dispatch")
+               else "#999999" for n in names]
+    bars = ax.barh(names, us, color=colours)
+    top = max(us, default=1.0)
+    for b, v in zip(bars, us):
+        ax.text(b.get_width() + top * 0.01, b.get_y() + b.get_height() / 2, f"{v:.1f} us",
+                va="center", fontsize=8)
+    ax.set_xlim(0, top * 1.25 if top > 0 else 1)
+    ax.set_xlabel("host microseconds per call (median, back-to-back calls)")
+    ax.tick_params(labelsize=8)
+    ax.set_title("whole calls", fontsize=9)
+    bottom = 0.0
+    cmap = plt.get_cmap("Set2")
+    for i, s in enumerate(steps):
+        v = float(s["host_us"])
+        axs.bar([0], [v], bottom=bottom, color=cmap(i % 8), edgecolor="k", lw=0.5, width=0.6)
+        axs.text(0.35, bottom + v / 2, f"{s['step']}: {v:.1f} us", va="center", fontsize=8)
+        bottom += v
+    whole = next((float(r["host_us"]) for r in rows
+                  if r["name"] == "gemmlib.matmul(A, B, out=C)"), None)
+    if whole is not None:
+        axs.axhline(whole, color="k", ls="--", lw=1)
+        axs.text(-0.3, whole, "whole call", va="bottom", fontsize=7)
+    axs.set_xlim(-0.35, 1.6)
+    axs.set_ylim(0, max(bottom, whole or 0) * 1.1 or 1)
+    axs.set_xticks([])
+    axs.set_ylabel("host microseconds", fontsize=8)
+    axs.tick_params(labelsize=8)
+    axs.set_title("one gemmlib.matmul(A, B, out=C),\nstep by step", fontsize=9)
+    meta = data.get("meta", {})
+    shape = "x".join(str(v) for v in data.get("shape", []))
+    fig.suptitle(title or f"host time per call on {meta.get('gpu', '?')}"
+                 + (f", {shape}" if shape else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_call_level(records, title=None):
+    """% of cuBLAS per shape: call timing, kernel timing (where known) and the target.
+
+    ``records``: dicts with ``label``, ``call`` (% of cuBLAS, call timing) and optionally
+    ``kernel`` (% of cuBLAS, kernel timing) and ``target`` (%), any of them None.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 0.55 * max(len(records), 2) + 1.7))
+    ys = np.arange(len(records))[::-1]
+    h = 0.38
+    call = [r.get("call") for r in records]
+    kern = [r.get("kernel") for r in records]
+    ax.barh(ys + h / 2, [v if v is not None else 0 for v in call], height=h, color="#4a7fb5",
+            label="call: gemmlib.matmul(A, B, out=C)")
+    if any(v is not None for v in kern):
+        ax.barh(ys - h / 2, [v if v is not None else 0 for v in kern], height=h,
+                color="#a9c4e0", label="kernel alone")
+    for y, v in zip(ys, call):
+        if v is not None:
+            ax.text(v + 1, y + h / 2, f"{v:.0f}%", va="center", fontsize=7)
+    first = True
+    for y, r in zip(ys, records):
+        t = r.get("target")
+        if t is not None:
+            ax.plot([t, t], [y - h, y + h], color="k", lw=2,
+                    label="target" if first else None)
+            first = False
+    ax.axvline(100, color="k", ls="--", lw=1)
+    ax.set_yticks(ys, [r["label"] for r in records])
+    vals = [v for v in call + kern if v is not None] + [100]
+    ax.set_xlim(0, max(vals) * 1.15)
+    ax.set_xlabel("% of cuBLAS SGEMM (time of cuBLAS / time of gemmlib)")
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=3, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

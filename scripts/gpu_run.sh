@@ -7,10 +7,16 @@
 #   plot       figures/ regenerated from every results/bench-*.json
 #   notebooks  every chapter executed in place (stored outputs name this GPU)
 #   sanitize   compute-sanitizer memcheck/racecheck/synccheck/initcheck on every kernel
+#   tune       split-K tuning (tile x slice count) of the classes TUNE_SHAPES fall in,
+#              merged into results/tuning/<gpu>.json
+#   hostcost   where one call's host time goes, and the first call in a fresh process
+#              -> results/host-cost-<gpu>-<date>.json
+#   benchcall  the public call gemmlib.matmul(A, B, out=C) timed as users call it, beside
+#              kernel timing, for auto/warptile/split_k -> results/bench-<gpu>-<date>-call.*
 # Every step runs even if an earlier one fails; the exit status says whether all passed.
 # Logs go to $OUT (default ./gpu-run-logs); with PACK=1 results, figures and notebooks
 # are also packed into $OUT/run.tar.gz (for machines whose files must be fetched back).
-# Environment: STEPS (subset, in order), BENCH_ARGS, PY.
+# Environment: STEPS (subset, in order), BENCH_ARGS, TUNE_SHAPES, SANITIZE_ARGS, NOTEBOOKS, PY.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 CUPY_TF32=0
@@ -35,8 +41,15 @@ for step in $STEPS; do
     verify)    $PY -m gemmlib verify 2>&1 | tee "$OUT/verify.log" ;;
     bench)     $PY -m gemmlib bench --out results --quiet ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
     plot)      $PY -m gemmlib plot "results/bench-*.json" --out figures 2>&1 | tee "$OUT/plot.log" ;;
-    notebooks) PY=$PY bash scripts/execute_notebooks.sh 2>&1 | tee "$OUT/notebooks.log" ;;
-    sanitize)  $PY scripts/sanitize.py 2>&1 | tee "$OUT/sanitize.log" ;;
+    notebooks) PY=$PY bash scripts/execute_notebooks.sh ${NOTEBOOKS:-} 2>&1 | tee "$OUT/notebooks.log" ;;
+    sanitize)  $PY scripts/sanitize.py ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" ;;
+    tune)      slug=$($PY -c "from gemmlib.tuning import gpu_slug; print(gpu_slug())")
+               $PY scripts/tune.py --candidates split --splits 1 2 3 4 6 8 \
+                 --shapes ${TUNE_SHAPES:-512 1024 2048 1024x1024x8192 777x1999x3001} \
+                 --out "results/tuning/$slug.json" --log "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" ;;
+    hostcost)  $PY -m gemmlib bench --host-cost --out results 2>&1 | tee "$OUT/hostcost.log" ;;
+    benchcall) $PY -m gemmlib bench --timing both --kernels auto warptile split_k --out results \
+                 --quiet ${BENCH_ARGS:-} 2>&1 | tee "$OUT/benchcall.log" ;;
     *) echo "unknown step $step"; false ;;
   esac
   status[$step]=$?

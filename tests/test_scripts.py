@@ -1,4 +1,8 @@
-"""The GPU-side scripts' pure parts, checked without a GPU."""
+"""The GPU-side scripts' pure parts, checked without a GPU.
+
+``scripts/`` holds what users and CI run; the one-off experiments live beside
+their data under ``results/`` (see results/README.md).
+"""
 
 import importlib.util
 import subprocess
@@ -8,15 +12,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+def _load(relpath):
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 def test_compare_variants_parses_shapes_and_variants():
-    cv = _load("compare_variants")
+    cv = _load("results/uidx-2026-11-22/compare_variants.py")
     assert cv.parse_shape("64") == (64, 64, 64)
     assert cv.parse_shape("4095x3073x2047") == (4095, 3073, 2047)
     label, spec, expr = cv.parse_variant("wide=warptile:BM=128,BN=256,BK=16")
@@ -30,3 +35,44 @@ def test_sanitize_report_parser_selftest():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "sanitize.py"), "--selftest"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _script_files():
+    return sorted(p for d in ("scripts", "results") for ext in ("py", "sh")
+                  for p in (ROOT / d).rglob(f"*.{ext}"))
+
+
+def test_scripts_find_the_repository_root():
+    """Scripts run from wherever they live: each one's way to the root must land on it."""
+    import re
+
+    found = 0
+    for path in _script_files():
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"Path\(__file__\)\.resolve\(\)\.(parents\[(\d)\]|parent\.parent)", text):
+            up = int(m.group(2)) + 1 if m.group(2) else 2
+            assert path.parents[up - 1] == ROOT, f"{path.relative_to(ROOT)}: {m.group(0)}"
+            found += 1
+        for m in re.finditer(r'cd "\$\(dirname "\$0"\)/([./]+)"', text):
+            assert (path.parent / m.group(1)).resolve() == ROOT, \
+                f"{path.relative_to(ROOT)}: {m.group(0)}"
+            found += 1
+    assert found >= 10, found
+
+
+def test_script_paths_in_docs_exist():
+    """Every scripts/... or results/... .py/.sh named in the docs, code or chapters exists."""
+    import re
+
+    files = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "results").rglob("README.md")),
+             *_script_files(), *sorted((ROOT / "gemmlib").rglob("*.py")),
+             *sorted((ROOT / "chapters").glob("*.ipynb"))]
+    missing = set()
+    for f in files:
+        if not f.exists():
+            continue
+        for m in re.finditer(r"\b(?:scripts|results)/[\w./-]+\.(?:py|sh)\b",
+                             f.read_text(encoding="utf-8")):
+            if not (ROOT / m.group(0)).is_file():
+                missing.add(f"{f.relative_to(ROOT)}: {m.group(0)}")
+    assert not missing, "\n".join(sorted(missing))

@@ -2,12 +2,14 @@
 # compute-sanitizer over the layout / cp.async / double-buffer kernels, on odd shapes
 # (edge tiles, zero-filled copies, K not a multiple of BK, several k-tiles so the
 # double buffers swap).  On a GPU machine, from the repository root:
-#   scripts/sanitize_async.sh            (logs in $OUT, default ./sanitize-logs)
+#   bash results/sanitize_async.sh       (logs in $OUT, default ./sanitize-logs)
+# sanitize_async-h200.log beside this script is its console output on an H200; for every
+# kernel and all four tools use scripts/sanitize.py.
 # Tools: racecheck (shared-memory hazards: a missing barrier or wait), synccheck
 # (barriers in divergent code), memcheck (out-of-bounds / misaligned accesses).
 # Exits non-zero if any tool reports an error or the kernels are wrong.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.."   # the repository root
 export NUMBA_ENABLE_CUDASIM=0 CUPY_TF32=0 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-$PWD/sanitize-logs}

@@ -1,6 +1,6 @@
 """Launch each shared-memory rung once, for Nsight Compute to count bank conflicts.
 
-Run it under ncu with scripts/bank_conflicts.sh (GPU machine, repository root).
+Run it under ncu with results/tuning/bank_conflicts.sh (GPU machine, repository root).
 Prints, in launch order, each kernel and what gemmlib.banks predicts for the
 counters, so the two can be compared line by line.
 """
@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
 
 import gemmlib  # noqa: E402

@@ -3,15 +3,16 @@
     ncu --clock-control none -k regex:layout_nt --launch-skip 2 --launch-count 2 \\
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats \\
         --section LaunchStats --section Occupancy --section InstructionStats \\
-        --section MemoryWorkloadAnalysis python scripts/ncu_layout_vs_hand.py
+        --section MemoryWorkloadAnalysis python results/uidx-2026-11-22/ncu_layout_vs_hand.py
 
-(results/uidx-2026-11-22/ncu-layout-vs-hand-2048.txt)
+From the repository root, on a GPU machine; the output is
+results/uidx-2026-11-22/ncu-layout-vs-hand-2048.txt.
 """
 import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 os.environ["CUPY_TF32"] = "0"
 

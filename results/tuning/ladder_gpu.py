@@ -2,7 +2,7 @@
 
 Run on a GPU machine from the repository root (the simulator must be off):
 
-    NUMBA_ENABLE_CUDASIM=0 python scripts/ladder_gpu.py [--steps verify,resources,bench,tune,sweep]
+    NUMBA_ENABLE_CUDASIM=0 python results/tuning/ladder_gpu.py [--steps verify,resources,bench,tune,sweep]
         [--out DIR] [--tune-budget SECONDS] [--tune-limit N]
 
 * verify: every rung on odd shapes (1x1x1 .. 4095x3073x2047), on K and N not
@@ -16,6 +16,7 @@ Run on a GPU machine from the repository root (the simulator must be off):
 * sweep: default and tuned warptile vs cuBLAS over 1024..8192 and 4095x3073x2047.
 
 Everything printed is also written to DIR/ladder-gpu.log and DIR/ladder-gpu.json.
+The first session's runs are nvidia-h200-ladder-run2.log and -run3.log, beside this script.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
 
 import numpy as np  # noqa: E402
 
 import gemmlib  # noqa: E402
 from gemmlib import autotune, backend, banks  # noqa: E402
-from gemmlib.kernels import get  # noqa: E402
+from gemmlib import get_kernel as get  # noqa: E402  (a rung name or "auto")
 
 RUNGS = ["blocktile_1d", "blocktile_2d", "vectorized", "bank_free", "warptile"]
 ODD = [(1, 1, 1), (37, 29, 53), (129, 127, 3), (131, 257, 67), (64, 64, 64), (1000, 1001, 999),

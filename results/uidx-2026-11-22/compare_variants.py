@@ -1,6 +1,6 @@
 """Time kernel variants side by side against cuBLAS, on a GPU: verified first, then timed.
 
-    NUMBA_ENABLE_CUDASIM=0 python scripts/compare_variants.py \\
+    NUMBA_ENABLE_CUDASIM=0 python results/uidx-2026-11-22/compare_variants.py \\
         --shapes 4096 8192 4095x3073x2047 \\
         --variant 2d=blocktile_2d --variant 2d_uncapped="blocktile_2d:max_registers=None" \\
         --out results/variants.json
@@ -13,6 +13,9 @@ way ``gemmlib.bench`` times (CUDA events, L2 flushed before each run, median),
 beside cuBLAS on the same operands in the same process (A @ B, or A @ B.T for
 K-major rungs).  Registers, spills and the % of cuBLAS go to the table and
 to ``--out`` with the environment (GPU, clocks, versions).
+
+Written for the unsigned-index experiment (``uidx_experiment.sh`` beside it,
+which made this folder's ``variants-*``); run it from the repository root.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
 os.environ["CUPY_TF32"] = "0"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 
 def parse_shape(s: str):
