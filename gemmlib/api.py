@@ -244,8 +244,11 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         raises ``MemoryError`` with its size.
     kernel : rung name (see ``gemmlib.list_kernels()``), a KernelSpec, or
         ``"auto"`` (the default): the configuration the autotuner measured
-        fastest for this GPU and shape class.  With ``transpose_b=True`` the
-        default is the fastest rung that takes B as (N, K).
+        fastest for this GPU and shape class, with K split into slices when
+        the output alone cannot fill the GPU (see ``gemmlib.dispatch.select``).
+        With ``transpose_b=True`` the default is the fastest rung that takes
+        B as (N, K).  Each configuration is compiled once per process and its
+        machine code cached on disk (``gemmlib.dispatch``).
     stream : CuPy or numba stream to launch on; default CuPy's current stream.
         Anything else is refused with a TypeError (wrap a torch stream as
         ``cupy.cuda.ExternalStream(s.cuda_stream)``).  The call returns

@@ -806,6 +806,14 @@ def call_level_table(name: str, data: dict, targets: dict, directory=None):
     return Table(header, body, caption=cap), recs
 
 
+#: The library call's targets: % of cuBLAS, both timed as calls (fp32, TF32 off).
+CALL_TARGETS = {
+    (4096, 4096, 4096): 90, (8192, 8192, 8192): 90, (2048, 2048, 2048): 80,
+    (1024, 1024, 1024): 70, (4095, 4097, 4093): 85, (1024, 1024, 8192): 75,
+    (8192, 256, 8192): 75, (777, 1999, 3001): 65,
+}
+
+
 def show_call_level(targets: dict, directory=None) -> int:
     """A table and a chart per GPU of the newest call-level benchmark; returns how many."""
     files = call_level_files(directory)

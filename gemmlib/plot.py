@@ -5,6 +5,10 @@
 * ``<gpu>-tflops.png``: TFLOP/s against square size for every kernel and cuBLAS;
 * ``<gpu>-pct-cublas.png``: each kernel's % of cuBLAS at every square size;
 * ``<gpu>-ladder.png``: the ladder at one size (4096^3 when measured), a bar a rung.
+
+A call-level file (``bench-<gpu>-<date>-call.json``, from ``python -m gemmlib
+bench --timing both``) gives instead ``<gpu>-<date>-call.png``: ``auto``'s
+share of cuBLAS per shape timed as a call and as a kernel, beside the targets.
 """
 
 from __future__ import annotations
@@ -120,6 +124,9 @@ def plot_files(paths, out_dir="figures") -> list[Path]:
             print(f"skipping {p}: simulator results carry no timings")
             continue
         stem = Path(p).stem.replace("bench-", "")
+        if any(r.timing == "call" for r in result.rows):
+            written.append(_call_figure(p, result, out / f"{stem}.png"))
+            continue
         for suffix, make in (("tflops", tflops_figure), ("pct-cublas", pct_figure),
                              ("ladder", ladder_figure)):
             fig = make(result)
@@ -128,3 +135,17 @@ def plot_files(paths, out_dir="figures") -> list[Path]:
             plt.close(fig)
             written.append(path)
     return written
+
+
+def _call_figure(path, result: Result, out: Path) -> Path:
+    import json
+
+    from gemmlib.notebook import CALL_TARGETS, call_level_records
+    from gemmlib.viz import plot_call_level
+
+    records = call_level_records(json.loads(Path(path).read_text()), CALL_TARGETS)
+    fig = plot_call_level(records, title=_title(result, "gemmlib.matmul as called, vs cuBLAS"))
+    fig = getattr(fig, "figure", fig)
+    fig.savefig(out, bbox_inches="tight")
+    plt.close(fig)
+    return out
