@@ -408,9 +408,15 @@ def test_operand_on_another_gpu_is_refused_gpu(rng, monkeypatch):
         monkeypatch.setattr(cp.cuda.runtime, "pointerGetAttributes", fake)
     except (AttributeError, TypeError) as e:  # an extension module that refuses setattr
         pytest.skip(f"cannot fake the device of a pointer here: {e}")
+    # CuPy arrays take matmul's fast path, which asks CuPy (not the runtime) for the device;
+    # an array known only by __cuda_array_interface__ takes the path that asks the runtime.
+    class CAIOnly:
+        def __init__(self, a):
+            self.__cuda_array_interface__ = a.__cuda_array_interface__
+
     with pytest.raises(ValueError, match=r"A lives on GPU 1 but the current device is GPU 0: "
                                          r"call matmul inside `with cupy.cuda.Device\(1\):`"):
-        gemmlib.matmul(A, B, kernel=FAST)
+        gemmlib.matmul(CAIOnly(A), B, kernel=FAST)
 
 
 @pytest.mark.gpu
