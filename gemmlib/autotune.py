@@ -113,15 +113,17 @@ CLASSICS = {"warptile": [
 ]}
 
 
+def _classic(BM: int, BN: int, BK: int = 16) -> dict:
+    """The first classic warptile configuration with this block tile."""
+    return next(p for p in CLASSICS["warptile"] if (p["BM"], p["BN"], p["BK"]) == (BM, BN, BK))
+
+
 #: The tiles the split-K tuning pairs with slice counts (``scripts/tune.py --candidates split``):
-#: the default, the square 128 x 128, the small tiles tuned for 1024^2 outputs, and 64 x 64.
+#: the default, its transpose, the square 128 x 128, the small tiles tuned for 1024^2 and
+#: 4096 x 2048 outputs, and 64 x 64.
 SPLIT_TILES = {"warptile": [
-    dict(BM=256, BN=128, BK=16, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),
-    dict(BM=128, BN=256, BK=16, WM=64, WN=64, WNITER=2, TM=8, TN=4, PAD=0),
-    dict(BM=128, BN=128, BK=16, WM=64, WN=32, WNITER=2, TM=4, TN=4, PAD=4),
-    dict(BM=64, BN=128, BK=16, WM=32, WN=64, WNITER=2, TM=8, TN=4, PAD=4),
-    dict(BM=128, BN=64, BK=16, WM=64, WN=32, WNITER=1, TM=8, TN=8, PAD=4),
-    dict(BM=64, BN=64, BK=16, WM=32, WN=32, WNITER=1, TM=4, TN=8, PAD=0),
+    _classic(256, 128), _classic(128, 256), _classic(128, 128), _classic(64, 128),
+    dict(BM=128, BN=64, BK=16, WM=64, WN=32, WNITER=1, TM=8, TN=8, PAD=4), _classic(64, 64),
 ]}
 
 
