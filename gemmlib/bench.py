@@ -365,8 +365,6 @@ def _measure(name, mode, A, B, Bt, C, ref, M, N, K, timer, reps, warmup, budget_
     row = _row(name, M, N, K, t, flops, cub_nt if nt else cub, err, timing=mode, host_us=host)
     if name == "auto" or spec.name != name:
         row.note = spec.name  # the configuration that ran
-        if name == "auto" and dispatch.plan("auto", M, N, K).stage:
-            row.note += " (A, B staged aligned)"
     return row
 
 

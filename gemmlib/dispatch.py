@@ -21,13 +21,7 @@ the choice is made:
 2. the slices of K: the count tuned for the shape's own class if there is
    one, else :func:`gemmlib.kernels.split_k.splits_for`'s cost model (waves of
    blocks x k-tiles per slice, plus the workspace traffic of the reduction);
-3. one slice: the warptile spec; several: the split-K spec with that count;
-4. aligned staging: when A's or B's rows are not a multiple of 4 floats (K or N
-   odd, say) the tiles are copied with scalar loads instead of float4s.  For a
-   large enough problem (:func:`staging`) ``auto`` copies A and B into
-   zero-padded buffers whose rows are whole float4s, runs the kernel on those,
-   and copies C back: a few percent more memory traffic for the fast path.
-   The zeros add nothing, so the result is the one the unpadded kernel gives.
+3. one slice: the warptile spec; several: the split-K spec with that count.
 
 **Compile once, across processes.**  On a GPU the kernel's machine code
 (cubin) comes from an on-disk cache (:mod:`gemmlib.diskcache`, under
@@ -220,8 +214,6 @@ class Plan:
     shared_bytes: int
     #: K slices (grid z); > 1 only for split-K specs, which then need a workspace
     splits: int = 1
-    #: (K', N'): A and B staged zero-padded to K' and N' (multiples of 4), or None
-    stage: tuple[int, int] | None = None
 
     @property
     def reduce_grid(self) -> tuple[int, int, int]:
@@ -245,40 +237,11 @@ def plan(kernel, M: int, N: int, K: int) -> Plan:
     spec = select(M, N, K) if kernel == AUTO else get_spec(kernel)
     dev = backend.device_info()
     spec.check(M, N, K, dev)
-    stage = staging(spec, M, N, K) if kernel == AUTO else None
-    Kr, Nr = stage or (K, N)  # the problem the kernel itself runs
-    if stage:
-        spec.check(M, Nr, Kr, dev)
-    geo = spec.launch(M, Nr, Kr)
+    geo = spec.launch(M, N, K)
     splits = geo.grid[2] if spec.reduce_kernel is not None else 1
     STATS["plans"] += 1
     return _PLANS.put(key, Plan(spec, M, N, K, geo.grid, geo.block, geo.dynamic_shared_bytes,
-                                splits, stage))
-
-
-#: Aligned staging pays when the copies are small next to the arithmetic: at least
-#: this many flops (2 x 2048^3) and this many flops per byte the copies move.
-STAGE_MIN_FLOPS = 2 * 2048**3
-STAGE_MIN_FLOPS_PER_BYTE = 100
-_STAGED_MODULES = ("gemmlib.kernels.warptile", "gemmlib.kernels.split_k")
-
-
-def staging(spec: KernelSpec, M: int, N: int, K: int) -> tuple[int, int] | None:
-    """(K', N') to stage A (M x K) and B (K x N) at, zero-padded to whole float4 rows, or None.
-
-    Only for the rungs ``auto`` runs (float4 tile copies that fall back to scalar
-    loads on misaligned rows), and only when the problem is large and the
-    copies -- A and B read and written, C too when it is not split -- small
-    next to the arithmetic.
-    """
-    if spec.module not in _STAGED_MODULES or (K % 4 == 0 and N % 4 == 0):
-        return None
-    Kp, Np = cdiv(K, 4) * 4, cdiv(N, 4) * 4
-    flops = 2 * M * N * K
-    moved = 2 * 4 * (M * Kp + Kp * Np + (M * Np if spec.reduce_kernel is None else 0))
-    if flops < STAGE_MIN_FLOPS or flops < STAGE_MIN_FLOPS_PER_BYTE * moved:
-        return None
-    return Kp, Np
+                                splits))
 
 
 # --------------------------------------------------------------------------
@@ -520,8 +483,7 @@ class _Bound:
     with zero pointers (a call fills in the three or four pointers)."""
 
     def __init__(self, p: Plan, ctx: int):
-        spec, M = p.spec, p.M
-        K, N = p.stage or (p.K, p.N)  # a staged plan's kernel runs on the padded operands
+        spec, M, N, K = p.spec, p.M, p.N, p.K
         item = np.dtype(spec.dtype).itemsize
         b_rows, b_cols = (N, K) if spec.b_operand == "NK" else (K, N)
         c_rows = M * p.splits  # the workspace when K is split
@@ -531,7 +493,7 @@ class _Bound:
         self.red = self.red_words = None
         if p.splits > 1:
             self.red = _compiled_reduce(spec).function(ctx)
-            self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, p.N, item)
+            self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, N, item)
 
 
 _BOUND: dict = {}
@@ -553,18 +515,13 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
             _BOUND[key] = b
             if len(_BOUND) > 8192:
                 _BOUND.pop(next(iter(_BOUND)))
-    staged = _stage_in(p, a_ptr, b_ptr, stream) if p.stage else None
-    if staged is not None:
-        a_ptr, b_ptr = staged[0].data.ptr, staged[1].data.ptr
     words = b.words.copy()
     words[_DATA[0]], words[_DATA[1]] = a_ptr, b_ptr
     if p.splits <= 1:
-        words[_DATA[2]] = c_ptr if staged is None else staged[2].data.ptr
+        words[_DATA[2]] = c_ptr
         _launch(b.fn, p.grid, p.block, p.shared_bytes, stream, words)
-        if staged is not None:
-            _stage_out(p, staged[2], c_ptr, stream)
         return
-    W = _workspace(p.splits * p.M, (p.stage or (p.K, p.N))[1], p.spec.dtype, stream)
+    W = _workspace(p.splits * p.M, p.N, p.spec.dtype, stream)
     words[_DATA[2]] = W.data.ptr
     _launch(b.fn, p.grid, p.block, p.shared_bytes, stream, words)
     red = b.red_words.copy()
@@ -574,49 +531,13 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
     # work on the same stream, which runs after these two kernels.
 
 
-def _on_stream(stream: int):
-    """CuPy work on ``stream``: its allocations come from that stream's pool, in its order."""
-    from contextlib import nullcontext
-
-    cp = backend.array_module()
-    return nullcontext() if stream == cp.cuda.get_current_stream().ptr else \
-        cp.cuda.ExternalStream(stream)
-
-
 def _workspace(rows: int, cols: int, dtype, stream: int):
     """A (rows, cols) scratch array allocated on ``stream`` (CuPy's pool is stream-ordered)."""
-    with _on_stream(stream):
-        return backend.array_module().empty((rows, cols), dtype=dtype)
-
-
-_CALLER = object()  # the "owner" of caller memory viewed by _view (the caller keeps it alive)
-
-
-def _view(ptr: int, rows: int, cols: int, dtype):
-    """A CuPy array over device memory the caller owns (alive for the call)."""
     cp = backend.array_module()
-    dtype = np.dtype(dtype)
-    mem = cp.cuda.UnownedMemory(ptr, rows * cols * dtype.itemsize, _CALLER,
-                                cp.cuda.runtime.getDevice())
-    return cp.ndarray((rows, cols), dtype, cp.cuda.MemoryPointer(mem, 0))
-
-
-def _stage_in(p: Plan, a_ptr: int, b_ptr: int, stream: int):
-    """A and B copied into zero-padded (M, K') and (K', N') buffers, and C's (M, N') buffer."""
-    cp = backend.array_module()
-    (M, N, K), (Kp, Np), dt = (p.M, p.N, p.K), p.stage, p.spec.dtype
-    with _on_stream(stream):
-        As = cp.zeros((M, Kp), dt)
-        As[:, :K] = _view(a_ptr, M, K, dt)
-        Bs = cp.zeros((Kp, Np), dt)
-        Bs[:K, :N] = _view(b_ptr, K, N, dt)
-        Cs = cp.empty((M, Np), dt) if p.splits <= 1 else None
-    return As, Bs, Cs
-
-
-def _stage_out(p: Plan, Cs, c_ptr: int, stream: int) -> None:
-    with _on_stream(stream):
-        _view(c_ptr, p.M, p.N, p.spec.dtype)[...] = Cs[:, :p.N]
+    if stream == cp.cuda.get_current_stream().ptr:
+        return cp.empty((rows, cols), dtype=dtype)
+    with cp.cuda.ExternalStream(stream):
+        return cp.empty((rows, cols), dtype=dtype)
 
 
 # --------------------------------------------------------------------------
@@ -637,22 +558,12 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None) -> None:
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
-    C_out = C
-    if p.stage:  # the same staging as run(), with NumPy
-        Kp, Np = p.stage
-        A_, B_ = np.zeros((M, Kp), spec.dtype), np.zeros((Kp, Np), spec.dtype)
-        A_[:, :K], B_[:K, :N] = A, B
-        A, B, N = A_, B_, Np
-        C = np.empty((M, Np), spec.dtype)
     if p.splits <= 1:
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C)
-    else:
-        W = np.empty((p.splits * M, N), dtype=spec.dtype)
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
-        spec.reduce_kernel[p.reduce_grid, spec.reduce_block, s](W, C_out)
         return
-    if C is not C_out:
-        C_out[...] = C[:, :C_out.shape[1]]
+    W = np.empty((p.splits * M, N), dtype=spec.dtype)
+    spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
+    spec.reduce_kernel[p.reduce_grid, spec.reduce_block, s](W, C)
 
 
 def stream_handle(stream=None) -> int:

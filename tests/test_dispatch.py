@@ -162,56 +162,6 @@ def test_select_uses_split_k_only_when_the_model_says_so(monkeypatch):
 
 
 # --------------------------------------------------------------------------
-# Aligned staging
-
-
-def test_staging_is_chosen_only_for_large_misaligned_problems():
-    wt, sk = gemmlib.get_kernel("warptile"), gemmlib.get_kernel("split_k")
-    assert dispatch.staging(wt, 4095, 4097, 4093) == (4096, 4100)
-    assert dispatch.staging(wt, 4096, 4096, 4096) is None  # aligned already
-    assert dispatch.staging(wt, 100, 101, 103) is None  # too small to pay
-    assert dispatch.staging(gemmlib.get_kernel("shared"), 4095, 4097, 4093) is None
-    assert dispatch.staging(sk, 4095, 4097, 4093) == (4096, 4100)
-
-
-@pytest.fixture
-def always_stage(monkeypatch):
-    monkeypatch.setattr(dispatch, "STAGE_MIN_FLOPS", 0)
-    monkeypatch.setattr(dispatch, "STAGE_MIN_FLOPS_PER_BYTE", 0)
-    dispatch.clear_memory_caches()
-    yield
-    dispatch.clear_memory_caches()
-
-
-@pytest.mark.parametrize("shape", [(37, 29, 53), (5, 3, 70), (16, 17, 4), (9, 8, 7)])
-def test_staged_auto_gives_the_unstaged_kernels_result(always_stage, shape, rng):
-    M, N, K = shape
-    A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
-    p = dispatch.plan("auto", M, N, K)
-    assert p.stage == (-(-K // 4) * 4, -(-N // 4) * 4) or (K % 4 == 0 and N % 4 == 0)
-    C = np.full((M, N), np.nan, np.float32)
-    gemmlib.matmul(A, B, out=C)
-    assert rel_err(C, ref64(A, B)) < 1e-5
-    plain = gemmlib.matmul(A, B, kernel=p.spec)  # the same kernel on the operands as given
-    assert np.array_equal(C, plain)  # the padding zeros add exactly nothing
-
-
-def test_staged_split_k(always_stage, rng):
-    spec = dispatch.build("split_k", dict(SPLITS=3))
-    M, N, K = 21, 13, 75
-    assert dispatch.staging(spec, M, N, K) == (76, 16)
-    A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
-    p = dispatch.plan(spec, M, N, K)  # named specs are never staged ...
-    assert p.stage is None
-    staged = dispatch.Plan(**{**p.__dict__, "stage": (76, 16)})  # ... so stage one by hand
-    C = np.full((M, N), np.nan, np.float32)
-    dispatch.launch(staged, A, B, C, M, N, K)
-    assert np.array_equal(C, gemmlib.matmul(A, B, kernel=spec))
-
-
-# --------------------------------------------------------------------------
 # The cache file format
 
 
@@ -382,25 +332,6 @@ def test_gpu_auto_split_k_is_right_and_bit_identical(shape):
     assert backend.relative_error(C1, R) <= tolerance("float32", shape[2])
     cp = backend.array_module()
     assert bool(cp.all(C1 == C2))
-
-
-@gpu
-@pytest.mark.parametrize("shape", [(300, 203, 181), (1025, 1023, 517), (64, 61, 3000)])
-def test_gpu_staged_auto_matches_the_unstaged_kernel(always_stage, shape):
-    M, N, K = shape
-    A, B, R = _gpu_operands(M, N, K, seed=11)
-    p = dispatch.plan("auto", M, N, K)
-    assert p.stage is not None
-    cp = backend.array_module()
-    C = cp.full((M, N), cp.nan, dtype=cp.float32)
-    gemmlib.matmul(A, B, out=C)
-    assert backend.relative_error(C, R) <= tolerance("float32", K)
-    assert bool(cp.all(C == gemmlib.matmul(A, B, kernel=p.spec)))
-    s = cp.cuda.Stream(non_blocking=True)  # on a caller's stream too
-    C2 = cp.full((M, N), cp.nan, dtype=cp.float32)
-    gemmlib.matmul(A, B, out=C2, stream=s)
-    s.synchronize()
-    assert bool(cp.all(C2 == C))
 
 
 @gpu
