@@ -11,6 +11,7 @@ with the same messages.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,13 +78,13 @@ _CUPY_NDARRAY = None  # cupy.ndarray, once CuPy is imported (never in the simula
 
 def _cupy_ndarray():
     global _CUPY_NDARRAY
-    if _CUPY_NDARRAY is None and not SIMULATOR and "cupy" in __import__("sys").modules:
-        _CUPY_NDARRAY = __import__("sys").modules["cupy"].ndarray
+    if _CUPY_NDARRAY is None and not SIMULATOR and "cupy" in sys.modules:
+        _CUPY_NDARRAY = sys.modules["cupy"].ndarray
     return _CUPY_NDARRAY
 
 
 def _describe(x, name: str) -> _Operand:
-    if type(x) is _CUPY_NDARRAY or type(x) is _cupy_ndarray():  # the common case, cheaply
+    if type(x) is _cupy_ndarray():  # the common case, cheaply
         nbytes = x.nbytes
         mem = x.data
         return _Operand(x, x.shape, x.dtype, x.flags.c_contiguous, on_host=False, ptr=mem.ptr,

@@ -284,19 +284,16 @@ def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, lim
     best (tile and slice count) is merged into ``path`` (default: the user
     cache) under the shape's class.
     """
-    if tuple(splits) != (1,):
-        cands = list(candidates) if candidates is not None else default_candidates(kernel)
-        candidates = [dict(p, SPLITS=S) if S > 1 else dict(p) for p in cands for S in splits]
     M, N, K = shape
     dev = backend.device_info()
     cands = list(candidates) if candidates is not None else default_candidates(kernel)
+    trials = [(p, S) for p in cands for S in splits]  # (tile, slice count)
     result = TuneResult(kernel, (M, N, K))
     if backend.SIMULATOR:  # constraints only: timings would be meaningless
-        for p in cands:
-            spec = build(kernel, p)
-            why = spec.failed_constraints(M, N, K, dev)
+        for p, S in trials:
+            why = _trial_spec(kernel, p, S).failed_constraints(M, N, K, dev)
             result.trials.append(Trial(p, "rejected" if why else "not timed (simulator)",
-                                       "; ".join(why)))
+                                       "; ".join(why), splits=S))
         return result
 
     from gemmlib.api import matmul
@@ -310,10 +307,8 @@ def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, lim
     result.cublas_ms = time_spec_cublas(A, B, C, reps)
     t_start = time.perf_counter()
     timed = 0
-    for p in cands:
-        S = p.get("SPLITS", 1)
-        p = {k: v for k, v in p.items() if k != "SPLITS"}
-        spec = build(kernel, p) if S == 1 else build("split_k", dict(p, SPLITS=S))
+    for p, S in trials:
+        spec = _trial_spec(kernel, p, S)
         why = spec.failed_constraints(M, N, K, dev)
         if why:
             result.trials.append(Trial(p, "rejected", "; ".join(why), splits=S))
@@ -341,6 +336,11 @@ def tune(shape=AUTO_SHAPE, kernel: str = DEFAULT_KERNEL, candidates=None, *, lim
     if save and result.best is not None:
         record(result, path=path)
     return result
+
+
+def _trial_spec(kernel: str, p: dict, S: int):
+    """The spec a trial runs: tile ``p`` of ``kernel``, split into ``S`` K slices when S > 1."""
+    return build(kernel, p) if S == 1 else build("split_k", dict(p, SPLITS=S))
 
 
 def time_spec_cublas(A, B, C, reps: int = 10) -> float:

@@ -80,14 +80,12 @@ def require_device() -> None:
     global _DEVICE_SEEN
     if _DEVICE_SEEN:  # checked once: this runs on every matmul call
         return
-    if SIMULATOR or gpu_present():
-        _DEVICE_SEEN = True
-        return
     if not SIMULATOR and not gpu_present():
         raise NoGPUError(
             "no CUDA GPU found. Run on a machine with an NVIDIA GPU, or set "
             "NUMBA_ENABLE_CUDASIM=1 before importing gemmlib to use numba's simulator."
         )
+    _DEVICE_SEEN = True
 
 
 # --------------------------------------------------------------------------

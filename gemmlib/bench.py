@@ -317,7 +317,8 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
             for name in names:
                 bar.set_postfix_str(f"{name} {mode} {M}x{N}x{K}")
                 row = _measure(name, mode, A, B, Bt, C, ref, M, N, K, timers[mode], reps,
-                               warmup, budget_s, flops, cubs[mode], cub_nt, result)
+                               warmup, budget_s, flops, cubs[mode], cub_nt, result,
+                               note_skip=mode == modes[0])
                 if row is not None:
                     result.rows.append(row)
                 bar.update()
@@ -336,19 +337,20 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
 
 
 def _measure(name, mode, A, B, Bt, C, ref, M, N, K, timer, reps, warmup, budget_s, flops,
-             cub, cub_nt, result):
-    """One row: kernel ``name`` on this shape, timed as ``mode``; None when it cannot run."""
+             cub, cub_nt, result, note_skip=True):
+    """One row: kernel ``name`` on this shape, timed as ``mode``; None when it cannot run
+    (recorded in ``result.meta["skipped"]`` when ``note_skip``: once per kernel and shape)."""
     spec = _spec(name, M, N, K)
     failed = spec.failed_constraints(M, N, K, backend.device_info())
     if failed:
-        if mode == "kernel" or "kernel" not in result.meta.get("timing", ""):
+        if note_skip:
             result.meta.setdefault("skipped", []).append(
                 {"kernel": name, "shape": [M, N, K], "why": failed})
         return None
     nt = spec.b_operand == "NK"
     Bk = Bt if nt else B
     C.fill(np.nan)
-    kernel = name if name in ("auto",) or mode == "call" else spec
+    kernel = name if name == "auto" or mode == "call" else spec
     matmul(A, Bk, out=C, kernel=kernel, transpose_b=nt)  # compiles; checks operands once
     err = backend.relative_error(C, ref)
     if not err <= tolerance(spec.dtype, K):

@@ -94,7 +94,6 @@ def clear_memory_caches() -> None:
         _CHOICES.clear()
         _PLANS.clear()
         _COMPILED.clear()
-        _KEEP.clear()
         _BOUND.clear()
 
 
@@ -155,7 +154,7 @@ _CHOICES = _LRU(4096)
 
 def resident_blocks(spec: KernelSpec, dev, registers: int | None = None) -> int:
     """Blocks of ``spec`` one SM holds at once (registers, shared memory, threads)."""
-    if registers is None:  # the rung's own estimate: accumulators + fragments + staging + ~30
+    if registers is None:  # a rough estimate: the results per thread, their fragments, ~60 more
         p = spec.params
         per = (p.get("BM", 64) * p.get("BN", 64)) // max(spec.threads, 1)
         registers = min(255, per + 2 * int(per ** 0.5) + 60)
@@ -336,8 +335,9 @@ def driver() -> _Driver:
 class Compiled:
     """One kernel's machine code and its loaded function per CUDA context."""
 
-    def __init__(self, cubin: bytes, entry: str, source: str):
-        self.cubin, self.entry, self.source = cubin, entry, source  # source: "disk" | "compiled"
+    def __init__(self, cubin: bytes, entry: str):
+        self.cubin, self.entry = cubin, entry
+        self.kernel = None  # the numba kernel this came from (keeps its id unique)
         self.registers = self.local_bytes = self.static_shared_bytes = None
         self._functions: dict[int, int] = {}
         self._modules: list = []  # keeps module handles alive with this object
@@ -373,8 +373,7 @@ class Compiled:
         return fn.value
 
 
-_COMPILED: dict[int, Compiled] = {}  # id(numba kernel) -> Compiled (the kernel is kept alive)
-_KEEP: dict[int, object] = {}
+_COMPILED: dict[int, Compiled] = {}  # id(numba kernel) -> Compiled (which keeps the kernel)
 
 
 def _signature(dtype: str, nargs: int):
@@ -394,8 +393,8 @@ def compiled(kernel, *, module: str, params: dict, dtype: str = "float32",
         c = _COMPILED.get(id(kernel))
         if c is None:
             c = _compile(kernel, module, params, dtype, nargs)
+            c.kernel = kernel  # the id stays this kernel's while the entry lives
             _COMPILED[id(kernel)] = c
-            _KEEP[id(kernel)] = kernel  # the id stays this kernel's while the entry lives
     return c
 
 
@@ -408,7 +407,7 @@ def _compile(kernel, module, params, dtype, nargs) -> Compiled:
     hit = diskcache.load(cache_dir(), key)  # None for a damaged entry (which it removes)
     if hit is not None and hit[1].get("key") == key and hit[1].get("entry"):
         STATS["disk_hits"] += 1
-        return Compiled(hit[0], hit[1]["entry"], "disk")
+        return Compiled(hit[0], hit[1]["entry"])
     if existed:
         diskcache.discard(cache_dir(), key)
         STATS["disk_rejects"] += 1
@@ -426,7 +425,7 @@ def _compile(kernel, module, params, dtype, nargs) -> Compiled:
                                               "kernel": name, "module": module,
                                               "params": {k_: repr(v) for k_, v in params.items()},
                                               "cc": list(cc)})
-    return Compiled(cubin, k.entry_name, "compiled")
+    return Compiled(cubin, k.entry_name)
 
 
 def compiled_spec(spec: KernelSpec) -> Compiled:
@@ -499,12 +498,8 @@ class _Bound:
 _BOUND: dict = {}
 
 
-def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
-    """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
-
-    B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
-    :func:`gemmlib.matmul` makes them first.
-    """
+def _bound(p: Plan) -> _Bound:
+    """Plan ``p`` made ready for the current CUDA context (kernels loaded), memoised."""
     ctx = driver().current_context()
     key = (id(p), ctx)
     b = _BOUND.get(key)
@@ -515,6 +510,16 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
             _BOUND[key] = b
             if len(_BOUND) > 8192:
                 _BOUND.pop(next(iter(_BOUND)))
+    return b
+
+
+def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
+    """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
+
+    B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
+    :func:`gemmlib.matmul` makes them first.
+    """
+    b = _bound(p)
     words = b.words.copy()
     words[_DATA[0]], words[_DATA[1]] = a_ptr, b_ptr
     if p.splits <= 1:
@@ -533,10 +538,11 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
 
 def _workspace(rows: int, cols: int, dtype, stream: int):
     """A (rows, cols) scratch array allocated on ``stream`` (CuPy's pool is stream-ordered)."""
+    from contextlib import nullcontext
+
     cp = backend.array_module()
-    if stream == cp.cuda.get_current_stream().ptr:
-        return cp.empty((rows, cols), dtype=dtype)
-    with cp.cuda.ExternalStream(stream):
+    current = stream == cp.cuda.get_current_stream().ptr
+    with nullcontext() if current else cp.cuda.ExternalStream(stream):
         return cp.empty((rows, cols), dtype=dtype)
 
 
@@ -579,9 +585,6 @@ def warm(kernel, M: int, N: int, K: int) -> Plan:
     """Make the plan and load its kernels now (compiling them if the cache misses)."""
     p = plan(kernel, M, N, K)
     if not SIMULATOR:
-        ctx = driver().current_context()
-        compiled_spec(p.spec).function(ctx, p.shared_bytes)
-        if p.splits > 1:
-            _compiled_reduce(p.spec).function(ctx)
+        _bound(p)
     return p
 

@@ -618,16 +618,18 @@ def ptx_evidence(spec, patterns, examples: int = 2):
                  caption=f"PTX of {spec.name} compiled for this GPU")
 
 
-def committed_json(pattern: str):
+def committed_json(pattern: str, directory=None):
     """[(file name, parsed JSON)] for committed files matching ``pattern`` under results/
-    (e.g. "layouts-*.json", "tuning/*.json"); empty when there are none."""
+    (e.g. "layouts-*.json", "tuning/*.json"), or under ``directory``; empty when none."""
     import json
 
-    root = repo_root()
-    if root is None:
-        return []
+    if directory is None:
+        root = repo_root()
+        if root is None:
+            return []
+        directory = root / "results"
     out = []
-    for p in sorted((root / "results").glob(pattern)):
+    for p in sorted(Path(directory).glob(pattern)):
         try:
             out.append((p.name, json.loads(p.read_text())))
         except (OSError, ValueError) as e:
@@ -639,22 +641,6 @@ def committed_json(pattern: str):
 # Chapter 13: the host cost of a call, and call-level results against cuBLAS
 
 NO_CALL_DATA = "no committed call-level measurement found"
-
-
-def _results_json(pattern: str, directory=None):
-    """[(file name, parsed JSON)] for files matching ``pattern`` in ``directory``
-    (default: the checkout's results/, as :func:`committed_json`)."""
-    if directory is None:
-        return committed_json(pattern)
-    import json
-
-    out = []
-    for p in sorted(Path(directory).glob(pattern)):
-        try:
-            out.append((p.name, json.loads(p.read_text())))
-        except (OSError, ValueError) as e:
-            print(f"(skipping {p.name}: {e})")
-    return out
 
 
 def _newest_per_gpu(files):
@@ -673,7 +659,7 @@ def _newest_per_gpu(files):
 
 def host_cost_files(directory=None):
     """The newest ``host-cost-<gpu>-<date>.json`` per GPU: [(file name, data)]."""
-    return _newest_per_gpu(_results_json("host-cost-*.json", directory))
+    return _newest_per_gpu(committed_json("host-cost-*.json", directory))
 
 
 def host_cost_tables(data: dict, name: str = ""):
@@ -712,19 +698,26 @@ def first_call_line(data: dict) -> str | None:
     return line + "."
 
 
-def show_host_costs(directory=None) -> int:
-    """Tables and a figure for every GPU's newest host-cost record; returns how many."""
-    files = host_cost_files(directory)
+def _show_each(files, missing: str, show) -> int:
+    """``show(name, data)`` for each (file name, data), then its figure; a note when none."""
     if not files:
-        print(f"({NO_CALL_DATA}: results/host-cost-*.json appears once "
-              "gemmlib.bench.host_costs has run on a GPU and its file is committed)")
+        print(f"({NO_CALL_DATA}: {missing})")
         return 0
     import matplotlib.pyplot as plt
+
+    for name, data in files:
+        show(name, data)
+        plt.show()
+    return len(files)
+
+
+def show_host_costs(directory=None) -> int:
+    """Tables and a figure for every GPU's newest host-cost record; returns how many."""
     from IPython.display import display
 
     from gemmlib.viz import plot_host_costs
 
-    for name, data in files:
+    def show(name, data):
         calls, parts = host_cost_tables(data, name)
         display(calls)
         display(parts)
@@ -732,13 +725,14 @@ def show_host_costs(directory=None) -> int:
         if line:
             print(line)
         plot_host_costs(data)
-        plt.show()
-    return len(files)
+
+    return _show_each(host_cost_files(directory), "results/host-cost-*.json appears once "
+                      "gemmlib.bench.host_costs has run on a GPU and its file is committed", show)
 
 
 def call_level_files(directory=None):
     """The newest ``bench-<gpu>-<date>-call.json`` per GPU: [(file name, data)]."""
-    return _newest_per_gpu(_results_json("bench-*-call.json", directory))
+    return _newest_per_gpu(committed_json("bench-*-call.json", directory))
 
 
 def _kernel_rows_elsewhere(data: dict, directory=None):
@@ -746,7 +740,7 @@ def _kernel_rows_elsewhere(data: dict, directory=None):
     slug = data.get("meta", {}).get("gpu_slug")
     if not slug:
         return None, []
-    files = [(n, d) for n, d in _results_json(f"bench-{slug}-*.json", directory)
+    files = [(n, d) for n, d in committed_json(f"bench-{slug}-*.json", directory)
              if not n.endswith("-call.json") and isinstance(d, dict)]
     if not files:
         return None, []
@@ -816,27 +810,23 @@ CALL_TARGETS = {
 
 def show_call_level(targets: dict, directory=None) -> int:
     """A table and a chart per GPU of the newest call-level benchmark; returns how many."""
-    files = call_level_files(directory)
-    if not files:
-        print(f"({NO_CALL_DATA}: results/bench-*-call.json appears once `python -m gemmlib "
-              "bench` has timed the calls on a GPU and its file is committed)")
-        return 0
-    import matplotlib.pyplot as plt
     from IPython.display import display
 
     from gemmlib.viz import plot_call_level
 
-    for name, data in files:
+    def show(name, data):
         table, recs = call_level_table(name, data, targets, directory)
         display(table)
         judged = [d for d in recs if d["met"] is not None]
         missing = [f"{'x'.join(map(str, s))}" for s in targets
                    if s not in {d["shape"] for d in recs}]
-        print(f"{data.get('meta', {}).get('gpu', '?')}: {sum(d['met'] for d in judged)} of "
-              f"{len(judged)} targets met" + (f"; not measured: {', '.join(missing)}"
-                                               if missing else ""))
+        gpu = data.get("meta", {}).get("gpu", "?")
+        print(f"{gpu}: {sum(d['met'] for d in judged)} of {len(judged)} targets met"
+              + (f"; not measured: {', '.join(missing)}" if missing else ""))
         if recs:
             plot_call_level(recs, title=f"gemmlib.matmul (kernel='auto') vs cuBLAS, "
-                            f"call timing, on {data.get('meta', {}).get('gpu', '?')}")
-            plt.show()
-    return len(files)
+                            f"call timing, on {gpu}")
+
+    return _show_each(call_level_files(directory), "results/bench-*-call.json appears once "
+                      "`python -m gemmlib bench` has timed the calls on a GPU and its file is "
+                      "committed", show)

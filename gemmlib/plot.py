@@ -125,7 +125,7 @@ def plot_files(paths, out_dir="figures") -> list[Path]:
             continue
         stem = Path(p).stem.replace("bench-", "")
         if any(r.timing == "call" for r in result.rows):
-            written.append(_call_figure(p, result, out / f"{stem}.png"))
+            written.append(_call_figure(result, out / f"{stem}.png"))
             continue
         for suffix, make in (("tflops", tflops_figure), ("pct-cublas", pct_figure),
                              ("ladder", ladder_figure)):
@@ -137,13 +137,11 @@ def plot_files(paths, out_dir="figures") -> list[Path]:
     return written
 
 
-def _call_figure(path, result: Result, out: Path) -> Path:
-    import json
-
+def _call_figure(result: Result, out: Path) -> Path:
     from gemmlib.notebook import CALL_TARGETS, call_level_records
     from gemmlib.viz import plot_call_level
 
-    records = call_level_records(json.loads(Path(path).read_text()), CALL_TARGETS)
+    records = call_level_records(result.to_json(), CALL_TARGETS)
     fig = plot_call_level(records, title=_title(result, "gemmlib.matmul as called, vs cuBLAS"))
     fig = getattr(fig, "figure", fig)
     fig.savefig(out, bbox_inches="tight")

@@ -626,16 +626,11 @@ def plot_timeline(rows, title=None, unit="time"):
 
 
 def split_k_slices(K: int, BK: int, S: int) -> list[tuple[int, int]]:
-    """The k-tiles block z of a split-K launch with ``S`` blocks along z sums, for every z.
+    """The k-tiles each block z of a split-K launch sums: :func:`gemmlib.kernels.split_k.k_slices`
+    (``S`` is the grid's z, i.e. the slice count after ``effective_splits``)."""
+    from gemmlib.kernels.split_k import k_slices
 
-    The rule of the SPLIT_K branch of :mod:`gemmlib.kernels.warptile`:
-    ``per = ceil(ktiles / S)``; block z sums k-tiles ``[z*per, min(ktiles, z*per + per))``
-    (a pair with ``t1 <= t0`` is an empty slice).  ``S`` is the grid's z, i.e. the
-    slice count after :func:`gemmlib.kernels.split_k.effective_splits`.
-    """
-    ktiles = -(-K // BK)
-    per = -(-ktiles // max(S, 1))
-    return [(z * per, min(ktiles, z * per + per)) for z in range(max(S, 1))]
+    return k_slices(K, BK, S)
 
 
 def plot_split_k(M: int, N: int, K: int, BM: int, BN: int, BK: int, S: int,

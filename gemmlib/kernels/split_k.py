@@ -92,6 +92,15 @@ def splits_for(M: int, N: int, K: int, BM: int, BN: int, BK: int, dev=None,
     return min(range(1, smax + 1), key=lambda s: (cost(s), s))
 
 
+def k_slices(K: int, BK: int, S: int) -> list[tuple[int, int]]:
+    """(t0, t1) for every block z of a launch with ``S`` blocks along z: it sums k-tiles
+    t0 <= t < t1.  The rule of warptile's SPLIT_K branch: ``per = ceil(ktiles / S)``,
+    block z starts at ``z * per`` (a pair with ``t1 <= t0`` is an empty slice)."""
+    ktiles = cdiv(K, BK)
+    per = cdiv(ktiles, max(S, 1))
+    return [(z * per, min(ktiles, z * per + per)) for z in range(max(S, 1))]
+
+
 def effective_splits(S: int, K: int, BK: int) -> int:
     """Slices that all hold at least one k-tile (what the kernel's z-slicing yields)."""
     ktiles = cdiv(max(K, 1), BK)
@@ -105,12 +114,12 @@ def _main_kernel(tile: tuple):
     return warptile.build(**dict(tile), SPLIT_K=True)
 
 
-def _workspace_fits(spec, M, N, K, dev):
+def _slices_fit(spec, M, N, K, dev):
     return spec.grid(M, N, K)[2] <= dev.max_grid[2]
 
 
 CONSTRAINTS = (
-    Constraint("slices", _workspace_fits,
+    Constraint("slices", _slices_fit,
                "gridDim.z (the number of K slices) is limited by the device"),
 )
 
