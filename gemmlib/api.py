@@ -50,6 +50,13 @@ class _Operand:
     nbytes: int = 0
     device: int | None = None
     kind: str = "numpy"  # numpy | cupy | numba | other
+    #: element type by name; "bfloat16" for BF16Array / torch / ml_dtypes data, whose
+    #: ``obj`` is then the raw 16-bit patterns
+    dname: str = ""
+
+    def __post_init__(self):
+        if not self.dname:
+            self.dname = np.dtype(self.dtype).name
 
 
 def _c_contiguous(shape, strides, itemsize) -> bool:
@@ -85,10 +92,38 @@ def _cupy_ndarray():
 
 def _describe(x, name: str) -> _Operand:
     if type(x) is _cupy_ndarray():  # the common case, cheaply
-        nbytes = x.nbytes
-        mem = x.data
-        return _Operand(x, x.shape, x.dtype, x.flags.c_contiguous, on_host=False, ptr=mem.ptr,
-                        nbytes=nbytes, device=mem.device_id if nbytes else None, kind="cupy")
+        return _describe_cupy(x)
+    bf16 = _bf16_bits(x)
+    if bf16 is not None:  # bfloat16: describe the bit patterns, remember what they are
+        op = _describe(bf16, name)
+        op.dname = "bfloat16"
+        return op
+    return _describe_other(x, name)
+
+
+def _bf16_bits(x):
+    """The uint16/int16 bit patterns of a bfloat16 array (BF16Array, torch, ml_dtypes), or None."""
+    from gemmlib.precision import BF16Array
+
+    if isinstance(x, BF16Array):
+        return x.bits
+    if isinstance(x, np.ndarray) and x.dtype.name == "bfloat16":  # ml_dtypes
+        return x.view(np.uint16)
+    if str(getattr(x, "dtype", "")) == "torch.bfloat16":
+        import torch
+
+        return x.view(torch.int16)  # same bits; torch exports int16 through DLPack and CAI
+    return None
+
+
+def _describe_cupy(x) -> _Operand:
+    nbytes = x.nbytes
+    mem = x.data
+    return _Operand(x, x.shape, x.dtype, x.flags.c_contiguous, on_host=False, ptr=mem.ptr,
+                    nbytes=nbytes, device=mem.device_id if nbytes else None, kind="cupy")
+
+
+def _describe_other(x, name: str) -> _Operand:
     if (not isinstance(x, np.ndarray) and not hasattr(x, "__cuda_array_interface__")
             and not type(x).__module__.startswith("numba")  # the simulator's device arrays
             and hasattr(x, "__dlpack__") and _dlpack_on_host(x)):
@@ -145,13 +180,17 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
         raise ValueError(
             f"inner dimensions differ: A is {M}x{K} and B is {b.shape[0]}x{b.shape[1]}; "
             f"{expr} ({K2}) to equal A's columns ({K})")
-    want = np.dtype(spec.dtype)
     ops = [(a, "A"), (b, "B")] + ([(c, "out")] if c is not None else [])
     for op, name in ops:
-        if op.dtype != want:
+        want = spec.dtype if name != "out" else spec.out_dtype
+        if op.dname != want or (op.dname != "bfloat16" and op.dtype != np.dtype(want)):
+            what = (f"kernel {spec.name!r} computes in {want}" if name != "out" else
+                    f"kernel {spec.name!r} writes {want}")
             raise TypeError(
-                f"{name} has dtype {op.dtype}, but kernel {spec.name!r} computes in {want}: "
-                f"convert it first (e.g. {name}.astype(np.{want}))")
+                f"{name} has dtype {op.dtype if op.dname != 'bfloat16' else 'bfloat16'}, but "
+                f"{what}: convert it first (e.g. {name}.astype(np.{want}))"
+                + ("" if spec.precision == "fp32" or name == "out" else
+                   f" or pass precision= for the input's own type"))
     if a.on_host != b.on_host or (c is not None and c.on_host != a.on_host):
         where = ", ".join(f"{n} on {'host' if o.on_host else 'GPU'}" for o, n in ops)
         raise TypeError(
@@ -213,7 +252,7 @@ def _staging_stream(stream):
 
 
 def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=None,
-           transpose_b: bool = False):
+           transpose_b: bool = False, precision: str | None = None):
     """C = A @ B (or A @ B.T with ``transpose_b=True``) with one of gemmlib's kernels.
 
     Parameters
@@ -258,18 +297,43 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         layout of the CuTe chapters), and C = A @ B.T.  Only kernels whose
         spec says ``b_operand="NK"`` take it.
 
+    precision : what the product is computed in (see ``gemmlib.precision``).
+        ``None`` (default): the inputs' own type -- float32 exactly, in fp32
+        on the CUDA cores; float16 and bfloat16 (torch bf16 tensors,
+        ``ml_dtypes.bfloat16`` arrays, ``gemmlib.precision.BF16Array``) on
+        the tensor cores, products exact, accumulated in fp32.  For float32
+        inputs ``"tf32"`` rounds them to TF32 on the tensor cores (~1e-4
+        relative error, about 8x faster), and ``"3xtf32"`` splits each into
+        two TF32 parts and issues three tensor-core products: fp32-level
+        accuracy at tensor-core speed.  Tensor-core products return float32
+        (``out`` must be float32) and compute A @ B (``transpose_b=False``);
+        they need sm_80 or newer (``ConstraintError`` otherwise).  The default
+        kernel is the autotuned ``mma_pipeline``; ``"mma_atom"`` and
+        ``"mma_swizzle"`` are the teaching rungs.
+
     Any M, N, K >= 0 is accepted; nothing needs padding, and indices are
     64-bit (matrices past 2**31 elements work where the grid allows).  A kernel that
     cannot run the problem on this GPU raises ``ConstraintError`` naming the
-    constraint, before anything is launched.
+    constraint, before anything is launched.  The tensor-core pipeline moves
+    16-byte pieces: when K or N is not a multiple of 8 (16-bit) or 4 (float32),
+    or an operand is not 16-byte aligned, the call first copies A and B into
+    zero-padded aligned buffers (the result is the same; the copy costs time).
     """
-    kernel = kernel or _default_kernel(transpose_b)
-    # The spec the operand checks read (dtype, B's layout); "auto" resolves per shape below.
-    spec = dispatch.get_spec(dispatch.AUTO_RUNG if kernel == dispatch.AUTO else kernel)
     if stream is not None:
         _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
     c = _describe(out, "out") if out is not None else None
+    if precision is None and isinstance(kernel, KernelSpec):
+        precision = kernel.precision
+    if (precision is not None and precision != "fp32") or a.dname != "float32":
+        from gemmlib.precision import check_precision
+
+        prec = check_precision(precision, a.dname)
+        if prec != "fp32":
+            return _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b)
+    kernel = kernel or _default_kernel(transpose_b)
+    # The spec the operand checks read (dtype, B's layout); "auto" resolves per shape below.
+    spec = dispatch.get_spec(dispatch.AUTO_RUNG if kernel == dispatch.AUTO else kernel)
     M, N, K = _check_operands(spec, a, b, c, transpose_b)
     backend.require_device()
     plan = dispatch.plan(kernel, M, N, K)  # the constraint check (ConstraintError) is here
@@ -304,6 +368,95 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
         dispatch.run(plan, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream))
     return C
+
+
+def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
+    """matmul in a tensor-core precision (operands described, precision checked)."""
+    if transpose_b:
+        raise ValueError("the tensor-core kernels compute A @ B: pass B as (K, N) with "
+                         "transpose_b=False")
+    kernel = kernel or dispatch.AUTO
+    auto = isinstance(kernel, str) and kernel == dispatch.AUTO
+    check_spec = (kernel if isinstance(kernel, KernelSpec) else
+                  dispatch.get_spec(dispatch.TC_AUTO if auto else kernel, prec))
+    if check_spec.precision != prec:
+        raise ValueError(f"kernel {check_spec.name!r} computes in {check_spec.precision}, "
+                         f"not {prec}")
+    M, N, K = _check_operands(check_spec, a, b, c, False)
+    backend.require_device()
+    spec = dispatch.select_tc(prec, M, N, K) if auto else check_spec
+    if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
+        xp = backend.array_module()
+        with _staging_stream(stream):
+            C = matmul(*(_to_device(op, xp) for op in (a, b)), kernel=spec, stream=stream)
+            result = xp.asnumpy(C)
+        if out is None:
+            return result
+        c.obj[...] = result
+        return out
+    xp = np if a.on_host else backend.array_module()
+    A_, B_ = _kernel_array(a, xp), _kernel_array(b, xp)
+    al = spec.operand_align
+    misaligned = not a.on_host and (a.ptr % 16 or b.ptr % 16)
+    Kp, Np = K, N
+    if al and (K % al or N % al or misaligned):   # stage into zero-padded, aligned copies
+        Kp, Np = -(-K // al) * al, -(-N // al) * al
+        A_, B_ = _padded(A_, M, Kp, xp), _padded(B_, Kp, Np, xp)
+    with _staging_stream(stream) if not a.on_host else _nullcontext():
+        if out is not None:
+            C = out
+        elif a.on_host:
+            C = np.empty((M, N), dtype=np.float32)
+        else:
+            C = _allocate_output(M, N, np.float32, numba=a.kind == "numba")
+        Ck = C if Np == N else xp.empty((M, Np), dtype=np.float32)
+        if M != 0 and N != 0:
+            plan = dispatch.plan(spec, M, Np, Kp)  # ConstraintError here
+            if a.on_host:  # simulator
+                dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream)
+            else:
+                dispatch.run(plan, _ptr(A_), _ptr(B_), _ptr(Ck), dispatch.stream_handle(stream))
+            if Ck is not C:  # drop the padded columns (in order on the same stream)
+                (C if a.on_host else xp.asarray(C))[...] = Ck[:, :N]
+    return C
+
+
+def _nullcontext():
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def _kernel_array(op: _Operand, xp):
+    """The operand as an array the kernel can take: raw 16-bit patterns for 16-bit inputs;
+    NumPy (simulator, private copy when read-only) or a GPU array."""
+    x = op.obj
+    if op.on_host:
+        if not (x.flags.c_contiguous and x.flags.writeable):
+            x = np.array(x, order="C")
+        return x.view(np.uint16) if x.dtype.itemsize == 2 else x
+    return x if type(x) is _cupy_ndarray() else xp.asarray(x)
+
+
+def _to_device(op: _Operand, xp):
+    """A host operand copied to the GPU (bfloat16 as a BF16Array of its bits)."""
+    x = np.ascontiguousarray(op.obj)
+    if op.dname == "bfloat16":
+        from gemmlib.precision import BF16Array
+
+        return BF16Array(xp.asarray(x.view(np.uint16)))
+    return xp.asarray(x)
+
+
+def _padded(x, rows: int, cols: int, xp):
+    """``x`` in the top-left corner of a zero (rows, cols) array of its dtype."""
+    p = xp.zeros((rows, cols), dtype=x.dtype)
+    p[:x.shape[0], :x.shape[1]] = x
+    return p
+
+
+def _ptr(x) -> int:
+    return x.data.ptr if type(x) is _cupy_ndarray() else x.__cuda_array_interface__["data"][0]
 
 
 def _allocate_output(M: int, N: int, dtype, numba: bool):

@@ -26,7 +26,7 @@ from gemmlib import _compat  # noqa: F401  (must run before numba is imported)
 import numba
 import numpy as np
 from numba import cuda
-from numba import float32, float64, int32  # noqa: F401  (re-exported for kernels)
+from numba import float32, float64, int32, uint16, uint32  # noqa: F401  (re-exported for kernels)
 
 SIMULATOR: bool = bool(numba.config.ENABLE_CUDASIM)
 
@@ -195,7 +195,15 @@ def poisoned(shape, dtype=np.float32):
 
 
 def random_matrix(shape, dtype=np.float32, rng=None):
-    """Uniform values in [-1, 1): fresh, non-integer data (zeros hide indexing bugs)."""
+    """Uniform values in [-1, 1): fresh, non-integer data (zeros hide indexing bugs).
+
+    ``dtype="bfloat16"`` returns a :class:`gemmlib.precision.BF16Array` (the
+    float32 values rounded to bfloat16).
+    """
+    if str(dtype) == "bfloat16":
+        from gemmlib.precision import to_bf16
+
+        return to_bf16(random_matrix(shape, np.float32, rng))
     xp = array_module()
     if xp is np:
         rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
@@ -207,13 +215,51 @@ def random_matrix(shape, dtype=np.float32, rng=None):
 def reference(A, B):
     """The oracle: the product in float64 (cuBLAS DGEMM on a GPU, NumPy in the simulator)."""
     xp = array_module()
-    return xp.matmul(xp.asarray(A, dtype=np.float64), xp.asarray(B, dtype=np.float64))
+    return xp.matmul(as_float64(A), as_float64(B))
+
+
+def as_float64(x):
+    """An array's values in float64 (bfloat16 BF16Arrays included)."""
+    xp = array_module()
+    if hasattr(x, "bits"):  # gemmlib.precision.BF16Array
+        x = x.astype(np.float32)
+    return xp.asarray(x, dtype=np.float64)
 
 
 def cublas_matmul(A, B, out=None):
     """cuBLAS in the inputs' own precision (TF32 off): the speed reference."""
     xp = array_module()
     return xp.matmul(A, B, out=out)
+
+
+#: cudaDataType of the inputs and cublasComputeType per precision (cuBLAS's own names)
+_CUDA_R_32F, _CUDA_R_16F, _CUDA_R_16BF = 0, 2, 14
+_COMPUTE = {"fp32": 68, "tf32": 77, "fp16": 68, "bf16": 68}  # 32F, 32F_FAST_TF32
+_INPUT_TYPE = {"fp32": _CUDA_R_32F, "tf32": _CUDA_R_32F, "fp16": _CUDA_R_16F,
+               "bf16": _CUDA_R_16BF}
+
+
+def cublas_gemm(A, B, C, precision: str = "fp32") -> None:
+    """C (float32) = A @ B by cuBLAS in ``precision``: the same-precision reference.
+
+    ``cublasGemmEx`` with fp32 output and fp32 accumulation: fp32 (TF32 off,
+    CUBLAS_COMPUTE_32F), tf32 (CUBLAS_COMPUTE_32F_FAST_TF32), fp16 and bf16
+    inputs (CUBLAS_COMPUTE_32F).  ``A`` and ``B`` are CuPy arrays (bfloat16 as a
+    BF16Array of bits).  Row-major C = A @ B is column-major C^T = B^T A^T.
+    """
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    a = getattr(A, "bits", A)
+    b = getattr(B, "bits", B)
+    M, K = a.shape
+    N = b.shape[1]
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+    t = _INPUT_TYPE[precision]
+    cublas.gemmEx(handle, 0, 0, N, M, K, one.ctypes.data, b.data.ptr, t, N, a.data.ptr, t, K,
+                  zero.ctypes.data, C.data.ptr, _CUDA_R_32F, N, _COMPUTE[precision], -1)
 
 
 def relative_error(C, ref) -> float:

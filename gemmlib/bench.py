@@ -110,6 +110,11 @@ class Row:
     timing: str = "kernel"
     #: host microseconds per call (call rows; None for kernel rows)
     host_us: float | None = None
+    #: what the kernel computed in (gemmlib.precision) and the cuBLAS it was compared with
+    precision: str = "fp32"
+    cublas_precision: str = "fp32"
+    #: cuBLAS's own error against float64 in this run (precision rows)
+    cublas_rel_error: float | None = None
 
 
 @dataclass
@@ -532,3 +537,106 @@ def save_host_costs(data: dict, directory="results") -> Path:
     path = d / f"host-cost-{data['meta']['gpu_slug']}-{data['meta']['date'][:10]}.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
+
+
+# --------------------------------------------------------------------------
+# Tensor-core precisions: each against cuBLAS in the same precision
+
+
+#: the cuBLAS a precision is compared with (3xTF32 races cuBLAS's true-fp32 SGEMM)
+CUBLAS_PRECISION = {"tf32": "tf32", "3xtf32": "fp32", "fp16": "fp16", "bf16": "bf16",
+                    "fp32": "fp32"}
+
+
+def precision_operands(precision: str, M: int, N: int, K: int, seed: int = 0):
+    """Random A, B in the input type of ``precision`` (bfloat16: a BF16Array)."""
+    from gemmlib.precision import INPUT_DTYPE
+
+    dt = INPUT_DTYPE[precision]
+    A = backend.random_matrix((M, K), np.float32, seed)
+    B = backend.random_matrix((K, N), np.float32, seed + 1)
+    if dt == "float16":
+        return A.astype(np.float16), B.astype(np.float16)
+    if dt == "bfloat16":
+        from gemmlib.precision import to_bf16
+
+        return to_bf16(A), to_bf16(B)
+    return A, B
+
+
+def benchmark_precisions(precisions=("fp16", "bf16", "tf32", "3xtf32"), shapes=None, *,
+                         kernels=("auto",), reps: int = 20, warmup: int = 3,
+                         budget_s: float = 10.0, timing: str = "both", seed: int = 0,
+                         progress: bool = True) -> Result:
+    """Tensor-core kernels in each precision, timed against cuBLAS in the same precision.
+
+    Rows carry ``precision`` and ``cublas_precision`` (3xtf32 is compared with
+    cuBLAS's fp32 SGEMM, TF32 off: the product it replaces), the error of both
+    against float64 (``rel_error_vs_fp64``, ``cublas_rel_error``), and the
+    timing mode (events around the launch, or around ``gemmlib.matmul``).
+    """
+    modes = ("kernel", "call") if timing == "both" else (timing,)
+    shapes = [tuple(int(v) for v in s) for s in (shapes or [(4096,) * 3, (8192,) * 3])]
+    if backend.SIMULATOR:
+        raise RuntimeError("benchmark_precisions times GPU kernels: run it on a GPU")
+    cp = backend.array_module()
+    kt = _Timer(True)
+    timers = {"kernel": kt, "call": _Timer(True, idle_start=True, scratch=kt.scratch)}
+    result = Result(meta=environment())
+    result.meta.update(reps_requested=reps, warmup=warmup, flush_l2=True, budget_s=budget_s,
+                       timing=timing, precisions=list(precisions))
+    for (M, N, K) in shapes:
+        flops = 2.0 * M * N * K
+        for prec in precisions:
+            A, B = precision_operands(prec, M, N, K, seed)
+            C = cp.empty((M, N), dtype=np.float32)
+            ref = backend.reference(A, B)
+            cprec = CUBLAS_PRECISION[prec]
+            cub_fn = lambda: backend.cublas_gemm(A, B, C, cprec)  # noqa: E731
+            cub = {m: timers[m](cub_fn, reps, warmup) for m in modes}
+            cub_err = backend.relative_error(C, ref)
+            for name in kernels:
+                spec = (dispatch.select_tc(prec, M, N, K) if name == "auto"
+                        else dispatch.get_spec(name, prec))
+                C.fill(np.nan)
+                matmul(A, B, out=C, kernel=spec)
+                err = backend.relative_error(C, ref)
+                from gemmlib.verify import spec_tolerance
+
+                if not err <= spec_tolerance(spec, K):
+                    raise AssertionError(f"{spec.name} is wrong at {M}x{N}x{K}: {err:.2e}")
+                for mode in modes:
+                    if mode == "kernel":
+                        p = dispatch.warm(spec, M, N, K)
+                        run = lambda: dispatch.run(  # noqa: E731
+                            p, getattr(A, "bits", A).data.ptr, getattr(B, "bits", B).data.ptr,
+                            C.data.ptr, cp.cuda.get_current_stream().ptr)
+                        if spec.failed_constraints(M, N, K, backend.device_info()):
+                            continue  # (misaligned shapes: only the call, which pads)
+                    else:
+                        run = lambda: matmul(A, B, out=C, kernel=name if name != "auto"  # noqa: E731
+                                             else None, precision=prec)
+                    probe = timers[mode](run, 1, 1)
+                    n = _reps_for(probe.median / 1e3, reps, budget_s)
+                    t = timers[mode](run, n, max(0, warmup - 2))
+                    host = host_time(run, n) if mode == "call" else None
+                    row = _row(name, M, N, K, t, flops, cub[mode], err, timing=mode,
+                               host_us=host)
+                    row.precision = prec
+                    row.cublas_precision = cprec
+                    row.cublas_rel_error = cub_err
+                    row.note = spec.name
+                    result.rows.append(row)
+                    if progress:
+                        print(f"{prec:>6} {spec.name:<44} {M}x{N}x{K} {mode:<6} "
+                              f"{row.tflops:7.1f} TFLOP/s  cuBLAS {cprec} {row.cublas_tflops:7.1f}"
+                              f"  {row.pct_of_cublas:5.1f}%  err {err:.2e} (cuBLAS "
+                              f"{cub_err:.2e})", flush=True)
+            for mode in modes:
+                r = _row("cublas", M, N, K, cub[mode], flops, cub[mode], cub_err, timing=mode)
+                r.precision = r.cublas_precision = cprec
+                r.cublas_rel_error = cub_err
+                result.rows.append(r)
+            del A, B, C, ref
+            cp.get_default_memory_pool().free_all_blocks()
+    return result

@@ -123,12 +123,24 @@ def build(rung: str, params: dict | None = None) -> KernelSpec:
     return spec
 
 
-def get_spec(kernel) -> KernelSpec:
-    """A rung name, ``"auto"`` (its choice for AUTO_SHAPE) or a KernelSpec, as a spec."""
+def get_spec(kernel, precision: str | None = None) -> KernelSpec:
+    """A rung name, ``"auto"`` (its choice for AUTO_SHAPE) or a KernelSpec, as a spec.
+
+    ``precision`` (a tensor-core precision, see gemmlib.precision) builds a
+    tensor-core rung in that precision; ``"auto"`` then means the tuned
+    ``mma_pipeline`` (:func:`select_tc`).
+    """
     if isinstance(kernel, KernelSpec):
         return kernel
-    if kernel == AUTO:
-        return select(*AUTO_SHAPE)
+    if precision not in (None, "fp32"):
+        if kernel == AUTO:
+            return select_tc(precision, *AUTO_SHAPE)
+        rung = get_rung(kernel)
+        if rung.precision == "fp32":
+            raise ValueError(f"kernel {kernel!r} computes on the CUDA cores in fp32; "
+                             f"precision={precision!r} needs a tensor-core rung "
+                             f"({', '.join(TC_RUNGS)} or 'auto')")
+        return build(kernel, {"precision": precision})
     return get_rung(kernel)
 
 
@@ -189,6 +201,32 @@ def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
         spec = build(SPLIT_RUNG, dict(tile.params, SPLITS=splits))
         if spec.failed_constraints(M, N, K, dev):
             spec = tile
+    return _CHOICES.put(key, spec)
+
+
+#: the tensor-core rungs (gemmlib.intrinsics.mma); "auto" picks the last, tuned
+TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline")
+TC_AUTO = "mma_pipeline"
+
+
+def tc_tuning_key(precision: str) -> str:
+    """The name tuning data for the tensor-core pipeline in ``precision`` is kept under."""
+    return f"{TC_AUTO}:{precision}"
+
+
+def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
+    """What ``kernel="auto"`` runs in a tensor-core ``precision``: ``mma_pipeline`` with the
+    tile the autotuner measured fastest for this GPU and the shape's class (else the default)."""
+    key = ("tc", precision, M, N, K, slug)
+    spec = _CHOICES.get(key)
+    if spec is not None:
+        return spec
+    entry = tuning.best_entry(M, N, K, tc_tuning_key(precision), slug)
+    params = dict(entry["params"]) if entry else {}
+    params["precision"] = precision
+    spec = build(TC_AUTO, params)
+    if entry and spec.failed_constraints(M, N, K, backend.device_info()):
+        spec = build(TC_AUTO, {"precision": precision})
     return _CHOICES.put(key, spec)
 
 
@@ -376,11 +414,13 @@ class Compiled:
 _COMPILED: dict[int, Compiled] = {}  # id(numba kernel) -> Compiled (which keeps the kernel)
 
 
-def _signature(dtype: str, nargs: int):
+def _signature(dtype, nargs: int):
+    """numba's argument types: ``nargs`` C-contiguous 2-D arrays of ``dtype``
+    (one name, or one per argument)."""
     from numba import types
 
-    elem = getattr(types, dtype)[:, ::1]
-    return (elem,) * nargs
+    dtypes = (dtype,) * nargs if isinstance(dtype, str) else tuple(dtype)
+    return tuple(getattr(types, d)[:, ::1] for d in dtypes)
 
 
 def compiled(kernel, *, module: str, params: dict, dtype: str = "float32",
@@ -430,7 +470,9 @@ def _compile(kernel, module, params, dtype, nargs) -> Compiled:
 
 def compiled_spec(spec: KernelSpec) -> Compiled:
     """The main kernel of ``spec``, compiled (or read from the cache) for this GPU."""
-    return compiled(spec.kernel, module=spec.module, params=spec.code_params, dtype=spec.dtype)
+    dtypes = spec.kernel_dtypes
+    return compiled(spec.kernel, module=spec.module, params=spec.code_params,
+                    dtype=dtypes[0] if len(set(dtypes)) == 1 else dtypes)
 
 
 def _compiled_reduce(spec: KernelSpec) -> Compiled:
@@ -483,12 +525,13 @@ class _Bound:
 
     def __init__(self, p: Plan, ctx: int):
         spec, M, N, K = p.spec, p.M, p.N, p.K
-        item = np.dtype(spec.dtype).itemsize
+        ia, ib, ic = (np.dtype(d).itemsize for d in spec.kernel_dtypes)
+        item = ic
         b_rows, b_cols = (N, K) if spec.b_operand == "NK" else (K, N)
         c_rows = M * p.splits  # the workspace when K is split
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
-        self.words = (_array_words(0, M, K, item) + _array_words(0, b_rows, b_cols, item)
-                      + _array_words(0, c_rows, N, item))
+        self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
+                      + _array_words(0, c_rows, N, ic))
         self.red = self.red_words = None
         if p.splits > 1:
             self.red = _compiled_reduce(spec).function(ctx)

@@ -329,6 +329,105 @@ def padded(shape, pad: int, major: str = "col") -> Layout:
 
 
 # --------------------------------------------------------------------------
+# Swizzles: XOR the row into the column so a column of a tile spreads over the banks
+
+
+@dataclass(frozen=True)
+class Swizzle:
+    """An XOR swizzle of offsets (CuTe's ``Swizzle<B, M, S>``).
+
+    ``swizzle(o) = o ^ (((o >> (base + shift)) & (2**bits - 1)) << base)``: the
+    ``bits`` bits of ``o`` that sit ``shift`` places above bit ``base`` are XORed
+    into bits ``base .. base + bits``.  With ``base`` = log2(elements per 16-byte
+    chunk) the low bits of the *row* (high bits of the offset) permute which
+    16-byte chunk of the row an element lands in.  Each row keeps its elements
+    (the swizzle only permutes chunks within a row), so it is a bijection: the
+    tile needs no padding, and 16-byte copies and ldmatrix reads stay 16-byte
+    aligned.
+    """
+
+    bits: int
+    base: int
+    shift: int
+
+    def __call__(self, offset: int) -> int:
+        return offset ^ (((offset >> (self.base + self.shift)) & ((1 << self.bits) - 1))
+                         << self.base)
+
+    def expr(self, o: str) -> str:
+        mask = (1 << self.bits) - 1
+        return f"{o} ^ ((({o} >> {self.base + self.shift}) & {mask}) << {self.base})"
+
+    def __repr__(self) -> str:
+        return f"Swizzle<{self.bits},{self.base},{self.shift}>"
+
+
+@dataclass(frozen=True)
+class SwizzledLayout:
+    """``swizzle o layout``: the layout's offset, then the XOR swizzle."""
+
+    layout: Layout
+    swizzle: Swizzle
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+    @property
+    def cosize(self) -> int:
+        return self.layout.cosize
+
+    @property
+    def shape(self):
+        return self.layout.shape
+
+    @property
+    def rank(self) -> int:
+        return self.layout.rank
+
+    def __call__(self, *coord) -> int:
+        return self.swizzle(self.layout(*coord))
+
+    def offsets(self) -> np.ndarray:
+        return np.vectorize(self.swizzle)(self.layout.offsets())
+
+    def is_injective(self) -> bool:
+        return len({self(k) for k in range(self.size)}) == self.size
+
+    def __repr__(self) -> str:
+        return f"{self.swizzle!r} o {self.layout!r}"
+
+    def source(self, name: str = "offset") -> str:
+        """Python source of the swizzled index function (integers written in)."""
+        body = self.layout.source("_").split("return ", 1)[1].strip()
+        args = ", ".join(f"c{i}" for i in range(self.rank))
+        return (f"def {name}({args}):\n    o = {body}\n"
+                f"    return {self.swizzle.expr('o')}\n")
+
+
+def chunk_swizzle(row_elems: int, elem_bytes: int, rows_xor: int = 8, low: int = 0) -> Swizzle:
+    """The swizzle that spreads ``rows_xor`` consecutive rows of a row-major tile
+    (``row_elems`` elements of ``elem_bytes`` each) over distinct 16-byte chunks.
+
+    The chunk index within a row is XORed with the low bits of the row number
+    (shifted past ``low`` chunk bits: ``low=1`` flips chunk bits 1.. for patterns
+    whose 8 threads already cover two adjacent chunks).  For rows of 64 bytes
+    (4 chunks) two rows share a 128-byte line, so the XOR uses ``row >> 1``.
+    """
+    per_chunk = 16 // elem_bytes
+    chunks = row_elems // per_chunk
+    if row_elems % per_chunk or chunks & (chunks - 1) or chunks < 2:
+        raise ValueError(f"rows of {row_elems} x {elem_bytes}-byte elements are not a "
+                         f"power-of-two number (>= 2) of 16-byte chunks")
+    base = per_chunk.bit_length() - 1 + low
+    row_shift = row_elems.bit_length() - 1                 # offset bit where the row starts
+    line_rows = max(1, 8 // chunks)                        # rows that share a 128-byte line
+    bits = min(max(rows_xor // line_rows, 1).bit_length() - 1, (chunks >> low).bit_length() - 1)
+    src = row_shift + (line_rows.bit_length() - 1)         # first row bit used
+    return Swizzle(bits, base, src - base)
+
+
+# --------------------------------------------------------------------------
 # Composition
 
 

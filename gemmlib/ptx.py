@@ -33,8 +33,7 @@ TARGETS = ((7, 5), (8, 0), (9, 0))
 def signature(spec):
     from numba import types
 
-    elem = getattr(types, spec.dtype)
-    return (elem[:, ::1], elem[:, ::1], elem[:, ::1])
+    return tuple(getattr(types, d)[:, ::1] for d in spec.kernel_dtypes)
 
 
 def compile_ptx(spec, cc=(9, 0)) -> str:

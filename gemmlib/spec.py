@@ -126,11 +126,30 @@ class KernelSpec:
     reduce_block: tuple[int, int, int] = (32, 8, 1)
     #: params that only change the launch (the grid), not the compiled code
     launch_only: tuple[str, ...] = ()
+    #: what the kernel computes in (gemmlib.precision): "fp32" on the CUDA cores, or a
+    #: tensor-core precision ("tf32", "3xtf32", "fp16", "bf16")
+    precision: str = "fp32"
+    #: dtypes of the kernel's arguments (A, B, C) when they differ from ``dtype``:
+    #: 16-bit inputs travel as their uint16 bit patterns, C is float32
+    arg_dtypes: tuple[str, str, str] = ()
+    #: the kernel moves A and B in 16-byte pieces and needs K and N to be multiples
+    #: of this many elements and 16-byte aligned operands; ``gemmlib.matmul`` stages
+    #: other operands into zero-padded aligned copies (0: no requirement)
+    operand_align: int = 0
 
     @property
     def code_params(self) -> dict:
         """The params that determine the compiled kernel (for compile caches)."""
         return {k: v for k, v in self.params.items() if k not in self.launch_only}
+
+    @property
+    def kernel_dtypes(self) -> tuple[str, str, str]:
+        """The dtypes the compiled kernel takes for (A, B, C)."""
+        return tuple(self.arg_dtypes) or (self.dtype,) * 3
+
+    @property
+    def out_dtype(self) -> str:
+        return self.kernel_dtypes[2]
 
     @property
     def k_tile(self) -> int:

@@ -73,15 +73,24 @@ def check_once(spec, M: int, N: int, K: int, rng=None) -> Check:
     nt = spec.b_operand == "NK"
     A = backend.random_matrix((M, K), spec.dtype, rng)
     B = backend.random_matrix((N, K) if nt else (K, N), spec.dtype, rng)
-    C = backend.poisoned((M, N), spec.dtype)
+    C = backend.poisoned((M, N), spec.out_dtype)
     matmul(A, B, out=C, kernel=spec, transpose_b=nt)
-    ref = backend.reference(A, B.T if nt else B)
+    ref = backend.reference(A, B.T if nt else B)  # of the very values the kernel reads
     xp = backend.array_module()
     unwritten = int((~xp.isfinite(C)).sum()) if M * N else 0
     err = backend.relative_error(C, ref) if M * N else 0.0
     if unwritten:
         err = math.inf if math.isnan(err) else err
-    return Check(spec.name, (M, N, K), err, tolerance(spec.dtype, K), unwritten)
+    return Check(spec.name, (M, N, K), err, spec_tolerance(spec, K), unwritten)
+
+
+def spec_tolerance(spec, K: int) -> float:
+    """The error bound of ``spec``'s precision (fp32 kernels: :func:`tolerance`)."""
+    if spec.precision == "fp32":
+        return tolerance(spec.dtype, K)
+    from gemmlib.precision import tolerance as precision_tolerance
+
+    return precision_tolerance(spec.precision, K)
 
 
 def verify(kernel, shapes, *, seed=None, raise_on_failure: bool = True) -> Report:

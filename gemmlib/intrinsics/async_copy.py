@@ -51,16 +51,22 @@ Functions (usable inside ``@cuda.jit`` kernels):
     0 writes 0.0 and reads nothing (``src[si, sj]`` must still be an element
     of ``src``: pass a clamped index).
 ``cp_async16(dst, di, src, si, sj, src_bytes)``
-    the same for four floats ``src[si, sj:sj+4]`` -> ``dst[di:di+4]``; both
-    addresses must be multiples of 16 bytes; ``src_bytes`` in 0, 4, 8, 12, 16.
+    the same for 16 bytes, ``src[si, sj:sj+4]`` -> ``dst[di:di+4]`` (float32) or
+    ``src[si, sj:sj+8]`` -> ``dst[di:di+8]`` (uint16: FP16/BF16 bits); both
+    addresses must be multiples of 16 bytes; ``src_bytes`` 0 to 16.
 ``cp_async_commit()``
 ``cp_async_wait_all()``  (``cp.async.wait_group 0``)
 ``cp_async_wait_one()``  (``cp.async.wait_group 1``: all but the newest group)
+``cp_async_wait_group(n)``  returns the function ``cp.async.wait_group n`` (``n``
+    is an immediate in the instruction, so one function per ``n``; multistage
+    pipelines wait with ``n = stages - 2``)
 """
 
 from __future__ import annotations
 
 import threading
+
+import numpy as np
 
 from gemmlib.backend import SIMULATOR
 
@@ -86,24 +92,28 @@ def _queues():
     return _sim
 
 
-def _issue(dst, di, src, si, sj, src_bytes, nfloats):
-    if src_bytes not in range(0, 4 * nfloats + 1, 4):
-        raise AsyncCopyError(f"src_bytes must be a multiple of 4 up to {4 * nfloats}, "
+def _issue(dst, di, src, si, sj, src_bytes, cp_bytes):
+    item = np.asarray(src).dtype.itemsize
+    if np.asarray(dst).dtype != np.asarray(src).dtype:
+        raise AsyncCopyError(f"dst ({np.asarray(dst).dtype}) and src ({np.asarray(src).dtype}) "
+                             f"must have the same dtype")
+    if src_bytes not in range(0, cp_bytes + 1, item):
+        raise AsyncCopyError(f"src_bytes must be a multiple of {item} up to {cp_bytes}, "
                              f"got {src_bytes}")
-    if nfloats == 4 and (di % 4 or sj % 4):
+    if cp_bytes == 16 and ((di * item) % 16 or (sj * item) % 16):
         raise AsyncCopyError(f"cp_async16 needs 16-byte aligned addresses: dst index {di} "
-                             f"and source column {sj} must be multiples of 4")
-    n = int(src_bytes) // 4
-    vals = [src[si, sj + e] for e in range(n)] + [0.0] * (nfloats - n)
+                             f"and source column {sj} must be multiples of {16 // item}")
+    n, total = int(src_bytes) // item, cp_bytes // item
+    vals = [src[si, sj + e] for e in range(n)] + [0] * (total - n)
     _queues().open.append((dst, int(di), vals))
 
 
 def cp_async4_py(dst, di, src, si, sj, src_bytes):
-    _issue(dst, di, src, si, sj, src_bytes, 1)
+    _issue(dst, di, src, si, sj, src_bytes, 4)
 
 
 def cp_async16_py(dst, di, src, si, sj, src_bytes):
-    _issue(dst, di, src, si, sj, src_bytes, 4)
+    _issue(dst, di, src, si, sj, src_bytes, 16)
 
 
 def cp_async_commit_py():
@@ -126,6 +136,12 @@ def cp_async_wait_all_py():
 
 def cp_async_wait_one_py():
     _wait(1)
+
+
+def _wait_group_py(n):
+    def wait():
+        _wait(n)
+    return wait
 
 
 # --------------------------------------------------------------------------
@@ -170,11 +186,13 @@ def _make_intrinsics():
     i32, i64 = ir.IntType(32), ir.IntType(64)
 
     def _check(dst, di, src, si, sj, nbytes, name):
-        if not (isinstance(dst, types.Array) and dst.ndim == 1 and dst.dtype == types.float32):
-            raise NumbaTypeError(f"{name}: dst must be a 1-D float32 shared array, got {dst}")
-        if not (isinstance(src, types.Array) and src.ndim == 2 and src.dtype == types.float32
+        kinds = (types.float32,) if name == "cp_async4" else (types.float32, types.uint16)
+        if not (isinstance(dst, types.Array) and dst.ndim == 1 and dst.dtype in kinds):
+            raise NumbaTypeError(f"{name}: dst must be a 1-D shared array of {kinds}, got {dst}")
+        if not (isinstance(src, types.Array) and src.ndim == 2 and src.dtype == dst.dtype
                 and src.layout == "C"):
-            raise NumbaTypeError(f"{name}: src must be a C-contiguous 2-D float32 array, got {src}")
+            raise NumbaTypeError(f"{name}: src must be a C-contiguous 2-D {dst.dtype} array, "
+                                 f"got {src}")
         for v in (di, si, sj, nbytes):
             if not isinstance(v, types.Integer):
                 raise NumbaTypeError(f"{name}: indices and src_bytes must be integers, got {v}")
@@ -232,6 +250,8 @@ def _make_intrinsics():
         typer.__name__ = name
         return intrinsic(typer)
 
+    _i_wait_groups.update({n: _bare(f"cp_async_wait_group{n}", f"cp.async.wait_group {n};")
+                           for n in range(8)})
     return dict(
         cp_async4=cp_async4, cp_async16=cp_async16,
         cp_async_commit=_bare("cp_async_commit", "cp.async.commit_group;"),
@@ -239,6 +259,8 @@ def _make_intrinsics():
         cp_async_wait_one=_bare("cp_async_wait_one", "cp.async.wait_group 1;"),
     )
 
+
+_i_wait_groups: dict = {}
 
 if SIMULATOR:
     cp_async4, cp_async16 = cp_async4_py, cp_async16_py
@@ -249,6 +271,14 @@ else:
     cp_async4, cp_async16 = _i["cp_async4"], _i["cp_async16"]
     cp_async_commit, cp_async_wait_all, cp_async_wait_one = (
         _i["cp_async_commit"], _i["cp_async_wait_all"], _i["cp_async_wait_one"])
+
+
+def cp_async_wait_group(n: int):
+    """The function that waits until at most ``n`` committed groups are in flight."""
+    if not 0 <= n < 8:
+        raise ValueError(f"wait_group takes 0..7 groups in flight, got {n}")
+    return _wait_group_py(n) if SIMULATOR else _i_wait_groups[n]
+
 
 #: The synchronous fallbacks, same names and signatures (for sm_75 builds).
 SYNC = _make_sync()
@@ -267,7 +297,7 @@ def ops(copy: str):
     raise ValueError("copy must be 'async' (cp.async, sm_80+) or 'sync' (any GPU)")
 
 
-__all__ = ["cp_async4", "cp_async16", "cp_async_commit", "cp_async_wait_all",
+__all__ = ["cp_async4", "cp_async16", "cp_async_commit", "cp_async_wait_all", "cp_async_wait_group",
            "cp_async_wait_one", "SYNC", "ASYNC", "ops", "MIN_CC", "AsyncCopyError",
            "cp_async4_py", "cp_async16_py", "cp_async_commit_py", "cp_async_wait_all_py",
            "cp_async_wait_one_py"]

@@ -26,6 +26,9 @@ LADDER: tuple[str, ...] = (
     "async_copy",
     "double_buffer",
     "split_k",
+    "mma_atom",
+    "mma_swizzle",
+    "mma_pipeline",
 )
 
 

@@ -1,0 +1,186 @@
+"""The production tensor-core rung: bigger warp tiles fed by a multistage cp.async pipeline.
+
+``mma_swizzle`` computes from conflict-free swizzled tiles, but every k-tile
+starts with the whole block waiting for plain loads from DRAM, then computes
+while the memory system idles.  This rung keeps the swizzled tiles and the
+warp-level code (``warp_step``, the fragment loaders and the epilogue are
+``mma_swizzle``'s) and changes how the tiles arrive:
+
+* **A ring of STAGES shared buffers** (3 or 4).  Before the main loop the
+  block starts copies of the first STAGES - 1 k-tiles with ``cp.async``
+  (16 bytes per instruction, straight into the swizzled place; zero-filled
+  past M, N and K).  At k-tile ``kt`` it waits until tile ``kt`` has landed
+  (``cp.async.wait_group STAGES - 2``: the newer tiles may still be in
+  flight), synchronises, starts the copy of tile ``kt + STAGES - 1`` into the
+  buffer that tile ``kt - 1`` just freed, and computes tile ``kt``.  Up to
+  STAGES - 1 tiles are in flight while the tensor cores work.
+* **Larger tiles** per block and per warp (default 128 x 128 x 32 halves,
+  warps of 64 x 64: 4 x 8 atoms, each A fragment reused 8 times and each B
+  fragment 4 times), chosen per GPU by the autotuner.
+* **Grouped block order.**  Blocks are numbered so that consecutive blocks
+  sweep GROUP_M block-rows together: the B tiles they share are still in L2.
+
+16-byte copies need each row of A and B to start on a 16-byte boundary:
+K and N multiples of 8 (FP16/BF16) or 4 (fp32) and aligned base pointers
+(the ``operand_align`` constraint).  ``gemmlib.matmul`` stages any other
+operands into zero-padded copies first, so every shape works through the
+library call; the copy is the price of a misaligned shape.
+
+``precision="3xtf32"`` keeps float32 in shared memory and splits every
+fragment element in registers into a TF32 "big" part and the TF32 rounding
+of the remainder; three mma per atom (small*big, big*small, big*big) give
+about fp32 accuracy at tensor-core speed.
+"""
+
+from gemmlib import layout as L
+from gemmlib.backend import SIMULATOR, cuda, float32, uint16
+from gemmlib.intrinsics import async_copy
+from gemmlib.intrinsics import mma as I
+from gemmlib.intrinsics.index import uidx
+from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
+from gemmlib.kernels.mma_swizzle import (PRECISIONS, epilogue, fragment_accesses,
+                                         fragment_loaders, tile_layouts, warp_step_source)
+from gemmlib.spec import Constraint, KernelSpec, cdiv
+
+#: the defaults per precision (BM, BN, BK, WM, WN, STAGES); the autotuner picks per GPU
+DEFAULTS = {"fp16": (128, 128, 32, 64, 64, 4), "bf16": (128, 128, 32, 64, 64, 4),
+            "tf32": (128, 128, 16, 64, 64, 4), "3xtf32": (128, 128, 16, 64, 32, 3)}
+
+
+def _aligned(spec, M, N, K, dev):
+    a = spec.operand_align
+    return K % a == 0 and N % a == 0
+
+
+def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
+          BK: int | None = None, WM: int | None = None, WN: int | None = None,
+          STAGES: int | None = None, GROUP_M: int = 8, min_blocks: int = 1) -> KernelSpec:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    d = DEFAULTS[precision]
+    BM, BN, BK, WM, WN, STAGES = (v if v is not None else dv for v, dv in
+                                  zip((BM, BN, BK, WM, WN, STAGES), d))
+    sixteen = precision in ("fp16", "bf16")
+    eb = 2 if sixteen else 4
+    EPC = 16 // eb                       # elements per 16-byte chunk
+    KA = 16 if sixteen else 8
+    if BM % WM or BN % WN or WM % 16 or WN % (16 if sixteen else 8) or BK % KA:
+        raise ValueError(f"tiles must nest: BM % WM, BN % WN, WM % 16, WN % "
+                         f"{16 if sixteen else 8} and BK % {KA} must be 0 "
+                         f"(BM={BM}, BN={BN}, BK={BK}, WM={WM}, WN={WN})")
+    if not 2 <= STAGES <= 8:
+        raise ValueError(f"STAGES must be 2..8, got {STAGES}")
+    MI, NI = WM // 16, WN // 8
+    NT = (BM // WM) * (BN // WN) * 32
+    lay_a, lay_b = tile_layouts(BM, BN, BK, eb)
+    sw_a = L.jit(lay_a.source("sw_a"), device=True)
+    sw_b = L.jit(lay_b.source("sw_b"), device=True)
+    load_a, load_b = fragment_loaders(precision, sw_a, sw_b)
+    warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA), device=True,
+                      env=dict(load_a=load_a, load_b=load_b, mma=I.MMA[precision]))
+    store_tile = epilogue(MI, NI)
+    elem = uint16 if sixteen else float32
+    ACC = MI * NI * 4
+    SA, SB = BM * BK, BK * BN            # elements per stage
+    CA, CB = BM * BK // EPC, BK * BN // EPC   # 16-byte chunks per stage
+    cp16, commit = async_copy.cp_async16, async_copy.cp_async_commit
+    wait_tile = async_copy.cp_async_wait_group(STAGES - 2)
+    jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, min_blocks)}
+
+    @cuda.jit(device=True)
+    def issue_tile(sA, sB, stage, A, B, tid, m0, n0, k0, M, N, K):
+        """Start the 16-byte copies of k-tile ``k0`` into ``stage`` (zeros outside)."""
+        for e in range(tid, CA, NT):
+            r, c = e // (BK // EPC), (e % (BK // EPC)) * EPC
+            ok = m0 + r < M and k0 + c < K
+            cp16(sA, uidx(stage * SA + sw_a(r, c)), A, uidx(m0 + r if ok else 0),
+                 uidx(k0 + c if ok else 0), 16 if ok else 0)
+        for e in range(tid, CB, NT):
+            r, c = e // (BN // EPC), (e % (BN // EPC)) * EPC
+            ok = k0 + r < K and n0 + c < N
+            cp16(sB, uidx(stage * SB + sw_b(r, c)), B, uidx(k0 + r if ok else 0),
+                 uidx(n0 + c if ok else 0), 16 if ok else 0)
+
+    @cuda.jit(**jit_opts)
+    def mma_pipeline_kernel(A, B, C):
+        sA = cuda.shared.array(0, elem)          # dynamic: STAGES * (SA + SB) elements
+        sB = sA[STAGES * SA:]
+        acc = cuda.local.array(ACC, float32)
+        tid = cuda.threadIdx.x
+        lane, warp = tid % 32, tid // 32
+        wr = (warp // (BN // WN)) * WM
+        wc = (warp % (BN // WN)) * WN
+        M, K = A.shape
+        N = B.shape[1]
+        # grouped order: GROUP_M block-rows share the B tiles they read from L2
+        tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
+        pid = cuda.blockIdx.x
+        group = pid // (GROUP_M * tiles_n)
+        first_m = group * GROUP_M
+        rows = min(tiles_m - first_m, GROUP_M)
+        bm = first_m + (pid % (GROUP_M * tiles_n)) % rows
+        bn = (pid % (GROUP_M * tiles_n)) // rows
+        m0, n0 = bm * BM, bn * BN
+        for e in range(ACC):
+            acc[e] = float32(0.0)
+        num_k = (K + BK - 1) // BK
+        for s in range(STAGES - 1):              # prologue: tiles 0 .. STAGES-2 in flight
+            if s < num_k:
+                issue_tile(sA, sB, s, A, B, tid, m0, n0, s * BK, M, N, K)
+            commit()                             # (empty groups keep the count uniform)
+        for kt in range(num_k):
+            wait_tile()                          # tile kt has landed (for this thread) ...
+            cuda.syncthreads()                   # ... and for everyone; tile kt-1 is free
+            nxt = kt + STAGES - 1
+            if nxt < num_k:
+                issue_tile(sA, sB, nxt % STAGES, A, B, tid, m0, n0, nxt * BK, M, N, K)
+            commit()
+            st = kt % STAGES
+            warp_step(sA, sB, st * SA, st * SB, acc, lane, wr, wc)
+        async_copy.cp_async_wait_all()
+        store_tile(C, acc, lane, m0 + wr, n0 + wc, M, N)
+
+    def grid(M, N, K):
+        return (cdiv(M, BM) * cdiv(N, BN), 1, 1)
+
+    default = (BM, BN, BK, WM, WN, STAGES, GROUP_M, min_blocks) == d + (8, 1)
+    name = "mma_pipeline" if precision == "fp16" else f"mma_pipeline_{precision}"
+    if not default:
+        name += f"_{BM}x{BN}x{BK}_w{WM}x{WN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8
+                                                          else "") + (
+            f"_mb{min_blocks}" if min_blocks != 1 else "")
+    return KernelSpec(
+        name=name,
+        chapter="16-tensor-core-pipeline",
+        idea="warp tiles of mma atoms fed by a ring of STAGES swizzled shared buffers that "
+             "cp.async fills STAGES-1 k-tiles ahead",
+        kernel=mma_pipeline_kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=grid,
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, STAGES=STAGES,
+                    GROUP_M=GROUP_M, min_blocks=min_blocks),
+        shared_bytes=STAGES * (SA + SB) * eb,
+        dynamic_shared=True,
+        min_cc=I.MIN_CC,
+        dtype=INPUT_DTYPE[precision],
+        arg_dtypes=ARG_DTYPES[precision],
+        precision=precision,
+        operand_align=EPC,
+        constraints=(Constraint(
+            "16-byte rows", _aligned,
+            f"cp.async moves 16 bytes: K and N must be multiples of {EPC} "
+            f"(gemmlib.matmul pads other shapes)"),),
+        ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"ldmatrix\.sync\.aligned",
+                  r"cp\.async\.cg\.shared\.global"),
+        index=dict(sw_a=L.jit(lay_a.source("sw_a")), sw_b=L.jit(lay_b.source("sw_b"))),
+        module=__name__,
+    )
+
+
+def accesses(spec):
+    """The fragment loads (``mma_swizzle``'s) for gemmlib.banks."""
+    return fragment_accesses(spec, swizzled=True)
+
+
+SPEC = build()

@@ -1,0 +1,291 @@
+"""ldmatrix from XOR-swizzled shared memory: whole fragments in one instruction, no conflicts.
+
+``mma_atom`` gathered every fragment element with its own shared load.  A
+warp can instead ask for whole fragments: ``ldmatrix.x4`` fetches four 8 x 8
+tiles of 16-bit elements -- an entire A fragment of m16n8k16 -- in one
+instruction, each lane supplying the address of one 16-byte row.  Two things
+change to make that fast:
+
+* **Warp tiles.**  A block of four warps owns a 64 x 64 tile of C; each warp
+  a 32 x 32 sub-tile, i.e. 2 x 4 MMA atoms.  Per k-step a warp loads 2 A
+  fragments and 4 B fragments and issues 8 mma: every fragment is reused
+  (A by 4 atoms, B by 2), as the SIMT rungs reused registers.
+* **Swizzled shared memory.**  ldmatrix reads eight 16-byte rows at once.
+  In a row-major tile whose rows are 64 or 256 bytes long those eight rows
+  start in the same few banks, an up to 8-way conflict.  Padding would
+  break the 16-byte alignment that ldmatrix and 16-byte copies need; an XOR
+  *swizzle* instead permutes the 16-byte chunks within each row by the low
+  bits of the row number (``gemmlib.layout.chunk_swizzle``).  Each row keeps
+  its elements, nothing is wasted, and the eight rows of every ldmatrix
+  land in eight different chunk columns: conflict-free
+  (``gemmlib.banks.analyze`` computes it from :func:`accesses`, which uses
+  the same swizzled layouts the kernel does).
+
+B is stored k-major (rows of k), so its fragments -- pairs along k -- come
+from ``ldmatrix.x4.trans``, which delivers each 8 x 8 tile transposed.  TF32
+has 32-bit elements, which ldmatrix cannot transpose: A still comes from
+``ldmatrix.x4`` (a 16 x 8 fp32 tile is a 16 x 16 tile of 16-bit halves, and
+each lane receives whole floats), B from two scalar loads per atom, which
+the swizzle (chunk bits 1.. instead of 0..) also keeps conflict-free.
+
+The copies global -> shared are still plain guarded loads (any M, N, K);
+the next rung makes them asynchronous.
+"""
+
+from gemmlib import layout as L
+from gemmlib.backend import cuda, float32, uint16
+from gemmlib.intrinsics import mma as I
+from gemmlib.intrinsics.index import uidx
+from gemmlib.intrinsics.vector import SHARED_ALIGN
+from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
+from gemmlib.spec import Access, KernelSpec, cdiv
+
+PRECISIONS = ("fp16", "bf16", "tf32", "3xtf32")
+
+
+def tile_layouts(BM: int, BN: int, BK: int, elem_bytes: int):
+    """The swizzled shared layouts of A (BM x BK, row-major) and B (BK x BN, row-major)."""
+    a = L.SwizzledLayout(L.row_major((BM, BK)), L.chunk_swizzle(BK, elem_bytes))
+    b = L.SwizzledLayout(L.row_major((BK, BN)),
+                         L.chunk_swizzle(BN, elem_bytes, low=0 if elem_bytes == 2 else 1))
+    return a, b
+
+
+def fragment_loaders(precision: str, sw_a, sw_b):
+    """Device functions that load one warp's fragments for k-step ``kk`` from a stage
+    at element offset ``base`` of the shared arrays.
+
+    ``load_a(sA, base, lane, row0, kk)``: the A fragment of the 16-row atom at
+    ``row0``; ``load_b(sB, base, lane, col0, kk)``: B fragments of the n-atoms at
+    ``col0`` (16-bit: two atoms, ``col0`` and ``col0 + 8``; TF32: one).  For
+    ``3xtf32`` each returns the TF32 "big" registers followed by the "small" ones.
+    """
+    sixteen = precision in ("fp16", "bf16")
+    split = precision == "3xtf32"
+    KA = 16 if sixteen else 8
+    HALF = 8 if sixteen else 4   # elements in one 16-byte ldmatrix row
+
+    @cuda.jit(device=True)
+    def big_small(r):
+        x = I.as_float(r)
+        big = I.cvt_tf32(x)
+        return big, I.cvt_tf32(x - I.as_float(big))
+
+    @cuda.jit(device=True)
+    def load_a(sA, base, lane, row0, kk):
+        # lanes 0-15 give rows 0-15 at k half 0, lanes 16-31 the same rows at half 1
+        off = sw_a(row0 + lane % 16, kk * KA + (lane // 16) * HALF)
+        a0, a1, a2, a3 = I.ldmatrix_x4(sA, uidx(base + off))
+        if sixteen:
+            return a0, a1, a2, a3
+        if not split:
+            return (I.cvt_tf32(I.as_float(a0)), I.cvt_tf32(I.as_float(a1)),
+                    I.cvt_tf32(I.as_float(a2)), I.cvt_tf32(I.as_float(a3)))
+        g0, s0 = big_small(a0)
+        g1, s1 = big_small(a1)
+        g2, s2 = big_small(a2)
+        g3, s3 = big_small(a3)
+        return g0, g1, g2, g3, s0, s1, s2, s3
+
+    @cuda.jit(device=True)
+    def load_b16(sB, base, lane, col0, kk):
+        # matrices: (k 0-7, n col0), (k 8-15, col0), (k 0-7, col0+8), (k 8-15, col0+8)
+        k = kk * 16 + lane % 8 + ((lane // 8) % 2) * 8
+        off = sw_b(k, col0 + (lane // 16) * 8)
+        return I.ldmatrix_x4_trans(sB, uidx(base + off))
+
+    @cuda.jit(device=True)
+    def load_b32(sB, base, lane, col0, kk):
+        k = kk * 8 + lane % 4
+        n = col0 + lane // 4
+        x0 = sB[uidx(base + sw_b(k, n))]
+        x1 = sB[uidx(base + sw_b(k + 4, n))]
+        if not split:
+            return I.cvt_tf32(x0), I.cvt_tf32(x1)
+        g0, s0 = big_small(I.as_bits(x0))
+        g1, s1 = big_small(I.as_bits(x1))
+        return g0, g1, s0, s1
+
+    return load_a, (load_b16 if sixteen else load_b32)
+
+
+def warp_step_source(precision: str, MI: int, NI: int, ksteps: int) -> str:
+    """Source of ``warp_step``: one warp's MI x NI atoms over ``ksteps`` k-steps,
+    straight-line, every accumulator index a constant (so they live in registers)."""
+    sixteen = precision in ("fp16", "bf16")
+    split = precision == "3xtf32"
+    out = ["def warp_step(sA, sB, abase, bbase, acc, lane, wr, wc):"]
+
+    def mma(a, b, i, j):
+        e = (i * NI + j) * 4
+        c = ", ".join(f"acc[{e + v}]" for v in range(4))
+        return [f"    d = mma({a}, {b}, {c})"] + [f"    acc[{e + v}] = d[{v}]" for v in range(4)]
+
+    for kk in range(ksteps):
+        out.append(f"    # k-step {kk}")
+        for i in range(MI):
+            out.append(f"    fa{i} = load_a(sA, abase, lane, wr + {16 * i}, {kk})")
+        if sixteen:
+            for j in range(0, NI, 2):
+                out.append(f"    fb{j} = load_b(sB, bbase, lane, wc + {8 * j}, {kk})")
+        else:
+            for j in range(NI):
+                out.append(f"    fb{j} = load_b(sB, bbase, lane, wc + {8 * j}, {kk})")
+        for i in range(MI):
+            A = ", ".join(f"fa{i}[{r}]" for r in range(4))
+            for j in range(NI):
+                if sixteen:
+                    B = f"fb{j - j % 2}[{2 * (j % 2)}], fb{j - j % 2}[{2 * (j % 2) + 1}]"
+                    out += mma(A, B, i, j)
+                elif not split:
+                    out += mma(A, f"fb{j}[0], fb{j}[1]", i, j)
+                else:  # small terms first, then big * big
+                    As = ", ".join(f"fa{i}[{4 + r}]" for r in range(4))
+                    out += mma(As, f"fb{j}[0], fb{j}[1]", i, j)
+                    out += mma(A, f"fb{j}[2], fb{j}[3]", i, j)
+                    out += mma(A, f"fb{j}[0], fb{j}[1]", i, j)
+    return "\n".join(out) + "\n"
+
+
+def epilogue(MI: int, NI: int):
+    """``store_tile(C, acc, lane, m0, n0, M, N)``: the accumulators -> C, guarded."""
+
+    @cuda.jit(device=True)
+    def store_tile(C, acc, lane, m0, n0, M, N):
+        g, t = lane // 4, lane % 4
+        for i in range(MI):
+            for j in range(NI):
+                for v in range(4):
+                    m = m0 + i * 16 + g + (v // 2) * 8
+                    n = n0 + j * 8 + 2 * t + v % 2
+                    if m < M and n < N:
+                        C[uidx(m), uidx(n)] = acc[(i * NI + j) * 4 + v]
+
+    return store_tile
+
+
+def build(precision: str = "fp16") -> KernelSpec:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    sixteen = precision in ("fp16", "bf16")
+    BM = BN = 64
+    WM = WN = 32
+    eb = 2 if sixteen else 4
+    BK = 64 // eb                         # 64-byte rows of A: 32 halves or 16 floats
+    KA = 16 if sixteen else 8
+    MI, NI = WM // 16, WN // 8
+    NT = (BM // WM) * (BN // WN) * 32
+    lay_a, lay_b = tile_layouts(BM, BN, BK, eb)
+    sw_a = L.jit(lay_a.source("sw_a"), device=True)
+    sw_b = L.jit(lay_b.source("sw_b"), device=True)
+    load_a, load_b = fragment_loaders(precision, sw_a, sw_b)
+    warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA), device=True,
+                      env=dict(load_a=load_a, load_b=load_b, mma=I.MMA[precision]))
+    store_tile = epilogue(MI, NI)
+    elem = uint16 if sixteen else float32
+    zero = elem(0)
+    ACC = MI * NI * 4
+    SA, SB = BM * BK, BK * BN
+
+    @cuda.jit
+    def mma_swizzle_kernel(A, B, C):
+        sA = cuda.shared.array(SA, elem, alignment=SHARED_ALIGN)  # ldmatrix: 16 B rows
+        sB = cuda.shared.array(SB, elem, alignment=SHARED_ALIGN)
+        acc = cuda.local.array(ACC, float32)
+        tid = cuda.threadIdx.x
+        lane, warp = tid % 32, tid // 32
+        wr = (warp // (BN // WN)) * WM
+        wc = (warp % (BN // WN)) * WN
+        M, K = A.shape
+        N = B.shape[1]
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        for e in range(ACC):
+            acc[e] = float32(0.0)
+        for k0 in range(0, K, BK):
+            for e in range(tid, SA, NT):      # guarded copies into the swizzled tiles
+                r, c = e // BK, e % BK
+                ok = m0 + r < M and k0 + c < K
+                sA[uidx(sw_a(r, c))] = A[uidx(m0 + r), uidx(k0 + c)] if ok else zero
+            for e in range(tid, SB, NT):
+                r, c = e // BN, e % BN
+                ok = k0 + r < K and n0 + c < N
+                sB[uidx(sw_b(r, c))] = B[uidx(k0 + r), uidx(n0 + c)] if ok else zero
+            cuda.syncthreads()
+            warp_step(sA, sB, 0, 0, acc, lane, wr, wc)
+            cuda.syncthreads()
+        store_tile(C, acc, lane, m0 + wr, n0 + wc, M, N)
+
+    def grid(M, N, K):
+        return (cdiv(M, BM), cdiv(N, BN), 1)
+
+    return KernelSpec(
+        name="mma_swizzle" if precision == "fp16" else f"mma_swizzle_{precision}",
+        chapter="15-ldmatrix-swizzle",
+        idea="four warps, each a 32x32 warp tile of mma atoms; fragments come whole from "
+             "ldmatrix, out of XOR-swizzled shared tiles that no ldmatrix reads with conflicts",
+        kernel=mma_swizzle_kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=grid,
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN),
+        shared_bytes=(BM * BK + BK * BN) * eb,
+        min_cc=I.MIN_CC,
+        dtype=INPUT_DTYPE[precision],
+        arg_dtypes=ARG_DTYPES[precision],
+        precision=precision,
+        ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"ldmatrix\.sync\.aligned"),
+        index=dict(sw_a=L.jit(lay_a.source("sw_a")), sw_b=L.jit(lay_b.source("sw_b"))),
+        module=__name__,
+    )
+
+
+def accesses(spec) -> list[Access]:
+    """Shared-memory accesses of the fragment loads, from the kernel's own swizzles
+    (word addresses; one ldmatrix row or one float per lane), for gemmlib.banks."""
+    return fragment_accesses(spec, swizzled=True)
+
+
+def fragment_accesses(spec, swizzled: bool = True) -> list[Access]:
+    p = spec.params
+    sixteen = p["precision"] in ("fp16", "bf16")
+    eb = 2 if sixteen else 4
+    BK, BN, WM, WN = p["BK"], p["BN"], p["WM"], p["WN"]
+    lay_a, lay_b = tile_layouts(p["BM"], BN, BK, eb)
+    fa = lay_a if swizzled else lay_a.layout
+    fb = lay_b if swizzled else lay_b.layout
+    half = 8 if sixteen else 4
+    warps_n = BN // WN
+
+    def warp_origin(tid):
+        w = tid // 32
+        return (w // warps_n) * WM, (w % warps_n) * WN
+
+    def a_row(tid):   # ldmatrix.x4 for the warp's first A atom, k-step 0
+        wr, _ = warp_origin(tid)
+        lane = tid % 32
+        return wr + lane % 16, (lane // 16) * half
+
+    out = [Access("sA", "load", BK, a_row, width=4, label="ldmatrix.x4 (A fragment)",
+                  address=lambda r, c: fa(r, c) * eb // 4)]
+    if sixteen:
+        def b_row(tid):
+            _, wc = warp_origin(tid)
+            lane = tid % 32
+            return lane % 8 + ((lane // 8) % 2) * 8, wc + (lane // 16) * 8
+
+        out.append(Access("sB", "load", BN, b_row, width=4,
+                          label="ldmatrix.x4.trans (B fragments)",
+                          address=lambda r, c: fb(r, c) * eb // 4))
+    else:
+        def b_elem(tid):
+            _, wc = warp_origin(tid)
+            lane = tid % 32
+            return lane % 4, wc + lane // 4
+
+        out.append(Access("sB", "load", BN, b_elem, width=1, label="B fragment (scalar)",
+                          address=lambda r, c: fb(r, c)))
+    return out
+
+
+SPEC = build()
