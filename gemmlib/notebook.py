@@ -317,7 +317,7 @@ def load_results(kernels=None, *, call: bool = False):
         return []
     out = []
     for p in sorted((root / "results").glob("bench-*.json")):
-        if p.name.endswith("-call.json") != call:
+        if p.name.endswith("-precision.json") or p.name.endswith("-call.json") != call:
             continue
         try:
             r = load(p)

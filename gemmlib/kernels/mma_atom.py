@@ -3,7 +3,7 @@
 Everything before this rung computed with FMAs on the CUDA cores.  A
 tensor-core instruction, ``mma.sync``, is *one* warp-wide instruction that
 multiplies a whole 16 x k by k x 8 tile (k = 16 for FP16/BF16, 8 for TF32)
-and adds it to a 16 x 8 accumulator: 4096 (FP16) multiply-adds, where an
+and adds it to a 16 x 8 accumulator: 2048 (FP16) multiply-adds, where an
 FMA does one.  This rung is the smallest kernel that uses it:
 
 * a block is one warp and owns one 16 x 8 tile of C (the *atom*);

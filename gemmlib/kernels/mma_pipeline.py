@@ -47,6 +47,13 @@ DEFAULTS = {"fp16": (128, 128, 32, 64, 64, 4), "bf16": (128, 128, 32, 64, 64, 4)
             "tf32": (128, 128, 16, 64, 64, 4), "3xtf32": (128, 128, 16, 64, 32, 3)}
 
 
+def _periodic(lay, step: int, rows: int) -> bool:
+    """True when moving ``step`` rows down moves every swizzled offset by ``step`` rows."""
+    cols = lay.shape[1]
+    return all(lay(r + step, c) == lay(r, c) + step * cols
+               for r in range(min(rows - step, 16)) for c in range(cols))
+
+
 def _aligned(spec, M, N, K, dev):
     a = spec.operand_align
     return K % a == 0 and N % a == 0
@@ -87,19 +94,32 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     wait_tile = async_copy.cp_async_wait_group(STAGES - 2)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, min_blocks)}
 
+    # Each thread copies the same column of chunks in every k-tile, on rows ROWS_A (ROWS_B)
+    # apart; those steps are multiples of the swizzle's period, so a thread's destinations
+    # are its first one plus constants -- computed once, not per k-tile.
+    CPR_A, CPR_B = BK // EPC, BN // EPC          # 16-byte chunks per tile row
+    ROWS_A, ROWS_B = NT // CPR_A, NT // CPR_B     # rows between one thread's chunks
+    IT_A, IT_B = CA // NT, CB // NT               # chunks per thread per k-tile
+    if NT % CPR_A or NT % CPR_B or CA % NT or CB % NT or not (
+            _periodic(lay_a, ROWS_A, BM) and _periodic(lay_b, ROWS_B, BK)):
+        raise ValueError(f"the {NT} threads must cover whole rows of chunks and repeat the "
+                         f"swizzle: BM={BM}, BN={BN}, BK={BK} with warps of {WM}x{WN} do not")
+
     @cuda.jit(device=True)
-    def issue_tile(sA, sB, stage, A, B, tid, m0, n0, k0, M, N, K):
-        """Start the 16-byte copies of k-tile ``k0`` into ``stage`` (zeros outside)."""
-        for e in range(tid, CA, NT):
-            r, c = e // (BK // EPC), (e % (BK // EPC)) * EPC
-            ok = m0 + r < M and k0 + c < K
-            cp16(sA, uidx(stage * SA + sw_a(r, c)), A, uidx(m0 + r if ok else 0),
-                 uidx(k0 + c if ok else 0), 16 if ok else 0)
-        for e in range(tid, CB, NT):
-            r, c = e // (BN // EPC), (e % (BN // EPC)) * EPC
-            ok = k0 + r < K and n0 + c < N
-            cp16(sB, uidx(stage * SB + sw_b(r, c)), B, uidx(k0 + r if ok else 0),
-                 uidx(n0 + c if ok else 0), 16 if ok else 0)
+    def issue_tile(sA, sB, stage, A, B, k0, a_row, a_col, a_dst, b_row, b_col, b_dst, M, N, K):
+        """Start the 16-byte copies of the k-tile at ``k0`` into ``stage`` (zeros outside)."""
+        k_ok = k0 + a_col < K
+        for i in range(IT_A):
+            r = a_row + i * ROWS_A
+            ok = k_ok and r < M
+            cp16(sA, uidx(stage * SA + a_dst + i * ROWS_A * BK), A, uidx(r if ok else 0),
+                 uidx(k0 + a_col if ok else 0), 16 if ok else 0)
+        n_ok = b_col < N
+        for i in range(IT_B):
+            r = k0 + b_row + i * ROWS_B
+            ok = n_ok and r < K
+            cp16(sB, uidx(stage * SB + b_dst + i * ROWS_B * BN), B, uidx(r if ok else 0),
+                 uidx(b_col if ok else 0), 16 if ok else 0)
 
     @cuda.jit(**jit_opts)
     def mma_pipeline_kernel(A, B, C):
@@ -121,22 +141,32 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         bm = first_m + (pid % (GROUP_M * tiles_n)) % rows
         bn = (pid % (GROUP_M * tiles_n)) // rows
         m0, n0 = bm * BM, bn * BN
+        # this thread's chunks: first row, column and swizzled destination of each operand
+        a_col = (tid % CPR_A) * EPC
+        a_row = m0 + tid // CPR_A
+        a_dst = sw_a(tid // CPR_A, a_col)
+        b_col = n0 + (tid % CPR_B) * EPC
+        b_row = tid // CPR_B
+        b_dst = sw_b(b_row, (tid % CPR_B) * EPC)
         for e in range(ACC):
             acc[e] = float32(0.0)
         num_k = (K + BK - 1) // BK
         for s in range(STAGES - 1):              # prologue: tiles 0 .. STAGES-2 in flight
             if s < num_k:
-                issue_tile(sA, sB, s, A, B, tid, m0, n0, s * BK, M, N, K)
+                issue_tile(sA, sB, s, A, B, s * BK, a_row, a_col, a_dst, b_row, b_col, b_dst,
+                           M, N, K)
             commit()                             # (empty groups keep the count uniform)
+        rd, wt = 0, STAGES - 1                   # stage read now, stage filled next
         for kt in range(num_k):
             wait_tile()                          # tile kt has landed (for this thread) ...
             cuda.syncthreads()                   # ... and for everyone; tile kt-1 is free
-            nxt = kt + STAGES - 1
-            if nxt < num_k:
-                issue_tile(sA, sB, nxt % STAGES, A, B, tid, m0, n0, nxt * BK, M, N, K)
+            if kt + STAGES - 1 < num_k:
+                issue_tile(sA, sB, wt, A, B, (kt + STAGES - 1) * BK, a_row, a_col, a_dst,
+                           b_row, b_col, b_dst, M, N, K)
             commit()
-            st = kt % STAGES
-            warp_step(sA, sB, st * SA, st * SB, acc, lane, wr, wc)
+            warp_step(sA, sB, rd * SA, rd * SB, acc, lane, wr, wc)
+            rd = rd + 1 if rd + 1 < STAGES else 0
+            wt = wt + 1 if wt + 1 < STAGES else 0
         async_copy.cp_async_wait_all()
         store_tile(C, acc, lane, m0 + wr, n0 + wc, M, N)
 

@@ -46,8 +46,11 @@ PRECISIONS = ("fp16", "bf16", "tf32", "3xtf32")
 def tile_layouts(BM: int, BN: int, BK: int, elem_bytes: int):
     """The swizzled shared layouts of A (BM x BK, row-major) and B (BK x BN, row-major)."""
     a = L.SwizzledLayout(L.row_major((BM, BK)), L.chunk_swizzle(BK, elem_bytes))
+    # 16-bit B is read by ldmatrix.trans (8 rows at once); fp32 B by scalar loads of 4 rows
+    # x 8 columns, which need only 4 rows spread, over chunk bits 1.. (two chunks per row)
     b = L.SwizzledLayout(L.row_major((BK, BN)),
-                         L.chunk_swizzle(BN, elem_bytes, low=0 if elem_bytes == 2 else 1))
+                         L.chunk_swizzle(BN, 2) if elem_bytes == 2 else
+                         L.chunk_swizzle(BN, 4, rows_xor=4, low=1))
     return a, b
 
 
