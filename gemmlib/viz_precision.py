@@ -114,33 +114,21 @@ def plot_pipeline(stages: int = 4, tiles: int = 8, latency: float = 3.0,
 # Committed files
 
 
-def _newest_per_gpu(files):
-    best = {}
-    for name, data in files:
-        if not isinstance(data, dict) or data.get("meta", {}).get("simulated"):
-            continue
-        meta = data.get("meta", {})
-        gpu = meta.get("gpu_slug") or meta.get("gpu") or name
-        key = (str(meta.get("date", "")), name)
-        if gpu not in best or key > best[gpu][0]:
-            best[gpu] = (key, name, data)
-    return [(name, data) for _, (_, name, data) in sorted(best.items())]
-
-
 def _committed(pattern: str, directory=None):
-    from gemmlib.notebook import committed_json
+    """The newest committed file matching ``pattern`` per GPU (notebook's own helpers)."""
+    from gemmlib.notebook import _newest_per_gpu, committed_json
 
-    return committed_json(pattern, directory)
+    return _newest_per_gpu(committed_json(pattern, directory))
 
 
 def precision_files(directory=None):
     """The newest ``bench-<gpu>-<date>-precision.json`` per GPU: [(file name, data)]."""
-    return _newest_per_gpu(_committed("bench-*-precision.json", directory))
+    return _committed("bench-*-precision.json", directory)
 
 
 def accuracy_files(directory=None):
     """The newest ``accuracy-<gpu>-<date>.json`` per GPU: [(file name, data)]."""
-    return _newest_per_gpu(_committed("accuracy-*.json", directory))
+    return _committed("accuracy-*.json", directory)
 
 
 # --------------------------------------------------------------------------

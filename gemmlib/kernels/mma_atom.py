@@ -72,6 +72,7 @@ def build(precision: str = "fp16") -> KernelSpec:
     elem = uint16 if sixteen else float32
     zero = elem(0)
     SA, SB = 16 * KA, 8 * KA   # elements of the A and B tiles in shared memory
+    VSTEP = 2 if sixteen else 1  # fragment values per 32-bit register
 
     @cuda.jit(device=True)
     def reg(s, r, c, rows):
@@ -111,32 +112,19 @@ def build(precision: str = "fp16") -> KernelSpec:
                 sB[e] = B[uidx(k0 + k), uidx(n0 + n)] if ok else zero
             cuda.syncthreads()
             # my fragment, element by element, where the layouts say
-            if sixteen:   # values 2j and 2j+1 share register j
-                ra, ca = a_rc(lane, 0)
-                a0 = reg(sA, ra, ca, KA)
-                ra, ca = a_rc(lane, 2)
-                a1 = reg(sA, ra, ca, KA)
-                ra, ca = a_rc(lane, 4)
-                a2 = reg(sA, ra, ca, KA)
-                ra, ca = a_rc(lane, 6)
-                a3 = reg(sA, ra, ca, KA)
-                kb, nb = b_rc(lane, 0)
-                b0 = reg(sB, nb, kb, KA)   # sB is n-major: (k, k+1) are neighbours
-                kb, nb = b_rc(lane, 2)
-                b1 = reg(sB, nb, kb, KA)
-            else:
-                ra, ca = a_rc(lane, 0)
-                a0 = reg(sA, ra, ca, KA)
-                ra, ca = a_rc(lane, 1)
-                a1 = reg(sA, ra, ca, KA)
-                ra, ca = a_rc(lane, 2)
-                a2 = reg(sA, ra, ca, KA)
-                ra, ca = a_rc(lane, 3)
-                a3 = reg(sA, ra, ca, KA)
-                kb, nb = b_rc(lane, 0)
-                b0 = reg(sB, nb, kb, KA)
-                kb, nb = b_rc(lane, 1)
-                b1 = reg(sB, nb, kb, KA)
+            # 16-bit: values 2j and 2j+1 share register j (VSTEP = 2); TF32: one per register
+            ra, ca = a_rc(lane, 0)
+            a0 = reg(sA, ra, ca, KA)
+            ra, ca = a_rc(lane, VSTEP)
+            a1 = reg(sA, ra, ca, KA)
+            ra, ca = a_rc(lane, 2 * VSTEP)
+            a2 = reg(sA, ra, ca, KA)
+            ra, ca = a_rc(lane, 3 * VSTEP)
+            a3 = reg(sA, ra, ca, KA)
+            kb, nb = b_rc(lane, 0)
+            b0 = reg(sB, nb, kb, KA)   # sB is n-major: (k, k+1) are neighbours
+            kb, nb = b_rc(lane, VSTEP)
+            b1 = reg(sB, nb, kb, KA)
             c0, c1, c2, c3 = mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
             cuda.syncthreads()
         store(C, m0, n0, lane, 0, c0, M, N)

@@ -38,8 +38,7 @@ from gemmlib.intrinsics import async_copy
 from gemmlib.intrinsics import mma as I
 from gemmlib.intrinsics.index import uidx
 from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
-from gemmlib.kernels.mma_swizzle import (PRECISIONS, epilogue, fragment_accesses,
-                                         fragment_loaders, tile_layouts, warp_step_source)
+from gemmlib.kernels.mma_swizzle import PRECISIONS, fragment_accesses, warp_code
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
 #: the defaults per precision (BM, BN, BK, WM, WN, STAGES); the autotuner picks per GPU
@@ -79,13 +78,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         raise ValueError(f"STAGES must be 2..8, got {STAGES}")
     MI, NI = WM // 16, WN // 8
     NT = (BM // WM) * (BN // WN) * 32
-    lay_a, lay_b = tile_layouts(BM, BN, BK, eb)
-    sw_a = L.jit(lay_a.source("sw_a"), device=True)
-    sw_b = L.jit(lay_b.source("sw_b"), device=True)
-    load_a, load_b = fragment_loaders(precision, sw_a, sw_b)
-    warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA), device=True,
-                      env=dict(load_a=load_a, load_b=load_b, mma=I.MMA[precision]))
-    store_tile = epilogue(MI, NI)
+    lay_a, lay_b, sw_a, sw_b, warp_step, store_tile = warp_code(precision, BM, BN, BK, WM, WN)
     elem = uint16 if sixteen else float32
     ACC = MI * NI * 4
     SA, SB = BM * BK, BK * BN            # elements per stage

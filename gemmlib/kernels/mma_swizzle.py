@@ -167,6 +167,21 @@ def epilogue(MI: int, NI: int):
     return store_tile
 
 
+def warp_code(precision: str, BM: int, BN: int, BK: int, WM: int, WN: int):
+    """The warp-level pieces of a block tile: swizzled layouts, their device index
+    functions, ``warp_step`` and ``store_tile`` (shared with ``mma_pipeline``)."""
+    sixteen = precision in ("fp16", "bf16")
+    KA = 16 if sixteen else 8
+    MI, NI = WM // 16, WN // 8
+    lay_a, lay_b = tile_layouts(BM, BN, BK, 2 if sixteen else 4)
+    sw_a = L.jit(lay_a.source("sw_a"), device=True)
+    sw_b = L.jit(lay_b.source("sw_b"), device=True)
+    load_a, load_b = fragment_loaders(precision, sw_a, sw_b)
+    warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA), device=True,
+                      env=dict(load_a=load_a, load_b=load_b, mma=I.MMA[precision]))
+    return lay_a, lay_b, sw_a, sw_b, warp_step, epilogue(MI, NI)
+
+
 def build(precision: str = "fp16") -> KernelSpec:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -175,16 +190,9 @@ def build(precision: str = "fp16") -> KernelSpec:
     WM = WN = 32
     eb = 2 if sixteen else 4
     BK = 64 // eb                         # 64-byte rows of A: 32 halves or 16 floats
-    KA = 16 if sixteen else 8
     MI, NI = WM // 16, WN // 8
     NT = (BM // WM) * (BN // WN) * 32
-    lay_a, lay_b = tile_layouts(BM, BN, BK, eb)
-    sw_a = L.jit(lay_a.source("sw_a"), device=True)
-    sw_b = L.jit(lay_b.source("sw_b"), device=True)
-    load_a, load_b = fragment_loaders(precision, sw_a, sw_b)
-    warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA), device=True,
-                      env=dict(load_a=load_a, load_b=load_b, mma=I.MMA[precision]))
-    store_tile = epilogue(MI, NI)
+    lay_a, lay_b, sw_a, sw_b, warp_step, store_tile = warp_code(precision, BM, BN, BK, WM, WN)
     elem = uint16 if sixteen else float32
     zero = elem(0)
     ACC = MI * NI * 4
