@@ -325,7 +325,7 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     c = _describe(out, "out") if out is not None else None
     if precision is None and isinstance(kernel, KernelSpec):
         precision = kernel.precision
-    if (precision is not None and precision != "fp32") or a.dname != "float32":
+    if precision not in (None, "fp32") or _sixteen_bit_default(a, kernel):
         from gemmlib.precision import check_precision
 
         prec = check_precision(precision, a.dname)
@@ -370,6 +370,19 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     return C
 
 
+def _sixteen_bit_default(a: _Operand, kernel) -> bool:
+    """16-bit inputs with no fp32 rung named: they run in their own precision.
+
+    Naming a CUDA-core rung with 16-bit inputs (or passing any other dtype)
+    falls through to the fp32 checks, whose TypeError names ``astype``.
+    """
+    if a.dname not in ("float16", "bfloat16"):
+        return False
+    if kernel is None or (isinstance(kernel, str) and kernel == dispatch.AUTO):
+        return True
+    return dispatch.get_spec(kernel).precision != "fp32"
+
+
 def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
     """matmul in a tensor-core precision (operands described, precision checked)."""
     if transpose_b:
@@ -395,14 +408,15 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
         c.obj[...] = result
         return out
     xp = np if a.on_host else backend.array_module()
-    A_, B_ = _kernel_array(a, xp), _kernel_array(b, xp)
-    al = spec.operand_align
-    misaligned = not a.on_host and (a.ptr % 16 or b.ptr % 16)
-    Kp, Np = K, N
-    if al and (K % al or N % al or misaligned):   # stage into zero-padded, aligned copies
-        Kp, Np = -(-K // al) * al, -(-N // al) * al
-        A_, B_ = _padded(A_, M, Kp, xp), _padded(B_, Kp, Np, xp)
+    # Every copy below runs on the kernel's stream, in order with the caller's work.
     with _staging_stream(stream) if not a.on_host else _nullcontext():
+        A_, B_ = _kernel_array(a, xp), _kernel_array(b, xp)
+        al = spec.operand_align
+        misaligned = not a.on_host and (a.ptr % 16 or b.ptr % 16)
+        Kp, Np = K, N
+        if al and (K % al or N % al or misaligned):   # stage into zero-padded, aligned copies
+            Kp, Np = -(-K // al) * al, -(-N // al) * al
+            A_, B_ = _padded(A_, M, Kp, xp), _padded(B_, Kp, Np, xp)
         if out is not None:
             C = out
         elif a.on_host:

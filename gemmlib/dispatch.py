@@ -141,6 +141,8 @@ def get_spec(kernel, precision: str | None = None) -> KernelSpec:
                              f"precision={precision!r} needs a tensor-core rung "
                              f"({', '.join(TC_RUNGS)} or 'auto')")
         return build(kernel, {"precision": precision})
+    if kernel == AUTO:
+        return select(*AUTO_SHAPE)
     return get_rung(kernel)
 
 

@@ -46,10 +46,20 @@ def b_shape(spec, K: int, N: int) -> tuple[int, int]:
     return (N, K) if nk(spec) else (K, N)
 
 
+def input_dtype(spec) -> np.dtype:
+    """The NumPy dtype of ``spec``'s inputs: float32, or float16 for FP16 tensor-core rungs.
+
+    The tensor-core rungs are registered in FP16 (their default spec), so the
+    reliability suite runs them on float16 data; tf32/3xtf32/bf16 are covered
+    by tests/test_tensor_cores.py.
+    """
+    return np.dtype(spec.dtype)
+
+
 def host_operands(spec, M, N, K, rng):
-    """Random float32 host inputs in [-1, 1) in the layout ``spec`` takes."""
-    A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-    B = rng.uniform(-1, 1, b_shape(spec, K, N)).astype(np.float32)
+    """Random host inputs in [-1, 1) in the dtype and layout ``spec`` takes."""
+    A = rng.uniform(-1, 1, (M, K)).astype(input_dtype(spec))
+    B = rng.uniform(-1, 1, b_shape(spec, K, N)).astype(input_dtype(spec))
     return A, B
 
 
@@ -72,10 +82,17 @@ def elementwise_bound(A64, B64t, K: int) -> np.ndarray:
     return 2.0 * max(K, 1) * EPS32 * (np.abs(A64) @ np.abs(B64t)) + 1e-30
 
 
-def assert_close(C, ref, K: int) -> None:
+def tolerance_of(spec, K: int) -> float:
+    """The relative-error bound ``gemmlib.verify`` applies to ``spec`` (its precision)."""
+    from gemmlib.verify import spec_tolerance
+
+    return spec_tolerance(spec, K)
+
+
+def assert_close(C, ref, K: int, spec=None) -> None:
     """C is finite and within gemmlib's tolerance of the float64 ``ref`` (relative Frobenius
-    error, ``verify.tolerance``), as in ``gemmlib.verify``."""
-    from gemmlib.verify import tolerance
+    error, ``verify.tolerance``; the precision's bound when ``spec`` is given), as in
+    ``gemmlib.verify``."""
 
     C = np.asarray(backend.to_host(C), dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
@@ -84,7 +101,14 @@ def assert_close(C, ref, K: int) -> None:
     assert bad == 0, f"{bad} non-finite element(s) in C"
     scale = float(np.linalg.norm(ref))
     err = float(np.linalg.norm(C - ref)) / (scale if scale > 0 else 1.0)
-    assert err <= tolerance("float32", K), f"relative error {err:.2e} > {tolerance('float32', K):.1e}"
+    tol = tolerance_of(spec, K) if spec is not None else _fp32_tolerance(K)
+    assert err <= tol, f"relative error {err:.2e} > {tol:.1e}"
+
+
+def _fp32_tolerance(K: int) -> float:
+    from gemmlib.verify import tolerance
+
+    return tolerance("float32", K)
 
 
 def report(name: str, data) -> None:

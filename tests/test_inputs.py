@@ -24,8 +24,8 @@ import pytest
 import gemmlib
 from gemmlib import api, backend
 
-from _reliability import (assert_close, host_operands, kernel_names, nk, ref64, run,
-                          spec_or_skip)
+from _reliability import (assert_close, host_operands, input_dtype, kernel_names, nk, ref64,
+                          run, spec_or_skip)
 
 FAST = "blocktile_2d"  # a cheap rung in the simulator for the kernel-independent checks
 
@@ -34,18 +34,19 @@ def f32(rng, *shape):
     return rng.uniform(-1, 1, shape).astype(np.float32)
 
 
-def close(C, ref, K):
-    assert_close(C, ref, K)
+def close(C, ref, K, spec=None):
+    assert_close(C, ref, K, spec)
 
 
-def misaligned(xp, shape, rng, offset_bytes=4):
-    """A C-contiguous float32 array whose data pointer is ``offset_bytes`` past 16-byte alignment."""
+def misaligned(xp, shape, rng, offset_bytes=4, dtype=np.float32):
+    """A C-contiguous array whose data pointer is ``offset_bytes`` past 16-byte alignment."""
     n = int(np.prod(shape))
-    buf = xp.empty(n + 8, dtype=np.float32)
+    size = np.dtype(dtype).itemsize
+    buf = xp.empty(n + 16 // size, dtype=dtype)
     ptr = buf.ctypes.data if xp is np else buf.data.ptr
-    start = ((offset_bytes - ptr % 16) % 16) // 4
+    start = ((offset_bytes - ptr % 16) % 16) // size
     view = buf[start:start + n].reshape(shape)
-    view[...] = xp.asarray(f32(rng, *shape))
+    view[...] = xp.asarray(f32(rng, *shape).astype(dtype))
     got = (view.ctypes.data if xp is np else view.data.ptr) % 16
     assert got == offset_bytes % 16 and view.flags.c_contiguous
     return view
@@ -60,12 +61,13 @@ def test_misaligned_contiguous_operands_every_kernel(name, rng):
     taken (in the simulator the intrinsic twins raise if they are)."""
     spec = spec_or_skip(name)
     M, N, K = 9, 12, 8
-    A = misaligned(np, (M, K), rng)
-    B = misaligned(np, (N, K) if nk(spec) else (K, N), rng, 8)
+    dt = input_dtype(spec)
+    A = misaligned(np, (M, K), rng, 4, dt)
+    B = misaligned(np, (N, K) if nk(spec) else (K, N), rng, 8, dt)
     out = misaligned(np, (M, N), rng, 12)
     C = run(spec, A, B, out=out)
     assert C is out
-    close(C, ref64(spec, A, B), K)
+    close(C, ref64(spec, A, B), K, spec)
 
 
 def _host_views(rng):
@@ -244,12 +246,13 @@ def test_misaligned_device_views_every_kernel_gpu(name, rng):
     cp = _cp()
     for off_a, off_b, off_c in ((4, 8, 12), (0, 4, 0), (0, 0, 8)):
         M, N, K = 131, 132, 68
-        A = misaligned(cp, (M, K), rng, off_a)
-        B = misaligned(cp, (N, K) if nk(spec) else (K, N), rng, off_b)
+        dt = input_dtype(spec)
+        A = misaligned(cp, (M, K), rng, off_a, dt)
+        B = misaligned(cp, (N, K) if nk(spec) else (K, N), rng, off_b, dt)
         out = misaligned(cp, (M, N), rng, off_c)
         C = run(spec, A, B, out=out)
         assert C is out
-        close(C, ref64(spec, A, B), K)
+        close(C, ref64(spec, A, B), K, spec)
 
 
 @pytest.mark.gpu

@@ -30,8 +30,8 @@ def test_kernel_correct_on_odd_shapes(name):
 def test_empty_output_is_fine(name, shape):
     spec = get(name)
     M, N, K = shape
-    A = backend.random_matrix((M, K))
-    B = backend.random_matrix((N, K) if spec.b_operand == "NK" else (K, N))
+    A = backend.random_matrix((M, K), spec.dtype)
+    B = backend.random_matrix((N, K) if spec.b_operand == "NK" else (K, N), spec.dtype)
     C = gemmlib.matmul(A, B, kernel=name, transpose_b=spec.b_operand == "NK")
     assert C.shape == (M, N)
 

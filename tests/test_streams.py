@@ -32,8 +32,8 @@ def _f32(rng, *shape):
     return rng.uniform(-1, 1, shape).astype(np.float32)
 
 
-def _close(C, ref, K):
-    assert_close(C, ref, K)
+def _close(C, ref, K, spec=None):
+    assert_close(C, ref, K, spec)
 
 
 # --------------------------------------------------------------------------- simulator
@@ -72,8 +72,8 @@ def test_runs_in_order_on_the_callers_stream_gpu(name, kind, rng):
     A_h, B_h = host_operands(spec, M, N, K, rng)
     s = cp.cuda.Stream(non_blocking=True)
     A_src, B_src = cp.asarray(A_h), cp.asarray(B_h)
-    A = cp.zeros((M, K), np.float32)
-    B = cp.zeros(B_h.shape, np.float32)
+    A = cp.zeros((M, K), A_h.dtype)
+    B = cp.zeros(B_h.shape, B_h.dtype)
     cp.cuda.Device().synchronize()
     _delay(cp, s)
     with s:  # device-to-device copies, queued behind the slow product (the host does not wait)
@@ -89,7 +89,7 @@ def test_runs_in_order_on_the_callers_stream_gpu(name, kind, rng):
     with s:
         C_copy = C.copy()  # queued after the kernel on the same stream
     s.synchronize()
-    _close(C_copy, ref64(spec, A_h, B_h), K)
+    _close(C_copy, ref64(spec, A_h, B_h), K, spec)
 
 
 @pytest.mark.gpu
@@ -105,7 +105,7 @@ def test_host_arrays_on_a_non_blocking_stream_gpu(kind, rng):
         A, B = host_operands(spec, 700, 600, 500, rng)
         _delay(cp, s)
         C = run(spec, A, B, stream=stream)
-        _close(C, ref64(spec, A, B), 500)
+        _close(C, ref64(spec, A, B), 500, spec)
 
 
 @pytest.mark.gpu
@@ -121,7 +121,7 @@ def test_bit_identical_run_after_run_gpu(name, rng):
             out = cp.full((M, N), np.nan if i % 2 else 0.0, np.float32)
             again = cp.asnumpy(run(spec, A, B, out=out))
             assert first.tobytes() == again.tobytes(), f"{name} {M}x{N}x{K} run {i + 2} differs"
-        _close(first, ref64(spec, A_h, B_h), K)
+        _close(first, ref64(spec, A_h, B_h), K, spec)
 
 
 def _threads(work, n=2):
@@ -157,7 +157,7 @@ def test_two_threads_at_once_gpu(name):
             A, B = cp.asarray(A_h), cp.asarray(B_h)
             C = run(spec, A, B, stream=s)
             (s or cp.cuda.get_current_stream()).synchronize()
-            _close(C, ref64(spec, A_h, B_h), K)
+            _close(C, ref64(spec, A_h, B_h), K, spec)
 
     _threads(work)
 
@@ -178,7 +178,7 @@ def test_two_threads_compile_a_fresh_kernel_at_once_gpu():
         A, B = host_operands(spec, 37, 29, 23, rng)
         barrier.wait()
         C = run(spec, A, B)
-        _close(C, ref64(spec, A, B), 23)
+        _close(C, ref64(spec, A, B), 23, spec)
 
     _threads(work)
 
