@@ -2,6 +2,10 @@
 
     python3 scripts/sanitize_target.py KERNEL[,KERNEL...|all] SHAPE[,SHAPE...]
 
+KERNEL is a rung name, or ``rung:precision`` for a tensor-core rung in another
+precision than its default (``mma_pipeline:3xtf32``).  Inputs have the
+kernel's input dtype (float16 for the FP16 rungs).
+
 SHAPE is MxNxK or ``tile+`` (one past a block tile in every dimension, with N
 and K multiples of 4 so the float4 paths run).  Inputs are made on the host
 and copied (no CuPy kernels run, so every report belongs to a gemmlib kernel);
@@ -22,7 +26,9 @@ import numpy as np  # noqa: E402
 import gemmlib  # noqa: E402
 from gemmlib import backend  # noqa: E402
 from gemmlib.kernels import LADDER, get  # noqa: E402
+from gemmlib.dispatch import get_spec  # noqa: E402
 from gemmlib.spec import ConstraintError  # noqa: E402
+from gemmlib.verify import spec_tolerance  # noqa: E402
 
 
 def shape_for(spec, text: str):
@@ -39,7 +45,11 @@ def main(argv) -> int:
     xp = backend.array_module()
     bad = 0
     for name in names:
-        spec = get(name)
+        rung, _, precision = name.partition(":")
+        spec = get_spec(rung, precision or None) if precision else get(rung)
+        if spec.dtype not in ("float32", "float16"):
+            print(f"@@ {name} - SKIPPED (no NumPy dtype for {spec.dtype})", flush=True)
+            continue
         if not backend.SIMULATOR and tuple(backend.device_info().compute_capability) < spec.min_cc:
             print(f"@@ {name} - SKIPPED (needs sm_{spec.min_cc[0]}{spec.min_cc[1]})", flush=True)
             continue
@@ -47,8 +57,8 @@ def main(argv) -> int:
         for text in shapes:
             M, N, K = shape_for(spec, text)
             rng = np.random.default_rng(M * 7919 + N * 31 + K)
-            A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-            B = rng.uniform(-1, 1, (N, K) if nt else (K, N)).astype(np.float32)
+            A = rng.uniform(-1, 1, (M, K)).astype(spec.dtype)
+            B = rng.uniform(-1, 1, (N, K) if nt else (K, N)).astype(spec.dtype)
             ref = A.astype(np.float64) @ (B.T if nt else B).astype(np.float64)
             try:
                 C = gemmlib.matmul(xp.asarray(A), xp.asarray(B), kernel=spec, transpose_b=nt)
@@ -58,7 +68,7 @@ def main(argv) -> int:
                 continue
             C = backend.to_host(C).astype(np.float64)
             err = float(np.linalg.norm(C - ref) / max(np.linalg.norm(ref), 1e-30))
-            ok = np.isfinite(C).all() and err <= 4 * np.finfo(np.float32).eps * np.sqrt(K)
+            ok = np.isfinite(C).all() and err <= spec_tolerance(spec, K)
             bad += not ok
             print(f"@@ {name} {M}x{N}x{K} {'ok' if ok else 'WRONG'} rel.err {err:.2e}", flush=True)
     return 2 if bad else 0

@@ -29,7 +29,11 @@ library call; the copy is the price of a misaligned shape.
 ``precision="3xtf32"`` keeps float32 in shared memory and splits every
 fragment element in registers into a TF32 "big" part and the TF32 rounding
 of the remainder; three mma per atom (small*big, big*small, big*big) give
-about fp32 accuracy at tensor-core speed.
+about fp32 accuracy at tensor-core speed.  To keep it, the tensor cores may
+only sum one k-tile at a time (``PROMOTE``, on by default for 3xtf32): they
+truncate on every add into the accumulator, an error that grows like K, so
+each k-tile starts from zero in fresh registers and its partial sums are
+added to the accumulators with correctly rounded fp32 adds.
 """
 
 from gemmlib import layout as L
@@ -60,12 +64,15 @@ def _aligned(spec, M, N, K, dev):
 
 def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
           BK: int | None = None, WM: int | None = None, WN: int | None = None,
-          STAGES: int | None = None, GROUP_M: int = 8, min_blocks: int = 1) -> KernelSpec:
+          STAGES: int | None = None, GROUP_M: int = 8, min_blocks: int = 1,
+          PROMOTE: bool | None = None) -> KernelSpec:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     d = DEFAULTS[precision]
     BM, BN, BK, WM, WN, STAGES = (v if v is not None else dv for v, dv in
                                   zip((BM, BN, BK, WM, WN, STAGES), d))
+    promote_default = precision == "3xtf32"   # fp32 accuracy is 3xtf32's whole point
+    PROMOTE = promote_default if PROMOTE is None else bool(PROMOTE)
     sixteen = precision in ("fp16", "bf16")
     eb = 2 if sixteen else 4
     EPC = 16 // eb                       # elements per 16-byte chunk
@@ -78,7 +85,8 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         raise ValueError(f"STAGES must be 2..8, got {STAGES}")
     MI, NI = WM // 16, WN // 8
     NT = (BM // WM) * (BN // WN) * 32
-    lay_a, lay_b, sw_a, sw_b, warp_step, store_tile = warp_code(precision, BM, BN, BK, WM, WN)
+    lay_a, lay_b, sw_a, sw_b, warp_step, store_tile = warp_code(precision, BM, BN, BK, WM, WN,
+                                                                PROMOTE)
     elem = uint16 if sixteen else float32
     ACC = MI * NI * 4
     SA, SB = BM * BK, BK * BN            # elements per stage
@@ -166,12 +174,14 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     def grid(M, N, K):
         return (cdiv(M, BM) * cdiv(N, BN), 1, 1)
 
-    default = (BM, BN, BK, WM, WN, STAGES, GROUP_M, min_blocks) == d + (8, 1)
+    default = ((BM, BN, BK, WM, WN, STAGES, GROUP_M, min_blocks) == d + (8, 1)
+               and PROMOTE == promote_default)
     name = "mma_pipeline" if precision == "fp16" else f"mma_pipeline_{precision}"
     if not default:
         name += f"_{BM}x{BN}x{BK}_w{WM}x{WN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8
                                                           else "") + (
-            f"_mb{min_blocks}" if min_blocks != 1 else "")
+            f"_mb{min_blocks}" if min_blocks != 1 else "") + (
+            ("_promote" if PROMOTE else "_nopromote") if PROMOTE != promote_default else "")
     return KernelSpec(
         name=name,
         chapter="16-tensor-core-pipeline",
@@ -182,7 +192,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         tile=(BM, BN),
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, STAGES=STAGES,
-                    GROUP_M=GROUP_M, min_blocks=min_blocks),
+                    GROUP_M=GROUP_M, min_blocks=min_blocks, PROMOTE=PROMOTE),
         shared_bytes=STAGES * (SA + SB) * eb,
         dynamic_shared=True,
         min_cc=I.MIN_CC,

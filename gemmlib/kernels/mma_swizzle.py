@@ -112,17 +112,31 @@ def fragment_loaders(precision: str, sw_a, sw_b):
     return load_a, (load_b16 if sixteen else load_b32)
 
 
-def warp_step_source(precision: str, MI: int, NI: int, ksteps: int) -> str:
+def warp_step_source(precision: str, MI: int, NI: int, ksteps: int,
+                     promote: bool = False) -> str:
     """Source of ``warp_step``: one warp's MI x NI atoms over ``ksteps`` k-steps,
-    straight-line, every accumulator index a constant (so they live in registers)."""
+    straight-line, every accumulator index a constant (so they live in registers).
+
+    ``promote``: the tensor cores truncate when they add into the fp32
+    accumulator (one rounding toward zero per mma), so over a long K the
+    error grows like K.  With ``promote`` the k-tile is summed into fresh
+    registers ``p*`` starting from zero, and only that short partial sum is
+    added to ``acc`` -- by an ordinary, correctly rounded fp32 add.
+    """
     sixteen = precision in ("fp16", "bf16")
     split = precision == "3xtf32"
     out = ["def warp_step(sA, sB, abase, bbase, acc, lane, wr, wc):"]
+    started = set()   # atoms whose fresh partial sum exists (promote)
 
     def mma(a, b, i, j):
         e = (i * NI + j) * 4
-        c = ", ".join(f"acc[{e + v}]" for v in range(4))
-        return [f"    d = mma({a}, {b}, {c})"] + [f"    acc[{e + v}] = d[{v}]" for v in range(4)]
+        if not promote:
+            c = ", ".join(f"acc[{e + v}]" for v in range(4))
+            return [f"    d = mma({a}, {b}, {c})"] + [f"    acc[{e + v}] = d[{v}]"
+                                                      for v in range(4)]
+        c = ", ".join(f"p{e + v}" if e in started else "ZERO" for v in range(4))
+        started.add(e)
+        return [f"    p{e}, p{e + 1}, p{e + 2}, p{e + 3} = mma({a}, {b}, {c})"]
 
     for kk in range(ksteps):
         out.append(f"    # k-step {kk}")
@@ -147,6 +161,9 @@ def warp_step_source(precision: str, MI: int, NI: int, ksteps: int) -> str:
                     out += mma(As, f"fb{j}[0], fb{j}[1]", i, j)
                     out += mma(A, f"fb{j}[2], fb{j}[3]", i, j)
                     out += mma(A, f"fb{j}[0], fb{j}[1]", i, j)
+    if promote:
+        out.append("    # promote: the k-tile's partial sums join the accumulators (fp32 adds)")
+        out += [f"    acc[{e}] = acc[{e}] + p{e}" for e in range(MI * NI * 4)]
     return "\n".join(out) + "\n"
 
 
@@ -167,9 +184,11 @@ def epilogue(MI: int, NI: int):
     return store_tile
 
 
-def warp_code(precision: str, BM: int, BN: int, BK: int, WM: int, WN: int):
+def warp_code(precision: str, BM: int, BN: int, BK: int, WM: int, WN: int,
+              promote: bool = False):
     """The warp-level pieces of a block tile: swizzled layouts, their device index
-    functions, ``warp_step`` and ``store_tile`` (shared with ``mma_pipeline``)."""
+    functions, ``warp_step`` and ``store_tile`` (shared with ``mma_pipeline``;
+    ``promote``: see :func:`warp_step_source`)."""
     sixteen = precision in ("fp16", "bf16")
     KA = 16 if sixteen else 8
     MI, NI = WM // 16, WN // 8
@@ -177,8 +196,9 @@ def warp_code(precision: str, BM: int, BN: int, BK: int, WM: int, WN: int):
     sw_a = L.jit(lay_a.source("sw_a"), device=True)
     sw_b = L.jit(lay_b.source("sw_b"), device=True)
     load_a, load_b = fragment_loaders(precision, sw_a, sw_b)
-    warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA), device=True,
-                      env=dict(load_a=load_a, load_b=load_b, mma=I.MMA[precision]))
+    warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA, promote), device=True,
+                      env=dict(load_a=load_a, load_b=load_b, mma=I.MMA[precision],
+                               ZERO=float32(0.0)))
     return lay_a, lay_b, sw_a, sw_b, warp_step, epilogue(MI, NI)
 
 
