@@ -8,8 +8,11 @@
   same precision (3xtf32 against cuBLAS fp32), with the course's targets judged from
   the data.
 * :func:`plot_accuracy`: ``results/accuracy-<gpu>-<date>.json``, relative error against K.
-* :func:`plot_roofline_tc`: the roofline with the SIMT fp32 roof and the datasheet
-  tensor-core roofs.
+* :func:`plot_roofline_tc`: the roofline with the SIMT fp32 roof, the datasheet
+  tensor-core roofs and the measured ``mma.sync`` ceilings.
+* :func:`roof_table` / :func:`show_mma_roof`: ``results/mma-roof-<gpu>.json``
+  (:mod:`gemmlib.mma_roof`), the ceiling of ``mma.sync`` against cuBLAS and the
+  production rung.
 
 Nothing here invents a measurement: every plotted number comes from a results file
 (or, for the schedule, from made-up durations that the figure says are schematic).
@@ -129,6 +132,21 @@ def precision_files(directory=None):
 def accuracy_files(directory=None):
     """The newest ``accuracy-<gpu>-<date>.json`` per GPU: [(file name, data)]."""
     return _committed("accuracy-*.json", directory)
+
+
+def roof_files(directory=None):
+    """The newest ``mma-roof-<gpu>.json`` per GPU: [(file name, data)]."""
+    return _committed("mma-roof-*.json", directory)
+
+
+def roof_ceilings(data: dict) -> dict:
+    """{precision: best measured mma.sync TFLOP/s (over the chain counts tried)}."""
+    best = {}
+    for r in data.get("rows", []) if isinstance(data, dict) else []:
+        t = _num(r.get("tflops"))
+        if t is not None:
+            best[r["precision"]] = max(best.get(r["precision"], 0.0), t)
+    return best
 
 
 # --------------------------------------------------------------------------
@@ -340,10 +358,11 @@ def datasheet_peaks(gpu_name: str) -> dict:
     return {}
 
 
-def plot_roofline_tc(dev, data=None, title=None):
+def plot_roofline_tc(dev, data=None, title=None, roof=None):
     """The roofline of ``dev`` (a :class:`gemmlib.backend.DeviceInfo`): SIMT fp32 peak
     (``dev.fp32_peak_tflops``), datasheet tensor-core peaks (H100/H200 SXM), memory roof
-    (``dev.peak_bandwidth_gbs``), and the gemmlib points of a precision benchmark file
+    (``dev.peak_bandwidth_gbs``), the measured ``mma.sync`` ceilings of ``roof`` (an
+    ``mma-roof`` file, dashed) and the gemmlib points of a precision benchmark file
     (kernel timing).  Without a device to read (simulator) only the points are drawn."""
     import numpy as np
 
@@ -362,6 +381,10 @@ def plot_roofline_tc(dev, data=None, title=None):
         roofs.append(("TF32 tensor cores (datasheet)", peaks["tf32"], COLOURS["tf32"], "-"))
         roofs.append(("3xTF32 = TF32 / 3 (datasheet / 3)", peaks["tf32"] / 3,
                       COLOURS["3xtf32"], ":"))
+    for prec, peak in sorted(roof_ceilings(roof or {}).items()):
+        if not simulated:
+            roofs.append((f"mma.sync {prec.upper()} (measured, register-only)", peak,
+                          COLOURS.get(prec, "C0"), "--"))
     for label, peak, col, ls in roofs:
         y = np.minimum(peak, x * bw / 1e3) if bw else np.full_like(x, peak)
         ax.loglog(x, y, ls, color=col, lw=1.8, label=f"{label}: {peak:.1f} TFLOP/s")
@@ -393,6 +416,52 @@ def plot_roofline_tc(dev, data=None, title=None):
                  fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def roof_table(roof: dict, bench: dict | None = None, n: int = 8192):
+    """The ``mma.sync`` ceiling per precision (a :class:`gemmlib.notebook.Table`): the best
+    register-only rate, cuBLAS at n^3 in that run, and -- from the precision benchmark of
+    the same GPU -- the production rung at n^3 (kernel timing) as a share of the ceiling."""
+    from gemmlib.notebook import Table
+
+    ours = {d["precision"]: d for d in precision_records(bench or {})
+            if d["timing"] == "kernel" and d["shape"] == (n, n, n)}
+    best = roof_ceilings(roof)
+    body = []
+    for prec in PRECISION_ORDER:
+        rows = [r for r in roof.get("rows", []) if r.get("precision") == prec]
+        if not rows:
+            continue
+        top = max(rows, key=lambda r: r["tflops"])
+        cub = _num(top.get("cublas_8192_tflops"))
+        mine = ours.get(prec)
+        body.append((prec, top.get("instruction", "?"), f"{best[prec]:.1f}",
+                     "-" if cub is None else f"{cub:.1f}",
+                     "-" if cub is None else f"{100 * best[prec] / cub:.1f}%",
+                     "-" if mine is None else f"{mine['tflops']:.1f}",
+                     "-" if mine is None else f"{100 * mine['tflops'] / best[prec]:.1f}%"))
+    meta = roof.get("meta", {}) if isinstance(roof, dict) else {}
+    return Table(("precision", "instruction", "mma.sync ceiling TFLOP/s",
+                  f"cuBLAS {n}^3 TFLOP/s", "ceiling / cuBLAS", f"mma_pipeline {n}^3",
+                  "mma_pipeline / ceiling"), body,
+                 caption=f"register-only mma.sync (gemmlib.mma_roof) on {meta.get('gpu', '?')}, "
+                         f"{str(meta.get('date', ''))[:10]}; mma_pipeline from the precision "
+                         f"benchmark of the same GPU")
+
+
+def show_mma_roof(directory=None) -> int:
+    """:func:`roof_table` per GPU with a measured ceiling; returns how many."""
+    from IPython.display import display
+
+    roofs = roof_files(directory)
+    if not roofs:
+        print(f"(the mma.sync ceiling {NOT_MEASURED}: python scripts/mma_roof.py on a GPU "
+              "writes results/mma-roof-<gpu>.json)")
+        return 0
+    benches = {d.get("meta", {}).get("gpu"): d for _, d in precision_files(directory)}
+    for _, data in roofs:
+        display(roof_table(data, benches.get(data.get("meta", {}).get("gpu"))))
+    return len(roofs)
 
 
 def show_precisions(directory=None, *, charts: bool = True) -> int:
@@ -435,4 +504,5 @@ __all__ = ["pipeline_schedule", "tensor_core_idle", "plot_pipeline", "precision_
            "accuracy_files", "precision_records", "precision_table", "targets_line",
            "plot_precision_bars", "accuracy_series", "plot_accuracy", "intensity",
            "datasheet_peaks", "plot_roofline_tc", "show_precisions", "show_accuracy",
+           "roof_files", "roof_ceilings", "roof_table", "show_mma_roof",
            "DATASHEET_TC_TFLOPS", "PCT_TARGETS", "judge"]

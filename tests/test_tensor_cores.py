@@ -591,7 +591,10 @@ def test_pipeline_ring_wraps_and_crosses_tiles(precision):
 def test_auto_in_a_tensor_core_precision_is_the_pipeline():
     spec = dispatch.get_spec("auto", "fp16")
     assert spec.module == mma_pipeline.__name__ and spec.precision == "fp16"
-    assert spec.name == "mma_pipeline"          # no tuning data in the simulator: defaults
+    if backend.SIMULATOR:                       # no tuning data in the simulator: defaults
+        assert spec.name == "mma_pipeline"
+    else:                                       # on a GPU: the tile tuned for AUTO_SHAPE
+        assert spec is dispatch.select_tc("fp16", *dispatch.AUTO_SHAPE)
     for prec in ("bf16", "tf32", "3xtf32"):
         s = dispatch.select_tc(prec, 5, 7, 9)
         assert s.precision == prec and s.module == mma_pipeline.__name__
@@ -599,3 +602,24 @@ def test_auto_in_a_tensor_core_precision_is_the_pipeline():
     assert dispatch.get_spec("mma_swizzle", "bf16").precision == "bf16"
     assert dispatch.get_spec(dispatch.TC_AUTO, "tf32").name == "mma_pipeline_tf32"
     assert set(dispatch.TC_RUNGS) == {"mma_atom", "mma_swizzle", "mma_pipeline"}
+
+
+# --------------------------------------------------------------------------- the mma.sync ceiling
+
+
+@pytest.mark.parametrize("precision, per_mma", [("fp16", 16 * 2.0 ** -16),   # k=16 products 2^-8*2^-8
+                                                ("tf32", 8 * 2.0 ** -16)])
+def test_mma_roof_kernel_keeps_every_chain(precision, per_mma):
+    """gemmlib.mma_roof's spinning kernel really issues CHAINS x iters dependent mma per warp:
+    each thread's output sums its 4 accumulators of every chain (nothing folded away)."""
+    from gemmlib import mma_roof
+
+    assert mma_roof.loop_source(3).count("= mma(") == 3
+    if not backend.SIMULATOR:
+        pytest.skip("the numbers below are the simulator's exact arithmetic")
+    out = np.zeros(32, np.float32)
+    mma_roof.build(precision, chains=2)[1, 32](3, out)
+    # lane % 2 flips the lowest bit of each input: within 2^-9 relative of 2^-8
+    np.testing.assert_allclose(out, 2 * 3 * 4 * per_mma, rtol=2.0 ** -8)
+    with pytest.raises(ValueError, match="precision"):
+        mma_roof.build("3xtf32")

@@ -163,9 +163,12 @@ def test_roofline_tc():
                      max_threads_per_sm=2048, max_grid=(2**31 - 1, 65535, 65535),
                      l2_bytes=50 * 2**20, warp_size=32, max_sm_clock_mhz=1980.0,
                      simulated=False, memory_clock_khz=2_619_000, memory_bus_bits=5120)
-    fig = vp.plot_roofline_tc(dev, _bench())
+    fig = vp.plot_roofline_tc(dev, _bench(), roof=_roof())
     labels = [ln.get_label() for ln in fig.axes[0].get_lines()]
     assert sum("datasheet" in s for s in labels) == 3
+    assert [s for s in labels if s.startswith("mma.sync")] == [
+        "mma.sync FP16 (measured, register-only): 620.0 TFLOP/s",
+        "mma.sync TF32 (measured, register-only): 300.0 TFLOP/s"]
     assert any(s.startswith("fp32 FMA") for s in labels)
     assert any("memory roof" in s for s in labels)
     plt.close(fig)
@@ -197,3 +200,29 @@ def test_files_newest_per_gpu_and_missing(tmp_path, capsys):
     assert capsys.readouterr().out.count("not measured yet") == 2
     assert vp.show_precisions(tmp_path) == 2 and vp.show_accuracy(tmp_path) == 1
     plt.close("all")
+
+
+def _roof(gpu="NVIDIA H100 80GB HBM3"):
+    rows = [dict(precision="fp16", instruction="mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                 chains=c, tflops=t, cublas_8192_tflops=775.0) for c, t in ((8, 590.0), (16, 620.0))]
+    rows.append(dict(precision="tf32", instruction="mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+                     chains=8, tflops=300.0, cublas_8192_tflops=400.0))
+    return {"meta": {"gpu": gpu, "date": "2030-01-01T00:00:00+00:00"}, "rows": rows}
+
+
+def test_roof_table_takes_the_best_chain_count_and_our_8192_row():
+    assert vp.roof_ceilings(_roof()) == {"fp16": 620.0, "tf32": 300.0}
+    bench = {"meta": {"gpu": "x"}, "rows": [
+        _row("auto", "fp16", 8192, 310.0, 775.0, 1e-6, 1e-6),
+        _row("auto", "fp16", 8192, 300.0, 775.0, 1e-6, 1e-6, timing="call")]}
+    rows = vp.roof_table(_roof(), bench).rows
+    assert rows[0] == ["fp16", "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "620.0",
+                       "775.0", "80.0%", "310.0", "50.0%"]   # kernel timing, not the call's
+    assert rows[1][0] == "tf32" and rows[1][-2:] == ["-", "-"]   # no tf32 row measured
+
+
+def test_show_mma_roof(tmp_path, capsys):
+    assert vp.show_mma_roof(tmp_path) == 0
+    assert "not measured yet" in capsys.readouterr().out
+    (tmp_path / "mma-roof-nvidia-h100-80gb-hbm3.json").write_text(json.dumps(_roof()))
+    assert vp.show_mma_roof(tmp_path) == 1
