@@ -70,7 +70,8 @@ def _offline_device(cc):
         dispatcher.get_current_device = real
 
 
-def resources(ptx: str, cc=(9, 0), max_registers: int | None = None) -> dict:
+def resources(ptx: str, cc=(9, 0), max_registers: int | None = None,
+              arch: str | None = None) -> dict:
     """Registers, spills and stack of the PTX once assembled to machine code.
 
     PTX alone cannot show spills: ptxas decides register allocation.  ptxas
@@ -79,7 +80,7 @@ def resources(ptx: str, cc=(9, 0), max_registers: int | None = None) -> dict:
     """
     from cuda.bindings import nvjitlink
 
-    opts = [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"]
+    opts = [f"-arch={arch or f'sm_{cc[0]}{cc[1]}'}", "-verbose"]   # arch: e.g. "sm_90a"
     if max_registers:  # the kernel's cuda.jit(max_registers=...) cap, as the driver applies it
         opts.append(f"-maxrregcount={max_registers}")
     h = nvjitlink.create(len(opts), opts)

@@ -1,0 +1,289 @@
+"""Hopper (sm_90a) from Python: warpgroup MMA, the tensor memory accelerator, mbarriers.
+
+Hopper adds three things the ``mma.sync`` rungs cannot use:
+
+* ``wgmma.mma_async``: a *warpgroup* (four consecutive warps, 128 threads)
+  issues one 64 x N x 16 product whose A and B come straight from shared
+  memory, described by 64-bit *matrix descriptors* (:func:`smem_desc`); the
+  fp32 accumulators stay in registers (N/2 per thread).  It is asynchronous:
+  ``wgmma.fence`` before, ``commit_group`` after, ``wait_group n`` before the
+  accumulators are read.
+* ``cp.async.bulk.tensor`` (TMA): one thread asks the copy engine for a
+  whole tile, described by a *tensor map* encoded on the host
+  (:mod:`gemmlib.tma`), out-of-bounds elements filled with zeros, optionally
+  written in a swizzled order that wgmma's descriptors understand.
+* ``mbarrier``: a barrier in shared memory that counts arrivals *and bytes*;
+  the TMA copy signals its bytes on it, and waiting threads poll its phase.
+
+numba-cuda compiles for the arch-specific target ``sm_90a`` on a compute
+capability 9.0 device, so these instructions are reachable through inline
+PTX (``@intrinsic``), as the other intrinsics are.  They have no simulator
+twins yet: in numba's simulator calling one raises :class:`HopperOnly`, and
+kernels that use them refuse other GPUs with a ``ConstraintError``.
+
+Functions, inside ``@cuda.jit`` kernels (shared addresses are 32-bit
+shared-window addresses from :func:`smem_addr`; descriptors and tensor-map
+pointers are 64-bit):
+
+``smem_addr(arr, i) -> uint32``     the shared-memory address of ``arr[i]``
+``fence_proxy_async()``             make ordinary shared stores visible to wgmma / TMA
+``wgmma_fence()``, ``wgmma_commit()``, ``wgmma_wait(n)`` (a factory, n in 0..7)
+``wgmma_f16(n)``, ``wgmma_bf16(n)`` factories of ``m64nNk16`` with fp32 accumulators:
+    ``f(desc_a, desc_b, scale_d, c0, ..., c{n/2 - 1}) -> n/2 floats``
+    (``scale_d = 0`` ignores the c's: D = A B; 1: D = A B + C)
+``mbarrier_init(bar, count)``, ``fence_mbarrier_init()``,
+``mbarrier_expect_tx(bar, nbytes)`` (arrive, expecting ``nbytes`` from copies),
+``mbarrier_try_wait(bar, parity) -> uint32`` (1 once phase ``parity`` completed)
+``tma_load_2d(dst, tmap, x, y, bar)`` the box at column ``x``, row ``y`` -> ``dst``
+``tensormap_acquire(tmap)``          the map was written through the generic proxy
+
+Measured on an H100 (``results/hopper-2026-11-23/``, kept as
+``tests/test_hopper.py``): wgmma m64n8k16 from unswizzled and 128-byte
+swizzled descriptors, TMA boxes with zero fill and the 128-byte swizzle, and
+TMA + mbarrier feeding wgmma all give the right products.
+"""
+from __future__ import annotations
+
+from gemmlib.backend import SIMULATOR
+
+#: wgmma, TMA and mbarrier expect_tx need compute capability 9.0 (sm_90a for wgmma)
+MIN_CC = (9, 0)
+
+#: swizzle modes of a wgmma matrix descriptor (bits 62-63), by bytes per swizzled row
+SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}
+
+
+class HopperOnly(RuntimeError):
+    """A Hopper instruction called where it cannot run (numba's simulator)."""
+
+
+def desc_fields(addr: int, lbo: int, sbo: int, swizzle_bytes: int = 0) -> int:
+    """The 64-bit wgmma shared-memory matrix descriptor, on the host (the device
+    version is :func:`smem_desc`): start address, leading-dimension byte offset
+    (between core matrices adjacent along K), stride byte offset (adjacent along
+    M or N), each stored >> 4 in 14 bits, and the swizzle mode."""
+    return (((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16)
+            | (((sbo & 0x3FFFF) >> 4) << 32) | (SWIZZLE_MODE[swizzle_bytes] << 62))
+
+
+def _make():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.core.errors import NumbaTypeError
+    from numba.cuda.extending import intrinsic
+
+    i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+    def _asm(builder, ret, args_ir, arg_types, ptx, cons):
+        fnty = ir.FunctionType(ret, arg_types)
+        return builder.call(ir.InlineAsm(fnty, ptx, cons, side_effect=True), args_ir)
+
+    def _u(context, builder, v, t, to):
+        return context.cast(builder, v, t, to)
+
+    @intrinsic
+    def smem_addr(typingctx, arr, i):
+        if not (isinstance(arr, types.Array) and arr.ndim == 1):
+            raise NumbaTypeError(f"smem_addr: a 1-D shared array, got {arr}")
+        sig = types.uint32(arr, i)
+
+        def codegen(context, builder, sig, args):
+            aty, ity = sig.args
+            ary = context.make_array(aty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, aty, ary,
+                                           [context.cast(builder, args[1], ity, types.intp)],
+                                           wraparound=False)
+            if ptr.type.addrspace != 3:
+                ptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3))
+            return builder.ptrtoint(ptr, i32)
+
+        return sig, codegen
+
+    def _bare(name, ptx):
+        def typer(typingctx):
+            def codegen(context, builder, sig, args):
+                _asm(builder, ir.VoidType(), [], [], ptx, "~{memory}")
+                return context.get_dummy_value()
+            return types.void(), codegen
+        typer.__name__ = name
+        return intrinsic(typer)
+
+    fence_proxy_async = _bare("fence_proxy_async", "fence.proxy.async.shared::cta;")
+    fence_mbarrier_init = _bare("fence_mbarrier_init", "fence.mbarrier_init.release.cluster;")
+    wgmma_fence = _bare("wgmma_fence", "wgmma.fence.sync.aligned;")
+    wgmma_commit = _bare("wgmma_commit", "wgmma.commit_group.sync.aligned;")
+    _WAITS = {n: _bare(f"wgmma_wait{n}", f"wgmma.wait_group.sync.aligned {n};") for n in range(8)}
+
+    @intrinsic
+    def mbarrier_init(typingctx, bar, count):
+        def codegen(context, builder, sig, args):
+            a = _u(context, builder, args[0], sig.args[0], types.uint32)
+            c = _u(context, builder, args[1], sig.args[1], types.uint32)
+            _asm(builder, ir.VoidType(), [a, c], [i32, i32],
+                 "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(bar, count), codegen
+
+    @intrinsic
+    def mbarrier_expect_tx(typingctx, bar, nbytes):
+        def codegen(context, builder, sig, args):
+            a = _u(context, builder, args[0], sig.args[0], types.uint32)
+            c = _u(context, builder, args[1], sig.args[1], types.uint32)
+            _asm(builder, ir.VoidType(), [a, c], [i32, i32],
+                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(bar, nbytes), codegen
+
+    @intrinsic
+    def mbarrier_try_wait(typingctx, bar, parity):
+        def codegen(context, builder, sig, args):
+            a = _u(context, builder, args[0], sig.args[0], types.uint32)
+            p = _u(context, builder, args[1], sig.args[1], types.uint32)
+            return _asm(builder, i32, [a, p], [i32, i32],
+                        "{ .reg .pred P1; mbarrier.try_wait.parity.shared::cta.b64 P1, [$1], $2; "
+                        "selp.u32 $0, 1, 0, P1; }", "=r,r,r,~{memory}")
+        return types.uint32(bar, parity), codegen
+
+    @intrinsic
+    def tensormap_acquire(typingctx, tmap):
+        def codegen(context, builder, sig, args):
+            t = _u(context, builder, args[0], sig.args[0], types.uint64)
+            _asm(builder, ir.VoidType(), [t], [i64],
+                 "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;", "l,~{memory}")
+            return context.get_dummy_value()
+        return types.void(tmap), codegen
+
+    @intrinsic
+    def tma_load_2d(typingctx, dst, tmap, x, y, bar):
+        def codegen(context, builder, sig, args):
+            d = _u(context, builder, args[0], sig.args[0], types.uint32)
+            t = _u(context, builder, args[1], sig.args[1], types.uint64)
+            xx = _u(context, builder, args[2], sig.args[2], types.int32)
+            yy = _u(context, builder, args[3], sig.args[3], types.int32)
+            b = _u(context, builder, args[4], sig.args[4], types.uint32)
+            _asm(builder, ir.VoidType(), [d, t, xx, yy, b], [i32, i64, i32, i32, i32],
+                 "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[$0], [$1, {$2, $3}], [$4];", "r,l,r,r,r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(dst, tmap, x, y, bar), codegen
+
+    _WGMMA = {}
+
+    def _wgmma(n: int, ab: str):
+        key = (n, ab)
+        if key in _WGMMA:
+            return _WGMMA[key]
+        R = n // 2
+        regs = ",".join(f"${e}" for e in range(R))
+        ptx = ("{ .reg .pred p; setp.ne.b32 p, $" + str(R + 2) + ", 0; "
+               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} "
+               f"{{{regs}}}, ${R}, ${R + 1}, p, 1, 1, 0, 0; }}")
+        cons = ",".join(["=f"] * R + ["l", "l", "r"] + [str(e) for e in range(R)]) + ",~{memory}"
+
+        def typer_body(da, db, scale_d, cs):
+            sig = types.UniTuple(types.float32, R)(da, db, scale_d, *cs)
+
+            def codegen(context, builder, sig, args):
+                a = _u(context, builder, args[0], sig.args[0], types.uint64)
+                b = _u(context, builder, args[1], sig.args[1], types.uint64)
+                s = _u(context, builder, args[2], sig.args[2], types.int32)
+                acc = [_u(context, builder, v, t, types.float32) for v, t in zip(args[3:], sig.args[3:])]
+                ret = ir.LiteralStructType([f32] * R)
+                out = _asm(builder, ret, [a, b, s] + acc, [i64, i64, i32] + [f32] * R, ptx, cons)
+                vals = [builder.extract_value(out, e) for e in range(R)]
+                return context.make_tuple(builder, sig.return_type, vals)
+
+            return sig, codegen
+
+        # numba's intrinsics take no *args: spell out the R accumulator parameters
+        names = ", ".join(f"c{e}" for e in range(R))
+        ns = {"body": typer_body}
+        exec(f"def wgmma_m64n{n}k16_{ab}(typingctx, da, db, scale_d, {names}):\n"
+             f"    return body(da, db, scale_d, ({names},))\n", ns)  # noqa: S102
+        _WGMMA[key] = intrinsic(ns[f"wgmma_m64n{n}k16_{ab}"])
+        return _WGMMA[key]
+
+    return dict(smem_addr=smem_addr, fence_proxy_async=fence_proxy_async,
+                fence_mbarrier_init=fence_mbarrier_init, wgmma_fence=wgmma_fence,
+                wgmma_commit=wgmma_commit, waits=_WAITS, mbarrier_init=mbarrier_init,
+                mbarrier_expect_tx=mbarrier_expect_tx, mbarrier_try_wait=mbarrier_try_wait,
+                tensormap_acquire=tensormap_acquire, tma_load_2d=tma_load_2d, wgmma=_wgmma)
+
+
+def _refuse(name):
+    def f(*args):
+        raise HopperOnly(f"{name} is a Hopper (sm_90a) instruction with no simulator twin: "
+                         "run this kernel on an H100 or H200")
+    f.__name__ = name
+    return f
+
+
+_NAMES = ("smem_addr", "fence_proxy_async", "fence_mbarrier_init", "wgmma_fence", "wgmma_commit",
+          "mbarrier_init", "mbarrier_expect_tx", "mbarrier_try_wait", "tensormap_acquire",
+          "tma_load_2d")
+
+if SIMULATOR:
+    _impl = {n: _refuse(n) for n in _NAMES}
+    _impl["waits"] = {n: _refuse(f"wgmma_wait({n})") for n in range(8)}
+    _impl["wgmma"] = lambda n, ab: _refuse(f"wgmma m64n{n}k16 {ab}")
+else:
+    _impl = _make()
+
+(smem_addr, fence_proxy_async, fence_mbarrier_init, wgmma_fence, wgmma_commit, mbarrier_init,
+ mbarrier_expect_tx, mbarrier_try_wait, tensormap_acquire, tma_load_2d) = (_impl[n] for n in _NAMES)
+
+#: N of the m64nNk16 shapes wgmma offers with fp32 accumulators
+WGMMA_N = tuple(range(8, 257, 8))
+
+
+def wgmma_wait(n: int):
+    """``wgmma.wait_group n``: at most ``n`` committed wgmma groups still in flight."""
+    if not 0 <= n < 8:
+        raise ValueError(f"wgmma_wait takes 0..7 groups in flight, got {n}")
+    return _impl["waits"][n]
+
+
+def wgmma_f16(n: int):
+    """``wgmma.mma_async m64n{n}k16.f32.f16.f16`` (both operands from descriptors)."""
+    if n not in WGMMA_N:
+        raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
+    return _impl["wgmma"](n, "f16")
+
+
+def wgmma_bf16(n: int):
+    """``wgmma.mma_async m64n{n}k16.f32.bf16.bf16``."""
+    if n not in WGMMA_N:
+        raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
+    return _impl["wgmma"](n, "bf16")
+
+
+def _device_desc():
+    from numba import uint64
+
+    from gemmlib.backend import cuda
+
+    @cuda.jit(device=True)
+    def smem_desc(addr, lbo, sbo, swizzle_mode):
+        """The wgmma matrix descriptor of the tile at shared address ``addr`` (see
+        :func:`desc_fields`; ``swizzle_mode`` is a value of ``SWIZZLE_MODE``)."""
+        return (uint64((addr & 0x3FFFF) >> 4) | (uint64((lbo & 0x3FFFF) >> 4) << uint64(16))
+                | (uint64((sbo & 0x3FFFF) >> 4) << uint64(32))
+                | (uint64(swizzle_mode) << uint64(62)))
+
+    return smem_desc
+
+
+smem_desc = _device_desc()
+
+
+def accumulator_coords(t: int, n: int):
+    """[(row, col)] of thread ``t``'s n/2 fp32 accumulators of an m64nNk16 wgmma: warp
+    ``t // 32`` owns rows 16w..16w+15 and, per 8 columns, holds them like mma.sync's C."""
+    w, lane = divmod(t, 32)
+    g, q = divmod(lane, 4)
+    out = []
+    for j in range(n // 8):
+        for v in range(4):
+            out.append((16 * w + g + 8 * (v // 2), 8 * j + 2 * q + v % 2))
+    return out

@@ -1,0 +1,102 @@
+"""Tensor maps for Hopper's copy engine (TMA), encoded on the host.
+
+A ``cp.async.bulk.tensor`` copy does not take addresses: it takes a *tensor
+map*, a 128-byte descriptor of a global matrix (base, sizes, row stride,
+element type), the box one copy moves, the swizzle it writes into shared
+memory, and what to put where the box hangs over the matrix (zeros).  The
+driver encodes it (``cuTensorMapEncodeTiled``, reached through
+``cuda.bindings``); the kernel only needs its address.
+
+CUDA C++ passes the map by value as a ``__grid_constant__`` kernel parameter.
+numba has no such parameter, so :func:`tensor_map_2d` copies the map into
+device memory and kernels take its 64-bit address; a thread acquires it with
+``fence.proxy.tensormap::generic.acquire`` (``gemmlib.intrinsics.hopper.
+tensormap_acquire``) before its first copy, as PTX requires for a map that
+reached global memory through ordinary writes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: swizzle modes of TMA (bytes of the swizzled span) and the box's inner-row limit
+SWIZZLES = (0, 32, 64, 128)
+_DTYPES = {"float16": "FLOAT16", "uint16": "UINT16", "float32": "FLOAT32", "bfloat16": "BFLOAT16"}
+
+
+class TensorMap:
+    """A tensor map in device memory; keeps the matrix it describes alive."""
+
+    def __init__(self, device_bytes, array, box, swizzle):
+        self.buf, self.array, self.box, self.swizzle = device_bytes, array, box, swizzle
+
+    @property
+    def ptr(self) -> int:
+        """The map's device address (what kernels take)."""
+        return int(self.buf.data.ptr)
+
+
+def check_box(shape, strides, itemsize: int, box, swizzle: int, ptr: int) -> None:
+    """The driver's rules for a 2-D tiled map, as clear errors before encoding."""
+    rows, cols = shape
+    brows, bcols = box
+    if swizzle not in SWIZZLES:
+        raise ValueError(f"swizzle must be one of {SWIZZLES} (bytes), got {swizzle}")
+    if ptr % 16:
+        raise ValueError(f"TMA needs a 16-byte aligned matrix; its address is {ptr % 16} "
+                         "bytes past a 16-byte boundary")
+    if strides[1] != itemsize:
+        raise ValueError("TMA needs rows of contiguous elements (a C-contiguous matrix)")
+    if strides[0] % 16:
+        raise ValueError(f"TMA needs a row stride that is a multiple of 16 bytes, got "
+                         f"{strides[0]} (pad the rows)")
+    if not (1 <= brows <= 256 and 1 <= bcols <= 256):
+        raise ValueError(f"a TMA box is 1..256 elements per side, got {box}")
+    if (bcols * itemsize) % 16:
+        raise ValueError(f"a box row must be a multiple of 16 bytes, got {bcols * itemsize}")
+    if swizzle and bcols * itemsize > swizzle:
+        raise ValueError(f"with a {swizzle}-byte swizzle a box row holds at most {swizzle} "
+                         f"bytes, got {bcols * itemsize}")
+    if rows < 1 or cols < 1:
+        raise ValueError(f"the matrix is empty: {shape}")
+
+
+def tensor_map_2d(x, box, swizzle: int = 0) -> TensorMap:
+    """A tensor map of the row-major 2-D CuPy array ``x`` (float16, bfloat16 bits as
+    uint16, or float32): ``box = (rows, cols)`` per copy, ``swizzle`` in bytes (0, 32,
+    64, 128), out-of-bounds elements read as zeros."""
+    import cupy as cp
+    from cuda.bindings import driver as cu
+
+    name = np.dtype(x.dtype).name
+    if name not in _DTYPES:
+        raise TypeError(f"tensor_map_2d takes {', '.join(_DTYPES)}; got {name}")
+    check_box(x.shape, x.strides, x.dtype.itemsize, box, swizzle, int(x.data.ptr))
+    dt = getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DTYPES[name]}")
+    sw = getattr(cu.CUtensorMapSwizzle,
+                 "CU_TENSOR_MAP_SWIZZLE_NONE" if not swizzle else
+                 f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B")
+    rows, cols = x.shape
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        dt, 2, int(x.data.ptr), [cu.cuuint64_t(cols), cu.cuuint64_t(rows)],
+        [cu.cuuint64_t(x.strides[0])], [cu.cuuint32_t(box[1]), cu.cuuint32_t(box[0])],
+        [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err}")
+    raw = np.array([int(v) for v in tmap.opaque], dtype=np.uint64)   # 128 bytes
+    return TensorMap(cp.asarray(raw), x, tuple(box), swizzle)
+
+
+def swizzled_offset(r: int, c: int, row_elems: int, elem_bytes: int, swizzle: int) -> int:
+    """Where TMA puts box element (r, c) in shared memory (element offset from a tile
+    aligned to 1024 bytes), rows of ``row_elems``.  With a swizzle of S bytes, address
+    bits 4.. (the 16-byte chunk) are XOR-ed with address bits 7.. (which 128-byte line),
+    over log2(S / 16) bits: for 128-byte rows and S = 128 the chunk is XOR-ed with
+    ``row % 8``, what ``gemmlib.layout.chunk_swizzle`` builds (measured on an H100:
+    ``results/hopper-2026-11-23/``; 32 and 64 follow the same rule, not yet measured)."""
+    byte = (r * row_elems + c) * elem_bytes
+    if swizzle:
+        byte ^= ((byte >> 7) & (swizzle // 16 - 1)) << 4
+    return byte // elem_bytes
