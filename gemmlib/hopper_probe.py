@@ -45,17 +45,27 @@ def _device():
         D[16 * w + g + 8, 2 * q + 1] = d3
 
     @cuda.jit(device=True)
+    def barrier(bar, t):
+        """The block's mbarrier (one arrival per phase), initialised by thread 0."""
+        b = H.smem_addr(bar, 0)
+        if t == 0:
+            H.mbarrier_init(b, 1)
+            H.fence_mbarrier_init()     # visible to the async proxy (TMA) too
+        cuda.syncthreads()
+        return b
+
+    @cuda.jit(device=True)
     def swz128(r, c):   # 128-byte rows of 64 halves: 16-byte chunk ^= row % 8
         return r * 64 + (((c // 8) ^ (r % 8)) * 8) + c % 8
 
-    return float32, uint16, store_d, swz128
+    return float32, uint16, store_d, swz128, barrier
 
 
 def build(case: str):
     """(kernel, example arguments as NumPy/ints, what the check needs)."""
     from numba import int32, uint64
 
-    float32, uint16, store_d, swz128 = _device()
+    float32, uint16, store_d, swz128, barrier = _device()
     mma8, wait0, desc = H.wgmma_f16(8), H.wgmma_wait(0), H.smem_desc
     rng = np.random.default_rng(1)
     if case == "wgmma":
@@ -128,11 +138,7 @@ def build(case: str):
             sB = cuda.shared.array(8 * 64, uint16, alignment=TILE_ALIGN)
             bar = cuda.shared.array(1, uint64, alignment=BAR_ALIGN)
             t = cuda.threadIdx.x
-            b = H.smem_addr(bar, 0)
-            if t == 0:
-                H.mbarrier_init(b, 1)
-                H.fence_mbarrier_init()
-            cuda.syncthreads()
+            b = barrier(bar, t)
             if t == 0:                   # one thread starts both copies
                 H.tensormap_acquire(tmap_a)
                 H.tensormap_acquire(tmap_b)
@@ -158,11 +164,7 @@ def build(case: str):
             s = cuda.shared.array(64 * 64, uint16, alignment=TILE_ALIGN)
             bar = cuda.shared.array(1, uint64, alignment=BAR_ALIGN)
             t = cuda.threadIdx.x
-            b = H.smem_addr(bar, 0)
-            if t == 0:
-                H.mbarrier_init(b, 1)
-                H.fence_mbarrier_init()
-            cuda.syncthreads()
+            b = barrier(bar, t)
             if t == 0:
                 H.tensormap_acquire(tmap)
                 H.mbarrier_expect_tx(b, NB * 2)   # the whole box counts, zeros included

@@ -126,25 +126,21 @@ def _make():
     wgmma_commit = _bare("wgmma_commit", "wgmma.commit_group.sync.aligned;")
     _WAITS = {n: _bare(f"wgmma_wait{n}", f"wgmma.wait_group.sync.aligned {n};") for n in range(8)}
 
-    @intrinsic
-    def mbarrier_init(typingctx, bar, count):
-        def codegen(context, builder, sig, args):
-            a = _u(context, builder, args[0], sig.args[0], types.uint32)
-            c = _u(context, builder, args[1], sig.args[1], types.uint32)
-            _asm(builder, ir.VoidType(), [a, c], [i32, i32],
-                 "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}")
-            return context.get_dummy_value()
-        return types.void(bar, count), codegen
+    def _bar_u32(name, ptx):
+        """An intrinsic f(bar, value): a barrier address and one 32-bit operand."""
+        def typer(typingctx, bar, value):
+            def codegen(context, builder, sig, args):
+                a = _u(context, builder, args[0], sig.args[0], types.uint32)
+                c = _u(context, builder, args[1], sig.args[1], types.uint32)
+                _asm(builder, ir.VoidType(), [a, c], [i32, i32], ptx, "r,r,~{memory}")
+                return context.get_dummy_value()
+            return types.void(bar, value), codegen
+        typer.__name__ = name
+        return intrinsic(typer)
 
-    @intrinsic
-    def mbarrier_expect_tx(typingctx, bar, nbytes):
-        def codegen(context, builder, sig, args):
-            a = _u(context, builder, args[0], sig.args[0], types.uint32)
-            c = _u(context, builder, args[1], sig.args[1], types.uint32)
-            _asm(builder, ir.VoidType(), [a, c], [i32, i32],
-                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}")
-            return context.get_dummy_value()
-        return types.void(bar, nbytes), codegen
+    mbarrier_init = _bar_u32("mbarrier_init", "mbarrier.init.shared::cta.b64 [$0], $1;")
+    mbarrier_expect_tx = _bar_u32("mbarrier_expect_tx",
+                                  "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")
 
     @intrinsic
     def mbarrier_try_wait(typingctx, bar, parity):
