@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from gemmlib.backend import cuda   # a global: numba's simulator swaps it inside kernels
 from gemmlib.intrinsics import hopper as H
+from gemmlib.intrinsics.hopper import BAR_ALIGN, TILE_ALIGN   # globals: numba needs literals
 
 CASES = ("wgmma", "wgmma_swizzled", "tma", "tma_swizzled", "tma_wgmma")
 
@@ -32,8 +34,6 @@ MATRIX, BOX, CORNER = (100, 72), (64, 64), (40, 60)
 def _device():
     from numba import float32, uint16
 
-    from gemmlib.backend import cuda
-
     @cuda.jit(device=True)
     def store_d(D, d0, d1, d2, d3, t):
         """Thread t's four accumulators of m64n8k16 (``H.accumulator_coords``) -> D."""
@@ -45,17 +45,27 @@ def _device():
         D[16 * w + g + 8, 2 * q + 1] = d3
 
     @cuda.jit(device=True)
+    def barrier(bar, t):
+        """The block's mbarrier (one arrival per phase), initialised by thread 0."""
+        b = H.smem_addr(bar, 0)
+        if t == 0:
+            H.mbarrier_init(b, 1)
+            H.fence_mbarrier_init()     # visible to the async proxy (TMA) too
+        cuda.syncthreads()
+        return b
+
+    @cuda.jit(device=True)
     def swz128(r, c):   # 128-byte rows of 64 halves: 16-byte chunk ^= row % 8
         return r * 64 + (((c // 8) ^ (r % 8)) * 8) + c % 8
 
-    return cuda, float32, uint16, store_d, swz128
+    return float32, uint16, store_d, swz128, barrier
 
 
 def build(case: str):
     """(kernel, example arguments as NumPy/ints, what the check needs)."""
     from numba import int32, uint64
 
-    cuda, float32, uint16, store_d, swz128 = _device()
+    float32, uint16, store_d, swz128, barrier = _device()
     mma8, wait0, desc = H.wgmma_f16(8), H.wgmma_wait(0), H.smem_desc
     rng = np.random.default_rng(1)
     if case == "wgmma":
@@ -65,8 +75,8 @@ def build(case: str):
 
         @cuda.jit
         def wgmma_probe(A, B, D):
-            sA = cuda.shared.array(2048, uint16, alignment=1024)
-            sB = cuda.shared.array(512, uint16, alignment=1024)
+            sA = cuda.shared.array(2048, uint16, alignment=TILE_ALIGN)
+            sB = cuda.shared.array(512, uint16, alignment=TILE_ALIGN)
             t = cuda.threadIdx.x
             for e in range(t, 64 * 16, 128):
                 m, k = e // 16, e % 16
@@ -107,8 +117,8 @@ def build(case: str):
         if not tma:
             @cuda.jit
             def wgmma_swizzled_probe(A, B, D):
-                sA = cuda.shared.array(64 * 64, uint16, alignment=1024)
-                sB = cuda.shared.array(8 * 64, uint16, alignment=1024)
+                sA = cuda.shared.array(64 * 64, uint16, alignment=TILE_ALIGN)
+                sB = cuda.shared.array(8 * 64, uint16, alignment=TILE_ALIGN)
                 t = cuda.threadIdx.x
                 for e in range(t, 64 * 64, 128):
                     sA[swz128(e // 64, e % 64)] = A[e // 64, e % 64]
@@ -124,15 +134,11 @@ def build(case: str):
 
         @cuda.jit
         def tma_wgmma_probe(tmap_a, tmap_b, D):
-            sA = cuda.shared.array(64 * 64, uint16, alignment=1024)
-            sB = cuda.shared.array(8 * 64, uint16, alignment=1024)
-            bar = cuda.shared.array(1, uint64, alignment=8)
+            sA = cuda.shared.array(64 * 64, uint16, alignment=TILE_ALIGN)
+            sB = cuda.shared.array(8 * 64, uint16, alignment=TILE_ALIGN)
+            bar = cuda.shared.array(1, uint64, alignment=BAR_ALIGN)
             t = cuda.threadIdx.x
-            b = H.smem_addr(bar, 0)
-            if t == 0:
-                H.mbarrier_init(b, 1)
-                H.fence_mbarrier_init()
-            cuda.syncthreads()
+            b = barrier(bar, t)
             if t == 0:                   # one thread starts both copies
                 H.tensormap_acquire(tmap_a)
                 H.tensormap_acquire(tmap_b)
@@ -155,14 +161,10 @@ def build(case: str):
 
         @cuda.jit
         def tma_probe(tmap, out):
-            s = cuda.shared.array(64 * 64, uint16, alignment=1024)
-            bar = cuda.shared.array(1, uint64, alignment=8)
+            s = cuda.shared.array(64 * 64, uint16, alignment=TILE_ALIGN)
+            bar = cuda.shared.array(1, uint64, alignment=BAR_ALIGN)
             t = cuda.threadIdx.x
-            b = H.smem_addr(bar, 0)
-            if t == 0:
-                H.mbarrier_init(b, 1)
-                H.fence_mbarrier_init()
-            cuda.syncthreads()
+            b = barrier(bar, t)
             if t == 0:
                 H.tensormap_acquire(tmap)
                 H.mbarrier_expect_tx(b, NB * 2)   # the whole box counts, zeros included
@@ -177,10 +179,16 @@ def build(case: str):
 
 
 def run(case: str) -> tuple[bool, str]:
-    """Run ``case`` on this (Hopper) GPU; (ok, what was checked and the result)."""
-    import cupy as cp
-
+    """Run ``case`` on this (Hopper) GPU, or on the intrinsics' twins in numba's
+    simulator; (ok, what was checked and the result)."""
+    from gemmlib import backend
     from gemmlib import tma as T
+
+    cp = backend.array_module()
+    if cp is np:   # the simulator: NumPy stands in for CuPy
+        cp = type("np_as_cupy", (), dict(asarray=staticmethod(np.asarray),
+                                          zeros=staticmethod(np.zeros),
+                                          asnumpy=staticmethod(np.asarray)))
 
     kernel, args, data = build(case)
     if case in ("tma", "tma_swizzled"):

@@ -24,15 +24,24 @@ _DTYPES = {"float16": "FLOAT16", "uint16": "UINT16", "float32": "FLOAT32", "bflo
 
 
 class TensorMap:
-    """A tensor map in device memory; keeps the matrix it describes alive."""
+    """A tensor map in device memory; keeps the matrix it describes alive.  ``ptr`` is
+    the map's device address, what kernels take (in the simulator: a key that the
+    TMA twin looks the map up by, :func:`simulated_map`)."""
 
-    def __init__(self, device_bytes, array, box, swizzle):
+    def __init__(self, device_bytes, array, box, swizzle, ptr=None):
         self.buf, self.array, self.box, self.swizzle = device_bytes, array, box, swizzle
+        self.ptr = int(device_bytes.data.ptr) if ptr is None else ptr
 
-    @property
-    def ptr(self) -> int:
-        """The map's device address (what kernels take)."""
-        return int(self.buf.data.ptr)
+
+_SIMULATED: dict = {}
+
+
+def simulated_map(ptr: int) -> TensorMap:
+    """The simulator's map behind ``ptr`` (the TMA twin's lookup)."""
+    try:
+        return _SIMULATED[int(ptr)]
+    except KeyError:
+        raise ValueError(f"{int(ptr):#x} is not a tensor map made by tensor_map_2d") from None
 
 
 def check_box(shape, strides, itemsize: int, box, swizzle: int, ptr: int) -> None:
@@ -64,12 +73,19 @@ def tensor_map_2d(x, box, swizzle: int = 0) -> TensorMap:
     """A tensor map of the row-major 2-D CuPy array ``x`` (float16, bfloat16 bits as
     uint16, or float32): ``box = (rows, cols)`` per copy, ``swizzle`` in bytes (0, 32,
     64, 128), out-of-bounds elements read as zeros."""
-    import cupy as cp
-    from cuda.bindings import driver as cu
+    from gemmlib.backend import SIMULATOR
 
     name = np.dtype(x.dtype).name
     if name not in _DTYPES:
         raise TypeError(f"tensor_map_2d takes {', '.join(_DTYPES)}; got {name}")
+    if SIMULATOR:   # NumPy arrays; the map is a key into a table the TMA twin reads
+        check_box(x.shape, x.strides, x.dtype.itemsize, box, swizzle, 0)
+        ptr = 0x7E000000 + 128 * len(_SIMULATED)
+        _SIMULATED[ptr] = TensorMap(None, x, tuple(box), swizzle, ptr=ptr)
+        return _SIMULATED[ptr]
+    import cupy as cp
+    from cuda.bindings import driver as cu
+
     check_box(x.shape, x.strides, x.dtype.itemsize, box, swizzle, int(x.data.ptr))
     dt = getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DTYPES[name]}")
     sw = getattr(cu.CUtensorMapSwizzle,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gemmlib import backend, hopper_probe, tma
+from gemmlib.backend import cuda   # a global: the simulator swaps it inside kernels
 from gemmlib.intrinsics import hopper as H
 
 
@@ -32,14 +33,14 @@ def test_accumulators_cover_the_tile_once(n):
     assert H.accumulator_coords(37, 8)[0] == (16 + 1, 2)   # warp 1, lane 5: group 1, pair 1
 
 
-def test_wgmma_shapes_and_the_simulator_refuses():
+def test_wgmma_shapes_and_twins_outside_a_kernel():
     with pytest.raises(ValueError, match="multiple of 8"):
         H.wgmma_f16(12)
     with pytest.raises(ValueError, match="0..7"):
         H.wgmma_wait(8)
     if backend.SIMULATOR:
-        with pytest.raises(H.HopperOnly, match="H100 or H200"):
-            H.wgmma_f16(8)(0, 0, 1, 0.0, 0.0, 0.0, 0.0)
+        with pytest.raises(H.HopperOnly, match="inside a"):
+            H.smem_addr(np.zeros(8, np.uint16), 0)
 
 
 @pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
@@ -110,3 +111,56 @@ def test_probe_on_hopper_gpu(case):
         pytest.skip(f"wgmma/TMA need compute capability 9.0 (sm_90a); this GPU is {cc}")
     ok, msg = hopper_probe.run(case)
     assert ok, msg
+
+
+# --------------------------------------------------------------------------- the simulator twins
+
+
+@pytest.mark.parametrize("case", hopper_probe.CASES)
+def test_probe_on_the_twins(case):
+    """The same kernels on the simulator's twins: wgmma reads shared memory through its
+    descriptors, TMA writes the swizzled box and completes the mbarrier's bytes."""
+    if not backend.SIMULATOR:
+        pytest.skip("the GPU runs test_probe_on_hopper_gpu")
+    ok, msg = hopper_probe.run(case)
+    assert ok, msg
+
+
+def test_twin_catches_a_descriptor_that_lies():
+    """A 128-byte swizzled tile read through an unswizzled descriptor gives a wrong product
+    in the simulator, as it would on the GPU."""
+    if not backend.SIMULATOR:
+        pytest.skip("simulator twins only")
+    from numba import float32, int32, uint16
+
+    mma8, wait0 = H.wgmma_f16(8), H.wgmma_wait(0)
+
+    @cuda.jit
+    def lying(A, B, D, mode):
+        sA = cuda.shared.array(64 * 64, uint16)
+        sB = cuda.shared.array(8 * 64, uint16)
+        t = cuda.threadIdx.x
+        for e in range(t, 64 * 64, 128):
+            r, c = e // 64, e % 64
+            sA[r * 64 + (((c // 8) ^ (r % 8)) * 8) + c % 8] = A[r, c]
+        for e in range(t, 8 * 64, 128):
+            r, c = e // 64, e % 64
+            sB[r * 64 + (((c // 8) ^ (r % 8)) * 8) + c % 8] = B[r, c]
+        cuda.syncthreads()
+        d = mma8(H.smem_desc(H.smem_addr(sA, 0), 16, 1024, mode),
+                 H.smem_desc(H.smem_addr(sB, 0), 16, 1024, mode), int32(1),
+                 float32(0), float32(0), float32(0), float32(0))
+        wait0()
+        w, lane = t // 32, t % 32
+        D[16 * w + lane // 4, 2 * (lane % 4)] = d[0]
+
+    rng = np.random.default_rng(0)
+    A = rng.uniform(-1, 1, (64, 64)).astype(np.float16)
+    B = rng.uniform(-1, 1, (8, 64)).astype(np.float16)
+    ref = A[:, :16].astype(np.float64) @ B[:, :16].astype(np.float64).T
+    rows = [16 * w + g for w in range(4) for g in range(8)]
+    for mode, right in ((1, True), (0, False)):
+        D = np.zeros((64, 8), np.float32)
+        lying[1, 128](A.view(np.uint16), B.view(np.uint16), D, mode)
+        close = np.allclose(D[rows, 0::2], ref[rows, 0::2], atol=1e-3)
+        assert close == right, (mode, D[rows[:3], 0], ref[rows[:3], 0])

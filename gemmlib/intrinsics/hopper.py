@@ -17,9 +17,11 @@ Hopper adds three things the ``mma.sync`` rungs cannot use:
 
 numba-cuda compiles for the arch-specific target ``sm_90a`` on a compute
 capability 9.0 device, so these instructions are reachable through inline
-PTX (``@intrinsic``), as the other intrinsics are.  They have no simulator
-twins yet: in numba's simulator calling one raises :class:`HopperOnly`, and
-kernels that use them refuse other GPUs with a ``ConstraintError``.
+PTX (``@intrinsic``), as the other intrinsics are.  In numba's simulator
+each has a plain-Python twin (below) that reads shared memory through the
+same descriptors and swizzles, so CI checks a kernel's descriptor math;
+on a GPU other than Hopper, kernels that use them refuse with a
+``ConstraintError``.
 
 Functions, inside ``@cuda.jit`` kernels (shared addresses are 32-bit
 shared-window addresses from :func:`smem_addr`; descriptors and tensor-map
@@ -44,10 +46,19 @@ TMA + mbarrier feeding wgmma all give the right products.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from gemmlib.backend import SIMULATOR
 
 #: wgmma, TMA and mbarrier expect_tx need compute capability 9.0 (sm_90a for wgmma)
 MIN_CC = (9, 0)
+
+#: ``alignment=`` for shared tiles that wgmma reads swizzled or TMA writes: 1024 bytes
+#: (the swizzle XORs address bits 4-9); None in the simulator, which refuses alignment and
+#: places every shared array at a 1024-byte aligned simulated address anyway
+TILE_ALIGN = None if SIMULATOR else 1024
+#: ``alignment=`` for an mbarrier (a 64-bit word)
+BAR_ALIGN = None if SIMULATOR else 8
 
 #: swizzle modes of a wgmma matrix descriptor (bits 62-63), by bytes per swizzled row
 SWIZZLE_MODE = {0: 0, 128: 1, 64: 2, 32: 3}
@@ -115,25 +126,21 @@ def _make():
     wgmma_commit = _bare("wgmma_commit", "wgmma.commit_group.sync.aligned;")
     _WAITS = {n: _bare(f"wgmma_wait{n}", f"wgmma.wait_group.sync.aligned {n};") for n in range(8)}
 
-    @intrinsic
-    def mbarrier_init(typingctx, bar, count):
-        def codegen(context, builder, sig, args):
-            a = _u(context, builder, args[0], sig.args[0], types.uint32)
-            c = _u(context, builder, args[1], sig.args[1], types.uint32)
-            _asm(builder, ir.VoidType(), [a, c], [i32, i32],
-                 "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}")
-            return context.get_dummy_value()
-        return types.void(bar, count), codegen
+    def _bar_u32(name, ptx):
+        """An intrinsic f(bar, value): a barrier address and one 32-bit operand."""
+        def typer(typingctx, bar, value):
+            def codegen(context, builder, sig, args):
+                a = _u(context, builder, args[0], sig.args[0], types.uint32)
+                c = _u(context, builder, args[1], sig.args[1], types.uint32)
+                _asm(builder, ir.VoidType(), [a, c], [i32, i32], ptx, "r,r,~{memory}")
+                return context.get_dummy_value()
+            return types.void(bar, value), codegen
+        typer.__name__ = name
+        return intrinsic(typer)
 
-    @intrinsic
-    def mbarrier_expect_tx(typingctx, bar, nbytes):
-        def codegen(context, builder, sig, args):
-            a = _u(context, builder, args[0], sig.args[0], types.uint32)
-            c = _u(context, builder, args[1], sig.args[1], types.uint32)
-            _asm(builder, ir.VoidType(), [a, c], [i32, i32],
-                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r,~{memory}")
-            return context.get_dummy_value()
-        return types.void(bar, nbytes), codegen
+    mbarrier_init = _bar_u32("mbarrier_init", "mbarrier.init.shared::cta.b64 [$0], $1;")
+    mbarrier_expect_tx = _bar_u32("mbarrier_expect_tx",
+                                  "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")
 
     @intrinsic
     def mbarrier_try_wait(typingctx, bar, parity):
@@ -211,22 +218,177 @@ def _make():
                 tensormap_acquire=tensormap_acquire, tma_load_2d=tma_load_2d, wgmma=_wgmma)
 
 
-def _refuse(name):
-    def f(*args):
-        raise HopperOnly(f"{name} is a Hopper (sm_90a) instruction with no simulator twin: "
-                         "run this kernel on an H100 or H200")
-    f.__name__ = name
-    return f
+# --------------------------------------------------------------------------
+# Simulator twins
+#
+# Shared memory gets a simulated 18-bit address space per block: each shared
+# array (the buffer a view belongs to) is placed at its own 1024-byte aligned
+# base the first time ``smem_addr`` sees it, so descriptors, swizzles (which
+# XOR address bits) and mbarrier addresses mean what they mean on the GPU.
+# wgmma and TMA complete at once (their wait and barrier steps are then
+# bookkeeping); wgmma reads its operands through the descriptors, so a wrong
+# start, LBO, SBO or swizzle gives a wrong product in CI, not only on a GPU.
 
+
+def _block_state():
+    import threading
+
+    t = threading.current_thread()
+    mgr = getattr(t, "_manager", None)
+    if mgr is None:
+        raise HopperOnly("Hopper intrinsics run only inside a (simulated) kernel")
+    with _SIM_LOCK:
+        blocks = mgr.__dict__.setdefault("_gemmlib_hopper", {})
+        st = blocks.get(tuple(t.blockIdx))
+        if st is None:
+            st = blocks[tuple(t.blockIdx)] = {"bases": [], "next": 1024, "bars": {}}
+    return st
+
+
+def _root(arr):
+    while isinstance(getattr(arr, "base", None), np.ndarray):
+        arr = arr.base
+    return arr
+
+
+def smem_addr_py(arr, i):
+    st = _block_state()
+    root = _root(arr)
+    with _SIM_LOCK:
+        for base, r in st["bases"]:
+            if r is root:
+                break
+        else:
+            base = st["next"]
+            st["bases"].append((base, root))
+            st["next"] = base + -(-root.nbytes // 1024) * 1024
+    off = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    return np.uint32(base + off + int(i) * arr.itemsize)
+
+
+def _bytes_at(addr: int, nbytes: int = 0):
+    """(uint8 view of the shared buffer holding ``addr``, byte offset in it)."""
+    st = _block_state()
+    for base, root in st["bases"]:
+        if base <= addr and addr + nbytes <= base + root.nbytes:
+            return root.reshape(-1).view(np.uint8), addr - base
+    raise HopperOnly(f"shared address {addr:#x} is in no shared array this block has "
+                     "passed to smem_addr")
+
+
+def _operand(desc: int, rows: int, dtype) -> np.ndarray:
+    """The (rows, 16) K-major operand a wgmma descriptor points at."""
+    start = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    mode = desc >> 62
+    r = np.arange(rows)[:, None]
+    k = np.arange(16)[None, :]
+    if mode == 0:   # 8 x 16-byte core matrices: LBO along K, SBO along M/N
+        addr = start + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
+    else:           # rows of S bytes (S = 128, 64, 32), chunk bits XOR-ed with address bits 7..
+        span = {1: 128, 2: 64, 3: 32}[mode]
+        addr = start + (r // 8) * sbo + (r % 8) * span + k * 2
+        addr = addr ^ (((addr >> 7) & (span // 16 - 1)) << 4)
+    buf, off0 = _bytes_at(int(addr.min()), 2)
+    return buf[(addr - addr.min() + off0)[..., None] + np.arange(2)].copy().view(dtype)[..., 0]
+
+
+def _wgmma_py(n: int, ab: str):
+    from gemmlib.intrinsics.mma import _exchange
+
+    dtype = np.float16 if ab == "f16" else np.uint16
+
+    def wgmma(da, db, scale_d, *acc):
+        vals, t = _exchange((int(da), int(db)), width=128)
+        if any(v != vals[0] for v in vals):
+            raise HopperOnly("the 128 threads of a warpgroup passed different descriptors")
+        A = _operand(vals[0][0], 64, dtype)
+        B = _operand(vals[0][1], n, dtype)
+        if ab == "bf16":   # bit patterns -> float32
+            A, B = ((x.astype(np.uint32) << 16).view(np.float32) for x in (A, B))
+        D = A.astype(np.float64) @ B.astype(np.float64).T
+        return tuple(np.float32((float(c) if int(scale_d) else 0.0) + D[rc])
+                     for c, rc in zip(acc, accumulator_coords(t, n)))
+
+    wgmma.__name__ = f"wgmma_m64n{n}k16_{ab}_py"
+    return wgmma
+
+
+def _bar(addr):
+    st = _block_state()
+    bars = st["bars"]
+    if int(addr) not in bars:
+        raise HopperOnly(f"mbarrier at {int(addr):#x} was not initialised")
+    return bars[int(addr)]
+
+
+def _bar_step(b, arrive: int, tx: int):
+    b["arrived"] += arrive
+    b["tx"] += tx
+    if b["arrived"] >= b["count"] and b["tx"] == 0:   # the phase completes
+        b["phase"] += 1
+        b["arrived"] = 0
+
+
+def mbarrier_init_py(bar, count):
+    st = _block_state()
+    with _SIM_LOCK:
+        st["bars"][int(bar)] = {"count": int(count), "arrived": 0, "tx": 0, "phase": 0}
+
+
+def mbarrier_expect_tx_py(bar, nbytes):
+    with _SIM_LOCK:
+        _bar_step(_bar(bar), 1, int(nbytes))
+
+
+def mbarrier_try_wait_py(bar, parity):
+    import time
+
+    with _SIM_LOCK:
+        done = _bar(bar)["phase"] % 2 != int(parity)   # phase ``parity`` has completed
+    if not done:
+        time.sleep(0)   # let the thread that completes it run
+    return np.uint32(done)
+
+
+def tma_load_2d_py(dst, tmap, x, y, bar):
+    from gemmlib import tma
+
+    m = tma.simulated_map(int(tmap))
+    (brows, bcols), src = m.box, m.array
+    eb = src.itemsize
+    box = np.zeros((brows, bcols), src.dtype)
+    part = src[max(int(y), 0):int(y) + brows, max(int(x), 0):int(x) + bcols]
+    box[max(-int(y), 0):max(-int(y), 0) + part.shape[0],
+        max(-int(x), 0):max(-int(x), 0) + part.shape[1]] = part
+    buf, off = _bytes_at(int(dst), brows * bcols * eb)
+    flat = np.zeros(brows * bcols, src.dtype)
+    for r in range(brows):
+        for c in range(bcols):
+            flat[tma.swizzled_offset(r, c, bcols, eb, m.swizzle)] = box[r, c]
+    with _SIM_LOCK:
+        buf[off:off + flat.nbytes] = flat.view(np.uint8)
+        _bar_step(_bar(bar), 0, -flat.nbytes)
+
+
+def _nothing(*args):
+    return None
+
+
+_SIM_LOCK = __import__("threading").RLock()
 
 _NAMES = ("smem_addr", "fence_proxy_async", "fence_mbarrier_init", "wgmma_fence", "wgmma_commit",
           "mbarrier_init", "mbarrier_expect_tx", "mbarrier_try_wait", "tensormap_acquire",
           "tma_load_2d")
 
 if SIMULATOR:
-    _impl = {n: _refuse(n) for n in _NAMES}
-    _impl["waits"] = {n: _refuse(f"wgmma_wait({n})") for n in range(8)}
-    _impl["wgmma"] = lambda n, ab: _refuse(f"wgmma m64n{n}k16 {ab}")
+    _impl = dict(smem_addr=smem_addr_py, fence_proxy_async=_nothing,
+                 fence_mbarrier_init=_nothing, wgmma_fence=_nothing, wgmma_commit=_nothing,
+                 mbarrier_init=mbarrier_init_py, mbarrier_expect_tx=mbarrier_expect_tx_py,
+                 mbarrier_try_wait=mbarrier_try_wait_py, tensormap_acquire=_nothing,
+                 tma_load_2d=tma_load_2d_py, waits={n: _nothing for n in range(8)},
+                 wgmma=_wgmma_py)
 else:
     _impl = _make()
 

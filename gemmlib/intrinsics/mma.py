@@ -149,26 +149,28 @@ class FragmentError(RuntimeError):
 _registry_lock = threading.Lock()
 
 
-def _exchange(value):
-    """Give ``value`` to the other 31 lanes of this warp; return all 32, by lane.
+def _exchange(value, width: int = 32):
+    """Give ``value`` to the other lanes of this warp; return all 32, by lane.
 
     Every lane of the warp must call it (as on the GPU, where mma and ldmatrix
     are ``.sync.aligned``: all 32 threads execute the same instruction).
+    ``width=128`` exchanges within a warpgroup (four consecutive warps: wgmma).
     """
     t = threading.current_thread()
     mgr = getattr(t, "_manager", None)
     if mgr is None:
         raise FragmentError("warp-wide intrinsics run only inside a (simulated) kernel")
     bx, by, bz = mgr._block_dim
-    if (bx * by * bz) % 32:
-        raise FragmentError(f"a block of {bx * by * bz} threads has a partial warp")
-    warp, lane = divmod(t.thread_id, 32)
-    key = (tuple(t.blockIdx), warp)
+    if (bx * by * bz) % width:
+        raise FragmentError(f"a block of {bx * by * bz} threads has a partial "
+                            f"{'warp' if width == 32 else 'warpgroup'}")
+    warp, lane = divmod(t.thread_id, width)
+    key = (tuple(t.blockIdx), warp, width)
     with _registry_lock:
         table = mgr.__dict__.setdefault("_gemmlib_warps", {})
         slot = table.get(key)
         if slot is None:
-            slot = table[key] = ([None] * 32, threading.Barrier(32, timeout=120))
+            slot = table[key] = ([None] * width, threading.Barrier(width, timeout=120))
     values, barrier = slot
     values[lane] = value
     try:
@@ -176,8 +178,10 @@ def _exchange(value):
         out = list(values)
         barrier.wait()          # everyone has read: the slot may be reused
     except threading.BrokenBarrierError:
-        raise FragmentError("not all 32 lanes of the warp reached the warp-wide instruction "
-                            "(divergent control flow around mma/ldmatrix)") from None
+        raise FragmentError(f"not all {width} threads of the "
+                            f"{'warp' if width == 32 else 'warpgroup'} reached the "
+                            "collective instruction (divergent control flow around "
+                            "mma/ldmatrix/wgmma)") from None
     return out, lane
 
 
