@@ -12,6 +12,7 @@ with the same messages.
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -242,8 +243,6 @@ def _staging_stream(stream):
     caller's stream is non-blocking (the result could be read back before
     the kernel has written it).
     """
-    from contextlib import nullcontext
-
     if stream is None:
         return nullcontext()  # CuPy's current stream, where the kernel goes too
     if hasattr(stream, "ptr"):
@@ -409,7 +408,7 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
         return out
     xp = np if a.on_host else backend.array_module()
     # Every copy below runs on the kernel's stream, in order with the caller's work.
-    with _staging_stream(stream) if not a.on_host else _nullcontext():
+    with _staging_stream(stream) if not a.on_host else nullcontext():
         A_, B_ = _kernel_array(a, xp), _kernel_array(b, xp)
         al = spec.operand_align
         misaligned = not a.on_host and (a.ptr % 16 or b.ptr % 16)
@@ -433,12 +432,6 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
             if Ck is not C:  # drop the padded columns (in order on the same stream)
                 (C if a.on_host else xp.asarray(C))[...] = Ck[:, :N]
     return C
-
-
-def _nullcontext():
-    from contextlib import nullcontext
-
-    return nullcontext()
 
 
 def _kernel_array(op: _Operand, xp):

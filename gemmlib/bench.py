@@ -553,15 +553,8 @@ def precision_operands(precision: str, M: int, N: int, K: int, seed: int = 0):
     from gemmlib.precision import INPUT_DTYPE
 
     dt = INPUT_DTYPE[precision]
-    A = backend.random_matrix((M, K), np.float32, seed)
-    B = backend.random_matrix((K, N), np.float32, seed + 1)
-    if dt == "float16":
-        return A.astype(np.float16), B.astype(np.float16)
-    if dt == "bfloat16":
-        from gemmlib.precision import to_bf16
-
-        return to_bf16(A), to_bf16(B)
-    return A, B
+    return (backend.random_matrix((M, K), dt, seed),
+            backend.random_matrix((K, N), dt, seed + 1))
 
 
 def benchmark_precisions(precisions=("fp16", "bf16", "tf32", "3xtf32"), shapes=None, *,

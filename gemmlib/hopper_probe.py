@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gemmlib import layout as L
 from gemmlib.backend import cuda   # a global: numba's simulator swaps it inside kernels
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN, TILE_ALIGN   # globals: numba needs literals
@@ -29,6 +30,11 @@ CASES = ("wgmma", "wgmma_swizzled", "tma", "tma_swizzled", "tma_wgmma")
 K_ADJ, MN_ADJ = 128, 256
 #: the TMA cases: matrix, box and where the box starts (it hangs over two edges)
 MATRIX, BOX, CORNER = (100, 72), (64, 64), (40, 60)
+#: rows of 64 halves (128 bytes), each 16-byte chunk XOR-ed with row % 8: the layout the
+#: 128-byte swizzle of wgmma's descriptors and of TMA expects (the layout chapter's XOR)
+SWIZZLE_128B = L.SwizzledLayout(L.row_major((64, 64)), L.chunk_swizzle(64, 2))
+#: its index function, for kernels: swz128(row, col) -> element offset
+swz128 = L.jit(SWIZZLE_128B.source("swz128"), device=True)
 
 
 def _device():
@@ -54,18 +60,14 @@ def _device():
         cuda.syncthreads()
         return b
 
-    @cuda.jit(device=True)
-    def swz128(r, c):   # 128-byte rows of 64 halves: 16-byte chunk ^= row % 8
-        return r * 64 + (((c // 8) ^ (r % 8)) * 8) + c % 8
-
-    return float32, uint16, store_d, swz128, barrier
+    return float32, uint16, store_d, barrier
 
 
 def build(case: str):
     """(kernel, example arguments as NumPy/ints, what the check needs)."""
     from numba import int32, uint64
 
-    float32, uint16, store_d, swz128, barrier = _device()
+    float32, uint16, store_d, barrier = _device()
     mma8, wait0, desc = H.wgmma_f16(8), H.wgmma_wait(0), H.smem_desc
     rng = np.random.default_rng(1)
     if case == "wgmma":

@@ -85,9 +85,8 @@ def check_once(spec, M: int, N: int, K: int, rng=None) -> Check:
 
 
 def spec_tolerance(spec, K: int) -> float:
-    """The error bound of ``spec``'s precision (fp32 kernels: :func:`tolerance`)."""
-    if spec.precision == "fp32":
-        return tolerance(spec.dtype, K)
+    """The error bound of ``spec``'s precision (:func:`gemmlib.precision.tolerance`; for
+    fp32 kernels it equals :func:`tolerance` of float32)."""
     from gemmlib.precision import tolerance as precision_tolerance
 
     return precision_tolerance(spec.precision, K)

@@ -17,6 +17,7 @@ import pytest
 
 from gemmlib import backend
 from gemmlib.kernels import LADDER, get
+from gemmlib.verify import spec_tolerance, tolerance
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -82,18 +83,10 @@ def elementwise_bound(A64, B64t, K: int) -> np.ndarray:
     return 2.0 * max(K, 1) * EPS32 * (np.abs(A64) @ np.abs(B64t)) + 1e-30
 
 
-def tolerance_of(spec, K: int) -> float:
-    """The relative-error bound ``gemmlib.verify`` applies to ``spec`` (its precision)."""
-    from gemmlib.verify import spec_tolerance
-
-    return spec_tolerance(spec, K)
-
-
 def assert_close(C, ref, K: int, spec=None) -> None:
     """C is finite and within gemmlib's tolerance of the float64 ``ref`` (relative Frobenius
     error, ``verify.tolerance``; the precision's bound when ``spec`` is given), as in
     ``gemmlib.verify``."""
-
     C = np.asarray(backend.to_host(C), dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     assert C.shape == ref.shape, (C.shape, ref.shape)
@@ -101,14 +94,8 @@ def assert_close(C, ref, K: int, spec=None) -> None:
     assert bad == 0, f"{bad} non-finite element(s) in C"
     scale = float(np.linalg.norm(ref))
     err = float(np.linalg.norm(C - ref)) / (scale if scale > 0 else 1.0)
-    tol = tolerance_of(spec, K) if spec is not None else _fp32_tolerance(K)
+    tol = spec_tolerance(spec, K) if spec is not None else tolerance("float32", K)
     assert err <= tol, f"relative error {err:.2e} > {tol:.1e}"
-
-
-def _fp32_tolerance(K: int) -> float:
-    from gemmlib.verify import tolerance
-
-    return tolerance("float32", K)
 
 
 def report(name: str, data) -> None:

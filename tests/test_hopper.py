@@ -133,7 +133,7 @@ def test_twin_catches_a_descriptor_that_lies():
         pytest.skip("simulator twins only")
     from numba import float32, int32, uint16
 
-    mma8, wait0 = H.wgmma_f16(8), H.wgmma_wait(0)
+    mma8, wait0, swz128 = H.wgmma_f16(8), H.wgmma_wait(0), hopper_probe.swz128
 
     @cuda.jit
     def lying(A, B, D, mode):
@@ -141,11 +141,9 @@ def test_twin_catches_a_descriptor_that_lies():
         sB = cuda.shared.array(8 * 64, uint16)
         t = cuda.threadIdx.x
         for e in range(t, 64 * 64, 128):
-            r, c = e // 64, e % 64
-            sA[r * 64 + (((c // 8) ^ (r % 8)) * 8) + c % 8] = A[r, c]
+            sA[swz128(e // 64, e % 64)] = A[e // 64, e % 64]
         for e in range(t, 8 * 64, 128):
-            r, c = e // 64, e % 64
-            sB[r * 64 + (((c // 8) ^ (r % 8)) * 8) + c % 8] = B[r, c]
+            sB[swz128(e // 64, e % 64)] = B[e // 64, e % 64]
         cuda.syncthreads()
         d = mma8(H.smem_desc(H.smem_addr(sA, 0), 16, 1024, mode),
                  H.smem_desc(H.smem_addr(sB, 0), 16, 1024, mode), int32(1),

@@ -183,6 +183,8 @@ def _make_intrinsics():
     from numba.cuda.core.errors import NumbaTypeError
     from numba.cuda.extending import intrinsic
 
+    from gemmlib.intrinsics._lower import bare, shared_address
+
     i32, i64 = ir.IntType(32), ir.IntType(64)
 
     def _check(dst, di, src, si, sj, nbytes, name):
@@ -199,13 +201,7 @@ def _make_intrinsics():
 
     def _addresses(context, builder, sig, args):
         dty, dity, sty, sity, sjty, nty = sig.args
-        dary = context.make_array(dty)(context, builder, args[0])
-        dptr = cgutils.get_item_pointer(
-            context, builder, dty, dary, [context.cast(builder, args[1], dity, types.intp)],
-            wraparound=False)
-        if dptr.type.addrspace != 3:  # generic -> shared window, then a 32-bit address
-            dptr = builder.addrspacecast(dptr, ir.PointerType(dptr.type.pointee, 3))
-        daddr = builder.ptrtoint(dptr, i32)
+        daddr = shared_address(context, builder, dty, args[0], args[1], dity)
         sary = context.make_array(sty)(context, builder, args[2])
         sptr = cgutils.get_item_pointer(
             context, builder, sty, sary,
@@ -235,28 +231,13 @@ def _make_intrinsics():
     cp_async4 = _copy("cp_async4", "cp.async.ca.shared.global [$0], [$1], 4, $2;")
     cp_async16 = _copy("cp_async16", "cp.async.cg.shared.global [$0], [$1], 16, $2;")
 
-    def _bare(name, ptx):
-        def typer(typingctx):
-            sig = types.void()
-
-            def codegen(context, builder, sig, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
-                                   side_effect=True)
-                builder.call(asm, [])
-                return context.get_dummy_value()
-
-            return sig, codegen
-
-        typer.__name__ = name
-        return intrinsic(typer)
-
-    _i_wait_groups.update({n: _bare(f"cp_async_wait_group{n}", f"cp.async.wait_group {n};")
+    _i_wait_groups.update({n: bare(f"cp_async_wait_group{n}", f"cp.async.wait_group {n};")
                            for n in range(8)})
     return dict(
         cp_async4=cp_async4, cp_async16=cp_async16,
-        cp_async_commit=_bare("cp_async_commit", "cp.async.commit_group;"),
-        cp_async_wait_all=_bare("cp_async_wait_all", "cp.async.wait_group 0;"),
-        cp_async_wait_one=_bare("cp_async_wait_one", "cp.async.wait_group 1;"),
+        cp_async_commit=bare("cp_async_commit", "cp.async.commit_group;"),
+        cp_async_wait_all=bare("cp_async_wait_all", "cp.async.wait_group 0;"),
+        cp_async_wait_one=bare("cp_async_wait_one", "cp.async.wait_group 1;"),
     )
 
 

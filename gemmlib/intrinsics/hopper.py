@@ -80,9 +80,10 @@ def desc_fields(addr: int, lbo: int, sbo: int, swizzle_bytes: int = 0) -> int:
 def _make():
     from llvmlite import ir
     from numba import types
-    from numba.cuda import cgutils
     from numba.cuda.core.errors import NumbaTypeError
     from numba.cuda.extending import intrinsic
+
+    from gemmlib.intrinsics._lower import bare, shared_address
 
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
@@ -97,34 +98,17 @@ def _make():
     def smem_addr(typingctx, arr, i):
         if not (isinstance(arr, types.Array) and arr.ndim == 1):
             raise NumbaTypeError(f"smem_addr: a 1-D shared array, got {arr}")
-        sig = types.uint32(arr, i)
 
         def codegen(context, builder, sig, args):
-            aty, ity = sig.args
-            ary = context.make_array(aty)(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, aty, ary,
-                                           [context.cast(builder, args[1], ity, types.intp)],
-                                           wraparound=False)
-            if ptr.type.addrspace != 3:
-                ptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3))
-            return builder.ptrtoint(ptr, i32)
+            return shared_address(context, builder, sig.args[0], args[0], args[1], sig.args[1])
 
-        return sig, codegen
+        return types.uint32(arr, i), codegen
 
-    def _bare(name, ptx):
-        def typer(typingctx):
-            def codegen(context, builder, sig, args):
-                _asm(builder, ir.VoidType(), [], [], ptx, "~{memory}")
-                return context.get_dummy_value()
-            return types.void(), codegen
-        typer.__name__ = name
-        return intrinsic(typer)
-
-    fence_proxy_async = _bare("fence_proxy_async", "fence.proxy.async.shared::cta;")
-    fence_mbarrier_init = _bare("fence_mbarrier_init", "fence.mbarrier_init.release.cluster;")
-    wgmma_fence = _bare("wgmma_fence", "wgmma.fence.sync.aligned;")
-    wgmma_commit = _bare("wgmma_commit", "wgmma.commit_group.sync.aligned;")
-    _WAITS = {n: _bare(f"wgmma_wait{n}", f"wgmma.wait_group.sync.aligned {n};") for n in range(8)}
+    fence_proxy_async = bare("fence_proxy_async", "fence.proxy.async.shared::cta;")
+    fence_mbarrier_init = bare("fence_mbarrier_init", "fence.mbarrier_init.release.cluster;")
+    wgmma_fence = bare("wgmma_fence", "wgmma.fence.sync.aligned;")
+    wgmma_commit = bare("wgmma_commit", "wgmma.commit_group.sync.aligned;")
+    _WAITS = {n: bare(f"wgmma_wait{n}", f"wgmma.wait_group.sync.aligned {n};") for n in range(8)}
 
     def _bar_u32(name, ptx):
         """An intrinsic f(bar, value): a barrier address and one 32-bit operand."""

@@ -291,9 +291,10 @@ ldmatrix_x1_trans_py, ldmatrix_x2_trans_py, ldmatrix_x4_trans_py = (
 def _make_intrinsics():
     from llvmlite import ir
     from numba import types
-    from numba.cuda import cgutils
     from numba.cuda.core.errors import NumbaTypeError
     from numba.cuda.extending import intrinsic
+
+    from gemmlib.intrinsics._lower import shared_address
 
     i32, f32 = ir.IntType(32), ir.FloatType()
 
@@ -343,14 +344,8 @@ def _make_intrinsics():
             sig = ret(smem, i)
 
             def codegen(context, builder, sig, args):
-                aty, ity = sig.args
-                ary = context.make_array(aty)(context, builder, args[0])
-                ptr = cgutils.get_item_pointer(
-                    context, builder, aty, ary, [context.cast(builder, args[1], ity, types.intp)],
-                    wraparound=False)
-                if ptr.type.addrspace != 3:  # generic -> shared window, as a 32-bit address
-                    ptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3))
-                addr = builder.ptrtoint(ptr, i32)
+                addr = shared_address(context, builder, sig.args[0], args[0], args[1],
+                                      sig.args[1])
                 rty = i32 if num == 1 else ir.LiteralStructType([i32] * num)
                 fnty = ir.FunctionType(rty, [i32])
                 cons = ",".join(["=r"] * num) + ",r,~{memory}"

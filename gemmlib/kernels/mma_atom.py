@@ -29,13 +29,13 @@ from gemmlib import layout as L
 from gemmlib.backend import cuda, float32, uint16, uint32
 from gemmlib.intrinsics import mma as I
 from gemmlib.intrinsics.index import uidx
+from gemmlib.precision import INPUT_DTYPE
 from gemmlib.spec import KernelSpec, cdiv
 
 #: kernel argument dtypes (A, B, C) per precision: 16-bit inputs travel as raw bits
 ARG_DTYPES = {"fp16": ("uint16", "uint16", "float32"), "bf16": ("uint16", "uint16", "float32"),
               "tf32": ("float32", "float32", "float32"),
               "3xtf32": ("float32", "float32", "float32")}
-INPUT_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "3xtf32": "float32"}
 
 
 def fragment_functions(precision: str, device: bool):

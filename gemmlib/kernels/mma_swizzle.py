@@ -38,9 +38,8 @@ from gemmlib.intrinsics import mma as I
 from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.vector import SHARED_ALIGN
 from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
+from gemmlib.precision import TENSOR_CORE as PRECISIONS  # what these rungs compute in
 from gemmlib.spec import Access, KernelSpec, cdiv
-
-PRECISIONS = ("fp16", "bf16", "tf32", "3xtf32")
 
 
 def tile_layouts(BM: int, BN: int, BK: int, elem_bytes: int):

@@ -1,0 +1,44 @@
+"""Lowering pieces every inline-PTX intrinsic module shares (cp.async, mma, Hopper).
+
+Used only when numba compiles for a GPU: the modules call these from inside
+their ``_make...`` functions, never in the simulator, so the compiler's
+imports stay local.
+"""
+
+from __future__ import annotations
+
+
+def shared_address(context, builder, aty, ary, index, ity):
+    """The 32-bit shared-window address of element ``index`` of the 1-D array ``ary``
+    (a shared array reached through a generic pointer is cast to the shared space)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+
+    arr = context.make_array(aty)(context, builder, ary)
+    ptr = cgutils.get_item_pointer(context, builder, aty, arr,
+                                   [context.cast(builder, index, ity, types.intp)],
+                                   wraparound=False)
+    if ptr.type.addrspace != 3:  # generic -> shared window, as a 32-bit address
+        ptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3))
+    return builder.ptrtoint(ptr, ir.IntType(32))
+
+
+def bare(name: str, ptx: str):
+    """An intrinsic ``name()`` that is one line of PTX with no operands, ordered with
+    memory (fences, commits, waits)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    def typer(typingctx):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
+                               side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    typer.__name__ = name
+    return intrinsic(typer)
