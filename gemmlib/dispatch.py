@@ -207,7 +207,7 @@ def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
 
 
 #: the tensor-core rungs (gemmlib.intrinsics.mma); "auto" picks the last, tuned
-TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline")
+TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async", "wgmma_tma", "wgmma_ws")
 TC_AUTO = "mma_pipeline"
 
 
@@ -416,17 +416,18 @@ class Compiled:
 _COMPILED: dict[int, Compiled] = {}  # id(numba kernel) -> Compiled (which keeps the kernel)
 
 
-def _signature(dtype, nargs: int):
+def _signature(dtype, nargs: int, scalars: tuple = ()):
     """numba's argument types: ``nargs`` C-contiguous 2-D arrays of ``dtype``
-    (one name, or one per argument)."""
+    (one name, or one per argument), then scalars of the types named in ``scalars``."""
     from numba import types
 
     dtypes = (dtype,) * nargs if isinstance(dtype, str) else tuple(dtype)
-    return tuple(getattr(types, d)[:, ::1] for d in dtypes)
+    return (tuple(getattr(types, d)[:, ::1] for d in dtypes)
+            + tuple(getattr(types, s) for s in scalars))
 
 
 def compiled(kernel, *, module: str, params: dict, dtype: str = "float32",
-             nargs: int = 3) -> Compiled:
+             nargs: int = 3, scalars: tuple = ()) -> Compiled:
     """The machine code of numba kernel ``kernel``: memory, then disk, then numba (GPU only)."""
     c = _COMPILED.get(id(kernel))
     if c is not None:
@@ -434,15 +435,15 @@ def compiled(kernel, *, module: str, params: dict, dtype: str = "float32",
     with _LOCK:
         c = _COMPILED.get(id(kernel))
         if c is None:
-            c = _compile(kernel, module, params, dtype, nargs)
+            c = _compile(kernel, module, params, dtype, nargs, scalars)
             c.kernel = kernel  # the id stays this kernel's while the entry lives
             _COMPILED[id(kernel)] = c
     return c
 
 
-def _compile(kernel, module, params, dtype, nargs) -> Compiled:
+def _compile(kernel, module, params, dtype, nargs, scalars=()) -> Compiled:
     cc = backend.device_info().compute_capability
-    sig = _signature(dtype, nargs)
+    sig = _signature(dtype, nargs, scalars)
     name = getattr(kernel, "py_func", kernel).__qualname__
     key = cache_key(module, name, params, cc, str(sig))
     existed = diskcache.entry_path(cache_dir(), key).exists()
@@ -460,7 +461,9 @@ def _compile(kernel, module, params, dtype, nargs) -> Compiled:
     lib = k._codelibrary
     if getattr(lib, "_setup_functions", None):  # e.g. numba's runtime (NRT): not ours to init
         raise CudaError(f"{name} needs numba's module set-up; gemmlib kernels must not")
-    cubin = lib.get_cubin(cc=cc)
+    # numba-cuda's own launches target the arch-specific sm_90a (wgmma, setmaxnreg) on
+    # compute capability 9.0 and newer; ask for the same machine code
+    cubin = lib.get_cubin(cc=(cc[0], cc[1], "a" if tuple(cc) >= (9, 0) else ""))
     cubin = getattr(cubin, "code", cubin)  # numba-cuda 0.30 returns a cuda.core ObjectCode
     cubin = Path(cubin).read_bytes() if isinstance(cubin, (str, os.PathLike)) else bytes(cubin)
     diskcache.store(cache_dir(), key, cubin, {"key": key, "entry": k.entry_name,
@@ -474,7 +477,8 @@ def compiled_spec(spec: KernelSpec) -> Compiled:
     """The main kernel of ``spec``, compiled (or read from the cache) for this GPU."""
     dtypes = spec.kernel_dtypes
     return compiled(spec.kernel, module=spec.module, params=spec.code_params,
-                    dtype=dtypes[0] if len(set(dtypes)) == 1 else dtypes)
+                    dtype=dtypes[0] if len(set(dtypes)) == 1 else dtypes,
+                    scalars=spec.scalar_args)
 
 
 def _compiled_reduce(spec: KernelSpec) -> Compiled:
@@ -486,19 +490,18 @@ _WORDS = 9
 _TLS = threading.local()
 
 
-def _params(n_arrays: int):
-    """This thread's parameter block: (values buffer, address of the pointer array)."""
+def _params(n: int):
+    """This thread's parameter block for ``n`` eight-byte words: (values buffer, address
+    of the pointer array)."""
     bufs = getattr(_TLS, "bufs", None)
     if bufs is None:
         bufs = _TLS.bufs = {}
-    b = bufs.get(n_arrays)
+    b = bufs.get(n)
     if b is None:
-        n = _WORDS * n_arrays
         values = (ctypes.c_int64 * n)()
         base = ctypes.addressof(values)
         pointers = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
-        b = bufs[n_arrays] = (values, ctypes.addressof(pointers), pointers,
-                              struct.Struct(f"<{n}q"))
+        b = bufs[n] = (values, ctypes.addressof(pointers), pointers, struct.Struct(f"<{n}q"))
     return b
 
 
@@ -514,7 +517,7 @@ _DATA = (4, 4 + _WORDS, 4 + 2 * _WORDS)
 
 def _launch(fn: int, grid, block, shared: int, stream: int, words: list[int]) -> None:
     """cuLaunchKernel with the kernel parameters ``words`` (numba's layout, 8 bytes each)."""
-    values, pointers, _keep, packer = _params(len(words) // _WORDS)
+    values, pointers, _keep, packer = _params(len(words))
     packer.pack_into(values, 0, *words)
     drv = driver()
     drv.check(drv.launch_kernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
@@ -533,7 +536,7 @@ class _Bound:
         c_rows = M * p.splits  # the workspace when K is split
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
         self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
-                      + _array_words(0, c_rows, N, ic))
+                      + _array_words(0, c_rows, N, ic) + [0] * len(spec.scalar_args))
         self.red = self.red_words = None
         if p.splits > 1:
             self.red = _compiled_reduce(spec).function(ctx)
@@ -567,6 +570,11 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
     b = _bound(p)
     words = b.words.copy()
     words[_DATA[0]], words[_DATA[1]] = a_ptr, b_ptr
+    if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
+        if p.K == 0:       # no map of an empty matrix exists: C = 0 without the kernel
+            backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, 4 * p.M * p.N, stream)
+            return
+        words[-1] = _tensor_maps(p, a_ptr, b_ptr, stream)
     if p.splits <= 1:
         words[_DATA[2]] = c_ptr
         _launch(b.fn, p.grid, p.block, p.shared_bytes, stream, words)
@@ -579,6 +587,19 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
     _launch(b.red, p.reduce_grid, p.spec.reduce_block, 0, stream, red)
     # W goes back to CuPy's pool when dropped; the pool hands it out again only to
     # work on the same stream, which runs after these two kernels.
+
+
+def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int) -> int:
+    """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``."""
+    from gemmlib import tma
+
+    spec, M, N, K = p.spec, p.M, p.N, p.K
+    ia, ib, _ = spec.kernel_dtypes
+    name = "bfloat16" if spec.precision == "bf16" else "float16"
+    (box_a, box_b), sw = spec.tma_boxes, spec.tma_swizzle
+    isz = np.dtype(ia).itemsize
+    return tma.operand_maps(((a_ptr, (M, K), K * isz, name, box_a, sw),
+                             (b_ptr, (K, N), N * isz, name, box_b, sw)), stream)
 
 
 def _workspace(rows: int, cols: int, dtype, stream: int):
@@ -609,6 +630,15 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None) -> None:
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
+    if spec.tma_boxes:
+        from gemmlib import tma
+
+        if K == 0:   # as on the GPU (run): C = 0 without the kernel
+            C[...] = 0
+            return
+        maps = tma.simulated_maps((A, B), spec.tma_boxes, spec.tma_swizzle)
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, np.uint64(maps))
+        return
     if p.splits <= 1:
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C)
         return

@@ -33,7 +33,14 @@ TARGETS = ((7, 5), (8, 0), (9, 0))
 def signature(spec):
     from numba import types
 
-    return tuple(getattr(types, d)[:, ::1] for d in spec.kernel_dtypes)
+    return (tuple(getattr(types, d)[:, ::1] for d in spec.kernel_dtypes)
+            + tuple(getattr(types, s) for s in spec.scalar_args))
+
+
+def arch_of(spec, cc) -> str:
+    """The ptxas target: Hopper rungs (min_cc 9.0) use the arch-specific sm_90a, which
+    numba-cuda itself targets on an H100/H200 (offline it writes plain sm_90)."""
+    return f"sm_{cc[0]}{cc[1]}" + ("a" if tuple(spec.min_cc) >= (9, 0) else "")
 
 
 def compile_ptx(spec, cc=(9, 0)) -> str:
@@ -46,6 +53,9 @@ def compile_ptx(spec, cc=(9, 0)) -> str:
             if k in ("fastmath", "lineinfo", "debug", "opt")}
     with _offline_device(cc):
         ptx, _ = cuda.compile_ptx(spec.kernel.py_func, signature(spec), cc=cc, **opts)
+    arch = arch_of(spec, cc)
+    if arch.endswith("a"):
+        ptx = re.sub(r"\.target sm_\d+\b", f".target {arch}", ptx)
     return ptx
 
 
@@ -128,7 +138,8 @@ def gate(names=None, targets=TARGETS) -> list[dict]:
             else:
                 try:
                     ptx = compile_ptx(spec, cc)
-                    rec.update(resources(ptx, cc, spec.kernel.targetoptions.get("max_registers")))
+                    rec.update(resources(ptx, cc, spec.kernel.targetoptions.get("max_registers"),
+                                         arch=arch_of(spec, cc)))
                     rec["problems"] = problems(spec, ptx, rec)
                     rec["ptx_lines"] = ptx.count("\n")
                 except Exception as e:  # a compile error is the finding

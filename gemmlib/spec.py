@@ -136,6 +136,12 @@ class KernelSpec:
     #: of this many elements and 16-byte aligned operands; ``gemmlib.matmul`` stages
     #: other operands into zero-padded aligned copies (0: no requirement)
     operand_align: int = 0
+    #: TMA rungs: the boxes (rows, cols) that the tensor maps of A and B copy, written
+    #: into shared memory with a ``tma_swizzle``-byte swizzle.  The kernel then takes a
+    #: fourth argument, a uint64: the device address of A's map, B's 128 bytes further
+    #: (``gemmlib.tma.operand_maps``; numba kernels have no by-value map parameters)
+    tma_boxes: tuple = ()
+    tma_swizzle: int = 128
 
     @property
     def code_params(self) -> dict:
@@ -146,6 +152,11 @@ class KernelSpec:
     def kernel_dtypes(self) -> tuple[str, str, str]:
         """The dtypes the compiled kernel takes for (A, B, C)."""
         return tuple(self.arg_dtypes) or (self.dtype,) * 3
+
+    @property
+    def scalar_args(self) -> tuple[str, ...]:
+        """numba type names of the kernel's arguments after A, B, C."""
+        return ("uint64",) if self.tma_boxes else ()
 
     @property
     def out_dtype(self) -> str:

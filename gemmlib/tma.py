@@ -69,6 +69,31 @@ def check_box(shape, strides, itemsize: int, box, swizzle: int, ptr: int) -> Non
         raise ValueError(f"the matrix is empty: {shape}")
 
 
+def encode_2d(ptr: int, shape, row_bytes: int, dtype_name: str, box, swizzle: int) -> np.ndarray:
+    """The 128 bytes of a tensor map (16 uint64) of the row-major matrix at device address
+    ``ptr``: ``shape = (rows, cols)``, rows ``row_bytes`` apart, ``box = (rows, cols)``
+    per copy, ``swizzle`` in bytes (0, 32, 64, 128), out-of-bounds elements read as zeros."""
+    from cuda.bindings import driver as cu
+
+    itemsize = np.dtype("uint16" if dtype_name == "bfloat16" else dtype_name).itemsize
+    check_box(shape, (row_bytes, itemsize), itemsize, box, swizzle, ptr)
+    dt = getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DTYPES[dtype_name]}")
+    sw = getattr(cu.CUtensorMapSwizzle,
+                 "CU_TENSOR_MAP_SWIZZLE_NONE" if not swizzle else
+                 f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B")
+    rows, cols = shape
+    err, tmap = cu.cuTensorMapEncodeTiled(
+        dt, 2, int(ptr), [cu.cuuint64_t(cols), cu.cuuint64_t(rows)],
+        [cu.cuuint64_t(row_bytes)], [cu.cuuint32_t(box[1]), cu.cuuint32_t(box[0])],
+        [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err}")
+    return np.array([int(v) for v in tmap.opaque], dtype=np.uint64)
+
+
 def tensor_map_2d(x, box, swizzle: int = 0) -> TensorMap:
     """A tensor map of the row-major 2-D CuPy array ``x`` (float16, bfloat16 bits as
     uint16, or float32): ``box = (rows, cols)`` per copy, ``swizzle`` in bytes (0, 32,
@@ -80,29 +105,69 @@ def tensor_map_2d(x, box, swizzle: int = 0) -> TensorMap:
         raise TypeError(f"tensor_map_2d takes {', '.join(_DTYPES)}; got {name}")
     if SIMULATOR:   # NumPy arrays; the map is a key into a table the TMA twin reads
         check_box(x.shape, x.strides, x.dtype.itemsize, box, swizzle, 0)
-        ptr = 0x7E000000 + 128 * len(_SIMULATED)
+        ptr = _next_simulated()
         _SIMULATED[ptr] = TensorMap(None, x, tuple(box), swizzle, ptr=ptr)
         return _SIMULATED[ptr]
     import cupy as cp
-    from cuda.bindings import driver as cu
 
-    check_box(x.shape, x.strides, x.dtype.itemsize, box, swizzle, int(x.data.ptr))
-    dt = getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DTYPES[name]}")
-    sw = getattr(cu.CUtensorMapSwizzle,
-                 "CU_TENSOR_MAP_SWIZZLE_NONE" if not swizzle else
-                 f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B")
-    rows, cols = x.shape
-    err, tmap = cu.cuTensorMapEncodeTiled(
-        dt, 2, int(x.data.ptr), [cu.cuuint64_t(cols), cu.cuuint64_t(rows)],
-        [cu.cuuint64_t(x.strides[0])], [cu.cuuint32_t(box[1]), cu.cuuint32_t(box[0])],
-        [cu.cuuint32_t(1), cu.cuuint32_t(1)],
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
-        cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err}")
-    raw = np.array([int(v) for v in tmap.opaque], dtype=np.uint64)   # 128 bytes
+    if x.strides[1] != x.dtype.itemsize:
+        raise ValueError("TMA needs rows of contiguous elements (a C-contiguous matrix)")
+    raw = encode_2d(int(x.data.ptr), x.shape, x.strides[0], name, box, swizzle)
     return TensorMap(cp.asarray(raw), x, tuple(box), swizzle)
+
+
+_COUNT = __import__("itertools").count()
+
+
+def _next_simulated() -> int:
+    """A fresh simulated map address (256 bytes apart); simulated kernels run at once, so
+    maps older than the newest few thousand are dropped."""
+    n = next(_COUNT)
+    _SIMULATED.pop(0x7E000000 + 256 * (n - 4096), None)
+    _SIMULATED.pop(0x7E000000 + 256 * (n - 4096) + 128, None)
+    return 0x7E000000 + 256 * n
+
+
+# --------------------------------------------------------------------------
+# The maps of one GEMM call, for kernels that take them (gemmlib.dispatch)
+#
+# A call hands the kernel one 64-bit address: A's map there, B's 128 bytes
+# further.  Encoding and copying a map costs tens of microseconds, so the maps
+# of each (pointer, shape, box) are kept in device memory and reused: a map
+# depends on nothing else, so a kept map is right for any later array with
+# the same address and shape.  When MAX_KEPT pairs are kept the device is
+# synchronised (no kernel can still be reading one) and the table cleared.
+
+MAX_KEPT = 1024
+_KEPT: dict = {}
+
+
+def operand_maps(operands, stream: int = 0) -> int:
+    """Device address of the maps of ``operands``, each ``(ptr, (rows, cols), row_bytes,
+    dtype_name, box, swizzle)``, 128 bytes apart; copied on ``stream`` the first time."""
+    key = tuple(operands)
+    hit = _KEPT.get(key)
+    if hit is not None:
+        return hit[1]
+    import cupy as cp
+
+    raw = np.concatenate([encode_2d(*op) for op in operands])
+    if len(_KEPT) >= MAX_KEPT:
+        cp.cuda.Device().synchronize()
+        _KEPT.clear()
+    with cp.cuda.ExternalStream(stream) if stream else cp.cuda.Stream.null:
+        buf = cp.asarray(raw)
+    _KEPT[key] = (buf, int(buf.data.ptr))
+    return _KEPT[key][1]
+
+
+def simulated_maps(arrays, boxes, swizzle: int) -> int:
+    """The simulator's :func:`operand_maps`: maps of NumPy ``arrays`` 128 bytes apart."""
+    base = _next_simulated()
+    for i, (x, box) in enumerate(zip(arrays, boxes)):
+        check_box(x.shape, x.strides, x.dtype.itemsize, box, swizzle, 0)
+        _SIMULATED[base + 128 * i] = TensorMap(None, x, tuple(box), swizzle, ptr=base + 128 * i)
+    return base
 
 
 def swizzled_offset(r: int, c: int, row_elems: int, elem_bytes: int, swizzle: int) -> int:

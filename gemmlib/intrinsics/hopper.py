@@ -36,6 +36,8 @@ pointers are 64-bit):
 ``mbarrier_init(bar, count)``, ``fence_mbarrier_init()``,
 ``mbarrier_expect_tx(bar, nbytes)`` (arrive, expecting ``nbytes`` from copies),
 ``mbarrier_try_wait(bar, parity) -> uint32`` (1 once phase ``parity`` completed)
+``mbarrier_arrive(bar)``             one plain arrival (a consumer releasing a buffer)
+``setmaxnreg(n, increase)``          (a factory) move registers between warpgroups
 ``tma_load_2d(dst, tmap, x, y, bar)`` the box at column ``x``, row ``y`` -> ``dst``
 ``tensormap_acquire(tmap)``          the map was written through the generic proxy
 
@@ -123,6 +125,24 @@ def _make():
         return intrinsic(typer)
 
     mbarrier_init = _bar_u32("mbarrier_init", "mbarrier.init.shared::cta.b64 [$0], $1;")
+
+    @intrinsic
+    def mbarrier_arrive(typingctx, bar):
+        def codegen(context, builder, sig, args):
+            a = _u(context, builder, args[0], sig.args[0], types.uint32)
+            _asm(builder, ir.VoidType(), [a], [i32],
+                 "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(bar), codegen
+
+    _REGS = {}
+
+    def _setmaxnreg(n: int, inc: bool):
+        key = (n, inc)
+        if key not in _REGS:
+            d = "inc" if inc else "dec"
+            _REGS[key] = bare(f"setmaxnreg_{d}{n}", f"setmaxnreg.{d}.sync.aligned.u32 {n};")
+        return _REGS[key]
     mbarrier_expect_tx = _bar_u32("mbarrier_expect_tx",
                                   "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")
 
@@ -161,15 +181,17 @@ def _make():
 
     _WGMMA = {}
 
-    def _wgmma(n: int, ab: str):
-        key = (n, ab)
+    def _wgmma(n: int, ab: str, trans_b: bool = False):
+        key = (n, ab, trans_b)
         if key in _WGMMA:
             return _WGMMA[key]
         R = n // 2
         regs = ",".join(f"${e}" for e in range(R))
+        # immediates: scale-a, scale-b (1: no negation), trans-a (0: K-major A),
+        # trans-b (1: B is MN-major, rows of N contiguous, as a row-major (K, N) matrix)
         ptx = ("{ .reg .pred p; setp.ne.b32 p, $" + str(R + 2) + ", 0; "
                f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} "
-               f"{{{regs}}}, ${R}, ${R + 1}, p, 1, 1, 0, 0; }}")
+               f"{{{regs}}}, ${R}, ${R + 1}, p, 1, 1, 0, {int(trans_b)}; }}")
         cons = ",".join(["=f"] * R + ["l", "l", "r"] + [str(e) for e in range(R)]) + ",~{memory}"
 
         def typer_body(da, db, scale_d, cs):
@@ -190,16 +212,18 @@ def _make():
         # numba's intrinsics take no *args: spell out the R accumulator parameters
         names = ", ".join(f"c{e}" for e in range(R))
         ns = {"body": typer_body}
-        exec(f"def wgmma_m64n{n}k16_{ab}(typingctx, da, db, scale_d, {names}):\n"
+        fname = f"wgmma_m64n{n}k16_{ab}" + ("_tb" if trans_b else "")
+        exec(f"def {fname}(typingctx, da, db, scale_d, {names}):\n"
              f"    return body(da, db, scale_d, ({names},))\n", ns)  # noqa: S102
-        _WGMMA[key] = intrinsic(ns[f"wgmma_m64n{n}k16_{ab}"])
+        _WGMMA[key] = intrinsic(ns[fname])
         return _WGMMA[key]
 
     return dict(smem_addr=smem_addr, fence_proxy_async=fence_proxy_async,
                 fence_mbarrier_init=fence_mbarrier_init, wgmma_fence=wgmma_fence,
                 wgmma_commit=wgmma_commit, waits=_WAITS, mbarrier_init=mbarrier_init,
                 mbarrier_expect_tx=mbarrier_expect_tx, mbarrier_try_wait=mbarrier_try_wait,
-                tensormap_acquire=tensormap_acquire, tma_load_2d=tma_load_2d, wgmma=_wgmma)
+                mbarrier_arrive=mbarrier_arrive, tensormap_acquire=tensormap_acquire,
+                tma_load_2d=tma_load_2d, wgmma=_wgmma, setmaxnreg=_setmaxnreg)
 
 
 # --------------------------------------------------------------------------
@@ -238,9 +262,10 @@ def _root(arr):
 def smem_addr_py(arr, i):
     st = _block_state()
     root = _root(arr)
-    with _SIM_LOCK:
+    key = (root.__array_interface__["data"][0], root.nbytes)   # the dynamic shared array is
+    with _SIM_LOCK:                                             # a new view in every thread
         for base, r in st["bases"]:
-            if r is root:
+            if (r.__array_interface__["data"][0], r.nbytes) == key:
                 break
         else:
             base = st["next"]
@@ -260,25 +285,32 @@ def _bytes_at(addr: int, nbytes: int = 0):
                      "passed to smem_addr")
 
 
-def _operand(desc: int, rows: int, dtype) -> np.ndarray:
-    """The (rows, 16) K-major operand a wgmma descriptor points at."""
+def _operand(desc: int, rows: int, dtype, mn_major: bool = False) -> np.ndarray:
+    """The (rows, 16) operand a wgmma descriptor points at: K-major (each row's 16 k
+    contiguous), or ``mn_major`` (each k's rows contiguous: B of a row-major (K, N))."""
     start = (desc & 0x3FFF) << 4
     lbo = ((desc >> 16) & 0x3FFF) << 4
     sbo = ((desc >> 32) & 0x3FFF) << 4
     mode = desc >> 62
     r = np.arange(rows)[:, None]
     k = np.arange(16)[None, :]
-    if mode == 0:   # 8 x 16-byte core matrices: LBO along K, SBO along M/N
+    span = {0: 16, 1: 128, 2: 64, 3: 32}[mode]
+    if mode == 0 and not mn_major:   # 8 x 16-byte core matrices: LBO along K, SBO along M/N
         addr = start + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
-    else:           # rows of S bytes (S = 128, 64, 32), chunk bits XOR-ed with address bits 7..
-        span = {1: 128, 2: 64, 3: 32}[mode]
+    elif mode == 0:   # core matrices of 8 k x 8 rows: SBO along M/N, LBO along K
+        addr = start + (r // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (r % 8) * 2
+    elif not mn_major:   # rows of S bytes (S = 128, 64, 32) along K; SBO: 8 rows further
         addr = start + (r // 8) * sbo + (r % 8) * span + k * 2
+    else:   # S-byte rows along M/N, one per k; LBO: the next S bytes of M/N, SBO: 8 k further
+        per = span // 2
+        addr = start + (r // per) * lbo + (k // 8) * sbo + (k % 8) * span + (r % per) * 2
+    if mode:   # the swizzle: chunk bits (4..) XOR-ed with address bits 7..
         addr = addr ^ (((addr >> 7) & (span // 16 - 1)) << 4)
     buf, off0 = _bytes_at(int(addr.min()), 2)
     return buf[(addr - addr.min() + off0)[..., None] + np.arange(2)].copy().view(dtype)[..., 0]
 
 
-def _wgmma_py(n: int, ab: str):
+def _wgmma_py(n: int, ab: str, trans_b: bool = False):
     from gemmlib.intrinsics.mma import _exchange
 
     dtype = np.float16 if ab == "f16" else np.uint16
@@ -288,7 +320,7 @@ def _wgmma_py(n: int, ab: str):
         if any(v != vals[0] for v in vals):
             raise HopperOnly("the 128 threads of a warpgroup passed different descriptors")
         A = _operand(vals[0][0], 64, dtype)
-        B = _operand(vals[0][1], n, dtype)
+        B = _operand(vals[0][1], n, dtype, mn_major=trans_b)
         if ab == "bf16":   # bit patterns -> float32
             A, B = ((x.astype(np.uint32) << 16).view(np.float32) for x in (A, B))
         D = A.astype(np.float64) @ B.astype(np.float64).T
@@ -324,6 +356,11 @@ def mbarrier_init_py(bar, count):
 def mbarrier_expect_tx_py(bar, nbytes):
     with _SIM_LOCK:
         _bar_step(_bar(bar), 1, int(nbytes))
+
+
+def mbarrier_arrive_py(bar):
+    with _SIM_LOCK:
+        _bar_step(_bar(bar), 1, 0)
 
 
 def mbarrier_try_wait_py(bar, parity):
@@ -363,21 +400,23 @@ def _nothing(*args):
 _SIM_LOCK = __import__("threading").RLock()
 
 _NAMES = ("smem_addr", "fence_proxy_async", "fence_mbarrier_init", "wgmma_fence", "wgmma_commit",
-          "mbarrier_init", "mbarrier_expect_tx", "mbarrier_try_wait", "tensormap_acquire",
-          "tma_load_2d")
+          "mbarrier_init", "mbarrier_expect_tx", "mbarrier_try_wait", "mbarrier_arrive",
+          "tensormap_acquire", "tma_load_2d")
 
 if SIMULATOR:
     _impl = dict(smem_addr=smem_addr_py, fence_proxy_async=_nothing,
                  fence_mbarrier_init=_nothing, wgmma_fence=_nothing, wgmma_commit=_nothing,
                  mbarrier_init=mbarrier_init_py, mbarrier_expect_tx=mbarrier_expect_tx_py,
-                 mbarrier_try_wait=mbarrier_try_wait_py, tensormap_acquire=_nothing,
-                 tma_load_2d=tma_load_2d_py, waits={n: _nothing for n in range(8)},
-                 wgmma=_wgmma_py)
+                 mbarrier_try_wait=mbarrier_try_wait_py, mbarrier_arrive=mbarrier_arrive_py,
+                 tensormap_acquire=_nothing, tma_load_2d=tma_load_2d_py,
+                 waits={n: _nothing for n in range(8)}, wgmma=_wgmma_py,
+                 setmaxnreg=lambda n, inc: _nothing)
 else:
     _impl = _make()
 
 (smem_addr, fence_proxy_async, fence_mbarrier_init, wgmma_fence, wgmma_commit, mbarrier_init,
- mbarrier_expect_tx, mbarrier_try_wait, tensormap_acquire, tma_load_2d) = (_impl[n] for n in _NAMES)
+ mbarrier_expect_tx, mbarrier_try_wait, mbarrier_arrive, tensormap_acquire,
+ tma_load_2d) = (_impl[n] for n in _NAMES)
 
 #: N of the m64nNk16 shapes wgmma offers with fp32 accumulators
 WGMMA_N = tuple(range(8, 257, 8))
@@ -390,18 +429,30 @@ def wgmma_wait(n: int):
     return _impl["waits"][n]
 
 
-def wgmma_f16(n: int):
-    """``wgmma.mma_async m64n{n}k16.f32.f16.f16`` (both operands from descriptors)."""
+def wgmma_f16(n: int, trans_b: bool = False):
+    """``wgmma.mma_async m64n{n}k16.f32.f16.f16`` (both operands from descriptors; with
+    ``trans_b`` B's descriptor describes an MN-major tile, see :func:`wgmma_bf16`)."""
     if n not in WGMMA_N:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    return _impl["wgmma"](n, "f16")
+    return _impl["wgmma"](n, "f16", bool(trans_b))
 
 
-def wgmma_bf16(n: int):
-    """``wgmma.mma_async m64n{n}k16.f32.bf16.bf16``."""
+def wgmma_bf16(n: int, trans_b: bool = False):
+    """``wgmma.mma_async m64n{n}k16.f32.bf16.bf16``.  ``trans_b``: B's tile is MN-major
+    (the N elements of one k contiguous, as TMA copies them out of a row-major (K, N)
+    matrix); its descriptor's LBO is then the distance between swizzle-row blocks along
+    N and SBO between groups of 8 k (the PTX ISA's MN-major canonical layouts)."""
     if n not in WGMMA_N:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    return _impl["wgmma"](n, "bf16")
+    return _impl["wgmma"](n, "bf16", bool(trans_b))
+
+
+def setmaxnreg(n: int, increase: bool):
+    """``setmaxnreg.{inc,dec}.sync.aligned.u32 n``: a warpgroup gives registers back to
+    the SM (``increase=False``) or takes them (True); n a multiple of 8 in 24..256."""
+    if n % 8 or not 24 <= n <= 256:
+        raise ValueError(f"setmaxnreg takes a multiple of 8 in 24..256, got {n}")
+    return _impl["setmaxnreg"](n, bool(increase))
 
 
 def _device_desc():

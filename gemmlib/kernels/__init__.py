@@ -29,6 +29,9 @@ LADDER: tuple[str, ...] = (
     "mma_atom",
     "mma_swizzle",
     "mma_pipeline",
+    "wgmma_async",
+    "wgmma_tma",
+    "wgmma_ws",
 )
 
 

@@ -1,0 +1,257 @@
+"""Hopper's warpgroup MMA: one instruction per 64 x N x 16 step, operands straight from shared memory.
+
+``mma_pipeline`` spends most of its issue slots on bookkeeping: every k-step
+each warp loads its A and B fragments from shared memory into registers
+(``ldmatrix``) and issues many small ``mma.sync`` atoms.  On an H100 those
+atoms reach about half the tensor cores' rate (``mma_roof``).  Hopper's
+``wgmma.mma_async`` changes the unit of work:
+
+* **A warpgroup** -- four consecutive warps, 128 threads -- issues *one*
+  instruction for a 64 x N x 16 product (N up to 256).  A and B are not
+  loaded into registers at all: the instruction reads them from shared
+  memory through two 64-bit *matrix descriptors* (address, the strides
+  between 8-row core-matrix groups, the swizzle mode).  Only the fp32
+  accumulators live in registers, N/2 per thread.
+* **It is asynchronous.**  ``wgmma.fence`` orders earlier register writes
+  before it, ``commit_group`` closes a batch, ``wait_group n`` waits until at
+  most n batches are in flight; the tensor cores work while the warps move on.
+* **The tiles are 128-byte swizzled**, the layout of the layout chapter
+  (``gemmlib.layout.chunk_swizzle``): rows of 64 halves whose 16-byte chunks
+  are XOR-ed with ``row % 8``.  A's tile is K-major (a row of A is a row of
+  the tile); B's is *MN-major*: B is (K, N) row-major, so a tile row is 64
+  consecutive n of one k, and the instruction's ``trans-b`` flag says so.
+  B's tile is BN/64 panels of 64 k x 64 n; the descriptor's LBO steps from
+  panel to panel, SBO from one group of 8 k to the next.
+
+This rung changes only the compute: one warpgroup, BM x BN = 128 x 128 per
+block (two m64n128k16 per k-step), fed by ``mma_pipeline``'s ring of
+``cp.async`` copies (16 bytes each, written straight to their swizzled
+place, zeros past M, N and K).  After a tile has landed each thread makes its
+own copies visible to the *async proxy* (``fence.proxy.async``: wgmma reads
+shared memory through a different path than ordinary loads), the block
+synchronises, and the warpgroup issues 4 k-steps x 2 instructions.
+
+Inputs are fp16 or bf16 (``precision``), accumulation fp32; K and N must be
+multiples of 8 (16-byte rows; ``gemmlib.matmul`` pads other shapes).  Needs
+sm_90a (H100/H200): other GPUs get a ``ConstraintError``.
+"""
+
+from gemmlib.backend import SIMULATOR, cuda, float32, uint16
+from gemmlib.intrinsics import async_copy
+from gemmlib.intrinsics import hopper as H
+from gemmlib.intrinsics.index import uidx
+from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
+from gemmlib.spec import Constraint, KernelSpec, cdiv
+
+#: what wgmma computes here: 16-bit inputs (tf32 wgmma has no MN-major B)
+PRECISIONS = ("fp16", "bf16")
+#: halves per k-tile: one 128-byte swizzled row
+BK = 64
+#: bytes of one 128-byte-swizzled tile row, and of a group of 8 rows (the swizzle's period)
+ROW_BYTES, GROUP_BYTES = 128, 1024
+#: bytes of one 64-row slice of A's tile (one wgmma's M) and of one 64 x 64 panel of B
+SLICE_BYTES = PANEL_BYTES = 64 * ROW_BYTES
+#: a k-step (16 halves) moves A's descriptor 32 bytes along its rows, B's 16 rows down
+A_KSTEP, B_KSTEP = 32, 16 * ROW_BYTES
+
+
+@cuda.jit(device=True)
+def swizzled(row, chunk):
+    """Element offset of 16-byte ``chunk`` of ``row`` in a 128-byte-swizzled tile."""
+    return row * BK + ((chunk ^ (row % 8)) * 8)
+
+
+def mma_source(BN: int, halves: int, ab: str) -> str:
+    """Source of ``k_tile(a, b, acc)``: the 4 k-steps of one k-tile for ``halves`` 64-row
+    slices of A's tile (a, b: shared addresses of the tiles), written out so that every
+    accumulator index is a constant (numba keeps ``acc`` in registers)."""
+    R = BN // 2
+    lines = ["def k_tile(a, b, acc):"]
+    for kk in range(BK // 16):
+        lines.append(f"    db = desc(b + {kk * B_KSTEP}, {PANEL_BYTES}, {GROUP_BYTES}, 1)")
+        for h in range(halves):
+            args = ", ".join(f"acc[{h * R + e}]" for e in range(R))
+            lines.append(f"    r = mma(desc(a + {h * SLICE_BYTES + kk * A_KSTEP}, 16, "
+                         f"{GROUP_BYTES}, 1), db, one, {args})")
+            lines += [f"    acc[{h * R + e}] = r[{e}]" for e in range(R)]
+    return "\n".join(lines) + "\n"
+
+
+def store_source(BN: int, halves: int) -> str:
+    """Source of ``store_acc(C, acc, t, m0, n0, M, N)``: thread ``t`` of a warpgroup writes
+    its accumulators (``H.accumulator_coords``) of ``halves`` 64-row slices, inside C only."""
+    R = BN // 2
+    lines = ["def store_acc(C, acc, t, m0, n0, M, N):",
+             "    w, lane = t // 32, t % 32",
+             "    r0 = m0 + 16 * w + lane // 4",
+             "    c0 = n0 + 2 * (lane % 4)"]
+    for h in range(halves):
+        for j in range(BN // 8):
+            for half in range(2):
+                i = h * R + 4 * j + 2 * half
+                lines += [f"    r = r0 + {64 * h + 8 * half}",
+                          f"    c = c0 + {8 * j}",
+                          "    if r < M:",
+                          f"        if c < N: C[uidx(r), uidx(c)] = acc[{i}]",
+                          f"        if c + 1 < N: C[uidx(r), uidx(c + 1)] = acc[{i + 1}]"]
+    return "\n".join(lines) + "\n"
+
+
+def tile_order(BM: int, BN: int, GROUP_M: int):
+    """``tile_origin(pid, M, N) -> (m0, n0)``: block ``pid``'s tile in grouped order
+    (``mma_pipeline``'s): GROUP_M block-rows sweep the columns together, so the B tiles
+    they share are still in L2."""
+    @cuda.jit(device=True)
+    def tile_origin(pid, M, N):
+        tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
+        group = pid // (GROUP_M * tiles_n)
+        first_m = group * GROUP_M
+        rows = min(tiles_m - first_m, GROUP_M)
+        return ((first_m + (pid % (GROUP_M * tiles_n)) % rows) * BM,
+                ((pid % (GROUP_M * tiles_n)) // rows) * BN)
+
+    return tile_origin
+
+
+def warpgroup_code(precision: str, BN: int, halves: int):
+    """The generated device functions (k_tile, store_acc) for ``halves`` slices of 64 x BN."""
+    from numba import int32
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"the wgmma rungs compute in {PRECISIONS} (tf32 wgmma cannot read "
+                         f"a row-major B), got {precision!r}")
+    mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(BN, trans_b=True)
+    env = {"desc": H.smem_desc, "mma": mma, "one": int32(1), "uidx": uidx}
+    dev = (lambda f: f) if SIMULATOR else cuda.jit(device=True)
+    out = []
+    for src in (mma_source(BN, halves, precision), store_source(BN, halves)):
+        ns = dict(env)
+        exec(compile(src, f"<gemmlib.wgmma {src.split('(')[0][4:]}>", "exec"), ns)  # noqa: S102
+        f = dev(ns[src.split("(")[0][4:]])
+        f.__source__ = src
+        out.append(f)
+    return tuple(out)
+
+
+def _aligned(spec, M, N, K, dev):
+    return K % 8 == 0 and N % 8 == 0
+
+
+def _sm90(spec, M, N, K, dev):
+    return tuple(dev.compute_capability) == (9, 0)
+
+
+SIXTEEN_BYTE_ROWS = Constraint(
+    "16-byte rows", _aligned,
+    "the copies move 16-byte rows: K and N must be multiples of 8 (gemmlib.matmul pads "
+    "other shapes)")
+HOPPER_ONLY = Constraint(
+    "Hopper (sm_90a)", _sm90,
+    "wgmma and TMA exist on compute capability 9.0 only (H100, H200); newer GPUs "
+    "have other instructions (tcgen05)")
+
+
+def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int = 4,
+          GROUP_M: int = 8) -> KernelSpec:
+    if BM % 64 or BN not in H.WGMMA_N or BN % 64 or not 2 <= STAGES <= 8:
+        raise ValueError(f"BM must be a multiple of 64, BN a multiple of 64 up to 256 and "
+                         f"STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    HALVES = BM // 64
+    k_tile, store_acc = warpgroup_code(precision, BN, HALVES)
+    tile_origin = tile_order(BM, BN, GROUP_M)
+    NT = 128
+    ACC = HALVES * BN // 2
+    SA, SB = BM * BK, BK * BN                 # halves per stage
+    STAGE = SA + SB
+    SHARED = STAGES * STAGE * 2 + 1024        # + room to align the ring to 1024 bytes
+    IT_A, IT_B = BM * 8 // NT, BN * 8 // NT   # 16-byte chunks per thread per k-tile
+    CPR_B = BN // 8                           # chunks per row of B's tile
+    cp16, commit = async_copy.cp_async16, async_copy.cp_async_commit
+    wait_tile = async_copy.cp_async_wait_group(STAGES - 2)
+    wait0 = H.wgmma_wait(0)
+    jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
+
+    @cuda.jit(device=True)
+    def issue_tile(sm, base, A, B, k0, m0, n0, t, M, N, K):
+        """Start the 16-byte copies of the k-tile at ``k0`` into the stage at ``base``,
+        each chunk to its swizzled place (zeros past the edges)."""
+        c = t % 8                             # A: this thread's chunk of each row
+        for i in range(IT_A):
+            r = t // 8 + i * (NT // 8)
+            ok = m0 + r < M and k0 + 8 * c < K
+            cp16(sm, uidx(base + swizzled(r, c)), A, uidx(m0 + r if ok else 0),
+                 uidx(k0 + 8 * c if ok else 0), 16 if ok else 0)
+        nc = t % CPR_B                        # B: chunk nc of k-rows t // CPR_B + ...
+        for i in range(IT_B):
+            kr = t // CPR_B + i * (NT // CPR_B)
+            ok = k0 + kr < K and n0 + 8 * nc < N
+            cp16(sm, uidx(base + SA + (nc // 8) * (BK * 64) + swizzled(kr, nc % 8)), B,
+                 uidx(k0 + kr if ok else 0), uidx(n0 + 8 * nc if ok else 0), 16 if ok else 0)
+
+    @cuda.jit(**jit_opts)
+    def wgmma_async_kernel(A, B, C):
+        sm = cuda.shared.array(0, uint16)     # dynamic: the ring, aligned below
+        acc = cuda.local.array(ACC, float32)
+        t = cuda.threadIdx.x
+        M, K = A.shape
+        N = B.shape[1]
+        pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2   # the swizzle needs 1024
+        ring = H.smem_addr(sm, pad)
+        m0, n0 = tile_origin(cuda.blockIdx.x, M, N)
+        for e in range(ACC):
+            acc[e] = float32(0.0)
+        num_k = (K + BK - 1) // BK
+        for s in range(STAGES - 1):           # prologue: tiles 0 .. STAGES-2 in flight
+            if s < num_k:
+                issue_tile(sm, pad + s * STAGE, A, B, s * BK, m0, n0, t, M, N, K)
+            commit()
+        rd, wt = 0, STAGES - 1
+        for kt in range(num_k):
+            wait_tile()                       # my copies of tile kt have landed ...
+            H.fence_proxy_async()             # ... and are visible to wgmma's proxy
+            cuda.syncthreads()                # everyone's; tile kt-1 is no longer read
+            if kt + STAGES - 1 < num_k:
+                issue_tile(sm, pad + wt * STAGE, A, B, (kt + STAGES - 1) * BK, m0, n0, t,
+                           M, N, K)
+            commit()
+            H.wgmma_fence()
+            k_tile(ring + rd * STAGE * 2, ring + (rd * STAGE + SA) * 2, acc)
+            H.wgmma_commit()
+            wait0()                           # the stage is read: it may be refilled
+            rd = rd + 1 if rd + 1 < STAGES else 0
+            wt = wt + 1 if wt + 1 < STAGES else 0
+        async_copy.cp_async_wait_all()
+        store_acc(C, acc, t, m0, n0, M, N)
+
+    def grid(M, N, K):
+        return (cdiv(M, BM) * cdiv(N, BN), 1, 1)
+
+    default = (BM, BN, STAGES, GROUP_M) == (128, 128, 4, 8)
+    name = "wgmma_async" + ("" if precision == "fp16" else f"_{precision}")
+    if not default:
+        name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "")
+    return KernelSpec(
+        name=name,
+        chapter="17-hopper",
+        idea="one warpgroup issues wgmma (64xNx16 from shared-memory descriptors, "
+             "asynchronous) on 128-byte swizzled tiles that cp.async fills",
+        kernel=wgmma_async_kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=grid,
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M),
+        shared_bytes=SHARED,
+        dynamic_shared=True,
+        min_cc=H.MIN_CC,
+        dtype=INPUT_DTYPE[precision],
+        arg_dtypes=ARG_DTYPES[precision],
+        precision=precision,
+        operand_align=8,
+        constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
+        ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16", r"wgmma\.fence",
+                  r"cp\.async\.cg\.shared\.global", r"fence\.proxy\.async"),
+        module=__name__,
+    )
+
+
+SPEC = build()

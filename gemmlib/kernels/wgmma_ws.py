@@ -1,0 +1,157 @@
+"""Warp specialisation: a producer warpgroup copies, consumer warpgroups compute, tile after tile.
+
+In ``wgmma_tma`` every thread does everything: after each k-tile the whole
+block waits for its wgmma to finish and synchronises before thread 0 may
+refill the stage, so the tensor cores idle at every k-tile boundary and
+during the epilogue.  This rung splits the roles:
+
+* **A producer warpgroup** (warpgroup 0).  One of its threads does nothing
+  but start TMA copies: for each k-tile it waits until the stage is *empty*,
+  announces the bytes on the stage's *full* barrier and starts the boxes.
+  It never waits for the tensor cores, so it runs up to STAGES k-tiles ahead.
+* **Consumer warpgroups** (BM / 64 of them, each 64 rows of the tile).  For
+  each k-tile they wait for *full*, issue their wgmma and let it run: they
+  wait only for the *previous* k-tile's wgmma (``wgmma.wait_group 1``) and
+  then arrive on that stage's *empty* barrier, which is what the producer
+  waits for.  Two barriers per stage, each with its own phase: a ring with
+  no block-wide synchronisation in the loop.
+* **Registers follow the work** (``setmaxnreg``): the producer gives its
+  registers back (down to 40 per thread), the consumers take them (up to 232)
+  for their 128 accumulators per thread.
+* **Persistent tiles.**  The grid is one block per SM; a block walks tiles
+  ``blockIdx.x, blockIdx.x + gridDim.x, ...`` (in grouped order), so while the
+  consumers write one tile's accumulators to C the producer is already
+  copying the next tile's k-tiles.  The ring's position (``it``) runs on
+  across tiles, in both roles alike.
+
+The producer starts with parity 1 on the empty barriers: a fresh barrier is
+in phase 0, and waiting for the phase *before* it (parity 1) returns at
+once, so the first STAGES fills go ahead without consumers.
+"""
+
+from gemmlib import backend
+from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
+from gemmlib.intrinsics import hopper as H
+from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
+from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
+from gemmlib.kernels.wgmma_async import (BK, HOPPER_ONLY, SIXTEEN_BYTE_ROWS, SLICE_BYTES,
+                                         tile_order, warpgroup_code)
+from gemmlib.kernels.wgmma_tma import tma_loader, wait
+from gemmlib.spec import KernelSpec, cdiv
+
+
+def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
+    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
+        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
+                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    CONSUMERS = BM // 64
+    NT = 128 * (1 + CONSUMERS)
+    if REGS is not None and 128 * (REGS[0] + CONSUMERS * REGS[1]) > 65536:
+        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
+                         "SM's 65536 registers")
+    k_tile, store_acc = warpgroup_code(precision, BN, 1)
+    tile_origin = tile_order(BM, BN, GROUP_M)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
+    ACC = BN // 2
+    SHARED = STAGES * STAGE_BYTES + 1024
+    NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
+    wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
+    fewer = H.setmaxnreg(REGS[0], False) if REGS else H.fence_proxy_async
+    more = H.setmaxnreg(REGS[1], True) if REGS else H.fence_proxy_async
+    jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
+
+    @cuda.jit(**jit_opts)
+    def wgmma_ws_kernel(A, B, C, maps):
+        sm = cuda.shared.array(0, uint16)
+        bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
+        t = cuda.threadIdx.x
+        wg = t // 128
+        M, K = A.shape
+        N = B.shape[1]
+        pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
+        ring = H.smem_addr(sm, pad)
+        tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
+        num_k = (K + BK - 1) // BK
+        if t == 0:
+            for s in range(STAGES):
+                H.mbarrier_init(H.smem_addr(bars, s), 1)             # full: the producer
+                H.mbarrier_init(H.smem_addr(bars, STAGES + s), 128 * CONSUMERS)   # empty
+            H.fence_mbarrier_init()
+        cuda.syncthreads()                   # the last block-wide barrier
+        if wg == 0:                          # ---- the producer warpgroup
+            fewer()
+            if t == 0:
+                H.tensormap_acquire(maps)
+                H.tensormap_acquire(maps + uint64(128))
+                it = 0
+                for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                    m0, n0 = tile_origin(tile, M, N)
+                    for kt in range(num_k):
+                        s = it % STAGES
+                        wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
+                        it += 1
+        else:                                # ---- consumer warpgroups
+            more()
+            acc = cuda.local.array(ACC, float32)
+            slice_ = (wg - 1) * SLICE_BYTES
+            it = 0
+            for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                m0, n0 = tile_origin(tile, M, N)
+                for e in range(ACC):
+                    acc[e] = float32(0.0)
+                for kt in range(num_k):
+                    s = it % STAGES
+                    wait(H.smem_addr(bars, s), (it // STAGES) % 2)
+                    H.wgmma_fence()
+                    k_tile(ring + s * STAGE_BYTES + slice_, ring + s * STAGE_BYTES + A_BYTES,
+                           acc)
+                    H.wgmma_commit()
+                    wait1()                  # the previous k-tile's wgmma is done:
+                    if kt > 0:               # its stage may be refilled
+                        H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
+                    it += 1
+                wait0()
+                if num_k > 0:
+                    H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
+                store_acc(C, acc, t % 128, m0 + 64 * (wg - 1), n0, M, N)
+
+    def grid(M, N, K):
+        return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
+
+    default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 4, 8, (40, 232))
+    name = "wgmma_ws" + ("" if precision == "fp16" else f"_{precision}")
+    if not default:
+        name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "") + (
+            "" if REGS == (40, 232) else "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}"))
+    return KernelSpec(
+        name=name,
+        chapter="17-hopper",
+        idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
+             "empty mbarriers per stage; one persistent block per SM walks the tiles",
+        kernel=wgmma_ws_kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=grid,
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
+                    REGS=REGS),
+        shared_bytes=SHARED,
+        dynamic_shared=True,
+        min_cc=H.MIN_CC,
+        dtype=INPUT_DTYPE[precision],
+        arg_dtypes=ARG_DTYPES[precision],
+        precision=precision,
+        operand_align=8,
+        tma_boxes=((BM, BK), (BK, 64)),
+        tma_swizzle=128,
+        constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
+        ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
+                  r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
+                  r"wgmma\.wait_group\.sync\.aligned 1") + (
+            (r"setmaxnreg\.inc",) if REGS else ()),
+        module=__name__,
+    )
+
+
+SPEC = build()
