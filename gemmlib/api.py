@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -57,7 +58,19 @@ class _Operand:
 
     def __post_init__(self):
         if not self.dname:
-            self.dname = np.dtype(self.dtype).name
+            self.dname = _dtype_name(self.dtype)
+
+
+@lru_cache(maxsize=None)
+def _dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name``, remembered: NumPy computes the name in Python on every
+    access, a noticeable part of a call's host time."""
+    return np.dtype(dtype).name
+
+
+@lru_cache(maxsize=None)
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(name)
 
 
 def _c_contiguous(shape, strides, itemsize) -> bool:
@@ -184,7 +197,7 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
     ops = [(a, "A"), (b, "B")] + ([(c, "out")] if c is not None else [])
     for op, name in ops:
         want = spec.dtype if name != "out" else spec.out_dtype
-        if op.dname != want or (op.dname != "bfloat16" and op.dtype != np.dtype(want)):
+        if op.dname != want or (op.dname != "bfloat16" and op.dtype != _np_dtype(want)):
             what = (f"kernel {spec.name!r} computes in {want}" if name != "out" else
                     f"kernel {spec.name!r} writes {want}")
             raise TypeError(

@@ -216,13 +216,23 @@ def tc_tuning_key(precision: str) -> str:
     return f"{TC_AUTO}:{precision}"
 
 
+#: fp16/bf16 on Hopper (compute capability 9.0 exactly: wgmma is sm_90a): the
+#: warp-specialised wgmma rung, measured faster than mma_pipeline at every size tried
+#: (results/bench-*-hopper.json)
+HOPPER_AUTO = "wgmma_ws"
+
+
 def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
-    """What ``kernel="auto"`` runs in a tensor-core ``precision``: ``mma_pipeline`` with the
-    tile the autotuner measured fastest for this GPU and the shape's class (else the default)."""
+    """What ``kernel="auto"`` runs in a tensor-core ``precision``: on an H100/H200 in fp16
+    or bf16 ``wgmma_ws``; otherwise ``mma_pipeline`` with the tile the autotuner measured
+    fastest for this GPU and the shape's class (else the default)."""
     key = ("tc", precision, M, N, K, slug)
     spec = _CHOICES.get(key)
     if spec is not None:
         return spec
+    if (precision in ("fp16", "bf16") and not SIMULATOR and slug is None
+            and tuple(backend.device_info().compute_capability) == (9, 0)):
+        return _CHOICES.put(key, build(HOPPER_AUTO, {"precision": precision}))
     entry = tuning.best_entry(M, N, K, tc_tuning_key(precision), slug)
     params = dict(entry["params"]) if entry else {}
     params["precision"] = precision

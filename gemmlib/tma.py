@@ -155,8 +155,9 @@ def operand_maps(operands, stream: int = 0) -> int:
     if len(_KEPT) >= MAX_KEPT:
         cp.cuda.Device().synchronize()
         _KEPT.clear()
-    with cp.cuda.ExternalStream(stream) if stream else cp.cuda.Stream.null:
-        buf = cp.asarray(raw)
+    buf = cp.empty(raw.size, dtype=np.uint64)   # copied in order with the kernel's stream
+    cp.cuda.runtime.memcpyAsync(buf.data.ptr, raw.ctypes.data, raw.nbytes,
+                                cp.cuda.runtime.memcpyHostToDevice, stream)
     _KEPT[key] = (buf, int(buf.data.ptr))
     return _KEPT[key][1]
 

@@ -162,3 +162,91 @@ def test_twin_catches_a_descriptor_that_lies():
         lying[1, 128](A.view(np.uint16), B.view(np.uint16), D, mode)
         close = np.allclose(D[rows, 0::2], ref[rows, 0::2], atol=1e-3)
         assert close == right, (mode, D[rows[:3], 0], ref[rows[:3], 0])
+
+
+# --------------------------------------------------------------------------- the rungs
+
+
+def test_rungs_compute_fp16_and_bf16_only():
+    from gemmlib import dispatch
+
+    for rung in ("wgmma_async", "wgmma_tma", "wgmma_ws"):
+        assert dispatch.get_spec(rung, "bf16").precision == "bf16"
+        for prec in ("tf32", "3xtf32"):
+            with pytest.raises(ValueError, match="fp16.*bf16.*row-major B"):
+                dispatch.get_spec(rung, prec)
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (8, 9), (10, 0)])
+def test_rungs_refuse_gpus_other_than_hopper(cc):
+    import dataclasses
+
+    from gemmlib.kernels import get
+    from gemmlib.spec import ConstraintError
+
+    dev = dataclasses.replace(backend.device_info(), compute_capability=cc, name="other")
+    for rung in ("wgmma_async", "wgmma_tma", "wgmma_ws"):
+        with pytest.raises(ConstraintError, match=r"Hopper \(sm_90a\)"):
+            get(rung).check(256, 256, 256, dev)
+
+
+def test_tma_rungs_declare_their_boxes_and_extra_argument():
+    from gemmlib.kernels import get, wgmma_ws
+
+    for rung in ("wgmma_tma", "wgmma_ws"):
+        s = get(rung)
+        assert s.tma_boxes == ((s.tile[0], 64), (64, 64)) and s.scalar_args == ("uint64",)
+        assert s.operand_align == 8
+    assert get("wgmma_async").scalar_args == ()
+    s = get("wgmma_ws")                          # three warpgroups; 48 KiB per stage
+    assert s.threads == 384 and s.shared_bytes == s.params["STAGES"] * 48 * 1024 + 1024
+    with pytest.raises(ValueError, match="65536 registers"):
+        wgmma_ws.build(REGS=(128, 240))
+
+
+def test_persistent_grid_is_one_block_per_sm_at_most():
+    from gemmlib.kernels import get
+
+    s, sms = get("wgmma_ws"), backend.device_info().sm_count
+    assert s.grid(8192, 8192, 64)[0] == min(64 * 32, sms)
+    assert s.grid(1, 1, 1)[0] == 1
+    assert get("wgmma_tma").grid(300, 300, 8)[0] == 3 * 2
+
+
+def test_launch_parameters_hold_a_fourth_word():
+    from gemmlib import dispatch
+
+    values, _, pointers, packer = dispatch._params(28)     # 3 arrays x 9 words + the maps
+    assert packer.size == 28 * 8 and len(pointers) == 28
+
+
+@pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's map table")
+def test_simulated_maps_are_a_pair_128_bytes_apart():
+    A = np.zeros((5, 16), np.uint16)
+    B = np.ones((16, 8), np.uint16)
+    base = tma.simulated_maps((A, B), ((128, 64), (64, 64)), 128)
+    assert tma.simulated_map(base).array is A and tma.simulated_map(base + 128).array is B
+    assert tma.simulated_map(base + 128).box == (64, 64)
+    with pytest.raises(ValueError, match="box row holds at most 128"):
+        tma.simulated_maps((A, B), ((128, 128), (64, 64)), 128)
+
+
+def test_setmaxnreg_and_trans_b_factories():
+    with pytest.raises(ValueError, match="multiple of 8 in 24..256"):
+        H.setmaxnreg(20, True)
+    if not backend.SIMULATOR:   # one intrinsic per (N, type, layout)
+        assert H.wgmma_f16(64, trans_b=True) is H.wgmma_f16(64, trans_b=True)
+        assert H.wgmma_f16(64, trans_b=True) is not H.wgmma_f16(64)
+
+
+@pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's wgmma twin")
+def test_wrong_panel_stride_gives_a_wrong_product(monkeypatch):
+    """The MN-major B descriptor's LBO (bytes between 64-column panels) is checked in CI:
+    a rung whose descriptor names the wrong panel stride computes a wrong product."""
+    import gemmlib
+    from gemmlib.kernels import wgmma_async as W
+
+    monkeypatch.setattr(W, "PANEL_BYTES", W.PANEL_BYTES // 2)
+    bad = W.build("fp16", BM=64, BN=128, STAGES=2)
+    report = gemmlib.verify(bad, [(8, 100, 16)], raise_on_failure=False)
+    assert not report.ok

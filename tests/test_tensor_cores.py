@@ -589,19 +589,26 @@ def test_pipeline_ring_wraps_and_crosses_tiles(precision):
 
 
 def test_auto_in_a_tensor_core_precision_is_the_pipeline():
+    hopper = (not backend.SIMULATOR
+              and tuple(backend.device_info().compute_capability) == (9, 0))
     spec = dispatch.get_spec("auto", "fp16")
-    assert spec.module == mma_pipeline.__name__ and spec.precision == "fp16"
-    if backend.SIMULATOR:                       # no tuning data in the simulator: defaults
+    assert spec.precision == "fp16"
+    if hopper:                                  # fp16/bf16 on an H100/H200: wgmma
+        assert spec.name == dispatch.HOPPER_AUTO
+    elif backend.SIMULATOR:                     # no tuning data in the simulator: defaults
         assert spec.name == "mma_pipeline"
     else:                                       # on a GPU: the tile tuned for AUTO_SHAPE
         assert spec is dispatch.select_tc("fp16", *dispatch.AUTO_SHAPE)
+        assert spec.module == mma_pipeline.__name__
     for prec in ("bf16", "tf32", "3xtf32"):
         s = dispatch.select_tc(prec, 5, 7, 9)
-        assert s.precision == prec and s.module == mma_pipeline.__name__
-        assert s.dtype == P.INPUT_DTYPE[prec]
+        assert s.precision == prec and s.dtype == P.INPUT_DTYPE[prec]
+        assert s.module == (f"gemmlib.kernels.{dispatch.HOPPER_AUTO}" if hopper and prec == "bf16"
+                            else mma_pipeline.__name__)
     assert dispatch.get_spec("mma_swizzle", "bf16").precision == "bf16"
     assert dispatch.get_spec(dispatch.TC_AUTO, "tf32").name == "mma_pipeline_tf32"
-    assert set(dispatch.TC_RUNGS) == {"mma_atom", "mma_swizzle", "mma_pipeline"}
+    assert set(dispatch.TC_RUNGS) == {"mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async",
+                                      "wgmma_tma", "wgmma_ws"}
 
 
 # --------------------------------------------------------------------------- the mma.sync ceiling

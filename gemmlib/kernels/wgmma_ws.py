@@ -18,6 +18,9 @@ during the epilogue.  This rung splits the roles:
 * **Registers follow the work** (``setmaxnreg``): the producer gives its
   registers back (down to 40 per thread), the consumers take them (up to 232)
   for their 128 accumulators per thread.
+* **Three stages of 128 x 256 x 64** by default (48 KiB each): on an H100
+  three measured faster than four, six of 128 x 128 slower
+  (``results/tune-wgmma-ws-*.json``).
 * **Persistent tiles.**  The grid is one block per SM; a block walks tiles
   ``blockIdx.x, blockIdx.x + gridDim.x, ...`` (in grouped order), so while the
   consumers write one tile's accumulators to C the producer is already
@@ -40,7 +43,7 @@ from gemmlib.kernels.wgmma_tma import tma_loader, wait
 from gemmlib.spec import KernelSpec, cdiv
 
 
-def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4,
+def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
     if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
         raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
@@ -120,7 +123,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
     def grid(M, N, K):
         return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
 
-    default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 4, 8, (40, 232))
+    default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = "wgmma_ws" + ("" if precision == "fp16" else f"_{precision}")
     if not default:
         name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "") + (

@@ -1,0 +1,809 @@
+"""Figures and tables for chapter 17 (Hopper: wgmma, TMA, warp specialisation).
+
+Everything here is computed from gemmlib's own code or from committed results:
+
+* :func:`swizzle_slots` / :func:`plot_swizzle128`: where TMA's 128-byte swizzle puts
+  each 16-byte chunk of a tile (:func:`gemmlib.tma.swizzled_offset`).
+* :func:`kernel_descriptors`: the wgmma matrix descriptors the rungs issue, parsed out
+  of the source that :func:`gemmlib.kernels.wgmma_async.mma_source` generates for them;
+  :func:`decode_descriptor` / :func:`operand_addresses`: which shared-memory bytes a
+  descriptor makes one ``m64nNk16`` read (the address rule of the simulator twin,
+  ``gemmlib.intrinsics.hopper._operand``, re-derived here and tested against it);
+  :func:`kstep_reads` / :func:`plot_kstep_reads`: a stage's tiles coloured by the
+  k-step that reads each chunk; :func:`descriptor_table`: their bit fields.
+* :func:`accumulator_map` / :func:`plot_accumulators`: which thread of the warpgroup
+  holds which fp32 accumulator (:func:`gemmlib.intrinsics.hopper.accumulator_coords`).
+* :func:`tma_schedule` / :func:`ws_schedule` / :func:`plot_ws_timeline`: schematic
+  timelines of the ``wgmma_tma`` ring (everyone waits, then synchronises) and of the
+  warp-specialised ``wgmma_ws`` (a producer and consumers, full and empty barriers),
+  with made-up durations that the figure labels as such.
+* :func:`hopper_files` / :func:`hopper_records` / :func:`hopper_table` /
+  :func:`plot_hopper_bars` / :func:`show_hopper_results`: the committed
+  ``results/bench-<gpu>-<date>-hopper.json`` files, per GPU, with the target judged
+  in code; :func:`tune_files` / :func:`tune_table`: the ``wgmma_ws`` tuning runs.
+* :func:`expected_parity`, :func:`stage_bytes`, :func:`max_stages`: the references
+  the chapter's exercises check answers against.
+
+matplotlib is imported only when drawing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from gemmlib.intrinsics import hopper as H
+
+#: the rungs of the chapter, fastest first, and the mma.sync rung they replace
+RUNGS = ("wgmma_ws", "wgmma_tma", "wgmma_async", "mma_pipeline")
+RUNG_COLOURS = {"wgmma_ws": "#d62728", "wgmma_tma": "#ff7f0e", "wgmma_async": "#1f77b4",
+                "mma_pipeline": "#7f7f7f", "cublas": "white"}
+#: the chapter's target: % of cuBLAS in the same precision, both timed as calls
+TARGET_PCT = 80.0
+#: a swizzle mode of a descriptor (bits 62-63) -> bytes of the swizzled row
+SWIZZLE_BYTES = {mode: nbytes for nbytes, mode in H.SWIZZLE_MODE.items()}
+#: what a schedule figure says about its durations
+SCHEMATIC = "schematic: made-up durations, not measurements"
+NOT_MEASURED = "not measured yet"
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# --------------------------------------------------------------------------
+# The 128-byte swizzle
+
+
+def swizzle_slots(rows: int = 64, row_bytes: int = 128, swizzle: int = 128,
+                  elem_bytes: int = 2) -> np.ndarray:
+    """(rows, row_bytes // 16) array: ``out[r, c]`` is the 16-byte slot of row ``r`` in
+    which TMA stores the row's logical chunk ``c`` (bytes 16c .. 16c + 15 of the row in
+    the matrix), for a tile aligned to 1024 bytes, from :func:`gemmlib.tma.swizzled_offset`."""
+    from gemmlib import tma
+
+    per = 16 // elem_bytes
+    row_elems = row_bytes // elem_bytes
+    chunks = row_bytes // 16
+    out = np.empty((rows, chunks), dtype=int)
+    for r in range(rows):
+        for c in range(chunks):
+            off = tma.swizzled_offset(r, c * per, row_elems, elem_bytes, swizzle) - r * row_elems
+            if not 0 <= off < row_elems or off % per:
+                raise AssertionError(f"chunk {c} of row {r} left its row: offset {off}")
+            out[r, c] = off // per
+    return out
+
+
+def _grid(ax, values, labels, cmap, vmax, fontsize):
+    ax.imshow(np.ma.masked_less(values, 0), cmap=cmap, vmin=0, vmax=vmax, aspect="auto",
+              interpolation="nearest")
+    for (r, c), s in np.ndenumerate(labels):
+        if s != "":
+            ax.text(c, r, s, ha="center", va="center", fontsize=fontsize)
+    rows, cols = values.shape
+    ax.set_xticks(np.arange(-0.5, cols), minor=True)
+    ax.set_yticks(np.arange(-0.5, rows), minor=True)
+    ax.grid(which="minor", color="white", linewidth=0.6)
+    ax.tick_params(which="minor", length=0)
+
+
+def plot_swizzle128(rows: int = 64, *, ax=None):
+    """The 128-byte swizzle of a ``rows`` x 64 half tile: a column per tile row, a cell per
+    logical 16-byte chunk, labelled and coloured with the slot it is stored in."""
+    plt = _plt()
+    slots = swizzle_slots(rows)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(13, 2.9))
+    _grid(ax, slots.T, slots.T.astype(str), plt.get_cmap("tab10"), 9.0, 6)
+    ax.set_xticks(range(0, rows, 8))
+    ax.set_yticks(range(slots.shape[1]),
+                  [f"{c} (k {8 * c}-{8 * c + 7})" for c in range(slots.shape[1])], fontsize=7)
+    for x in range(8, rows, 8):
+        ax.axvline(x - 0.5, color="k", lw=1.2)
+    ax.set_xlabel("row of the tile (128 bytes each; a thick line every 8 rows = 1024 bytes)")
+    ax.set_ylabel("logical chunk")
+    ax.set_title("128-byte swizzle (gemmlib.tma.swizzled_offset): chunk c of row r is stored "
+                 "in slot c XOR (r mod 8); label and colour = the slot", fontsize=9)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+# --------------------------------------------------------------------------
+# Descriptors
+
+
+_DESC = re.compile(r"desc\((a|b) \+ (\d+), (\d+), (\d+), (\d+)\)")
+
+
+def kernel_descriptors(BN: int = 128, halves: int = 2, precision: str = "fp16"):
+    """The descriptors one k-tile of the wgmma rungs issues, read from the source that
+    ``gemmlib.kernels.wgmma_async.mma_source`` generates (the very code the kernels run):
+    dicts ``operand`` ("A"/"B"), ``kstep``, ``half`` (A's 64-row slice; None for B),
+    ``offset`` (bytes from the tile's start), ``lbo``, ``sbo`` (bytes), ``swizzle`` (bytes).
+    ``wgmma_async`` uses ``halves = BM / 64`` slices per warpgroup, the TMA rungs one."""
+    from gemmlib.kernels import wgmma_async
+
+    src = wgmma_async.mma_source(BN, halves, precision)
+    out, kstep, half = [], -1, 0
+    for line in src.splitlines():
+        m = _DESC.search(line)
+        if m is None:
+            continue
+        op, off, lbo, sbo, mode = m.group(1), *map(int, m.groups()[1:])
+        if op == "b":
+            kstep += 1
+            half = 0
+        out.append(dict(operand=op.upper(), kstep=kstep, half=None if op == "b" else half,
+                        offset=off, lbo=lbo, sbo=sbo, swizzle=SWIZZLE_BYTES[mode]))
+        if op == "a":
+            half += 1
+    if not out or kstep < 0:
+        raise ValueError("no descriptors found in wgmma_async.mma_source's output: has its "
+                         "format changed?")
+    return out
+
+
+def decode_descriptor(desc: int) -> dict:
+    """The fields of a 64-bit wgmma descriptor: start address, LBO and SBO in bytes
+    (each stored >> 4 in 14 bits) and the swizzle in bytes (bits 62-63)."""
+    desc = int(desc)
+    return dict(start=(desc & 0x3FFF) << 4, lbo=((desc >> 16) & 0x3FFF) << 4,
+                sbo=((desc >> 32) & 0x3FFF) << 4, swizzle=SWIZZLE_BYTES[desc >> 62])
+
+
+def operand_addresses(desc: int, rows: int, mn_major: bool = False) -> np.ndarray:
+    """(rows, 16) byte addresses of the 16-bit operand a wgmma descriptor describes: row
+    ``r`` (of M for A, of N for B), element ``k`` of the k-step's 16.
+
+    K-major (A, and B stored as (N, K)): 8-row groups SBO apart; inside one, rows of S
+    bytes (S = the swizzle span) with the 16 k contiguous.  MN-major (``mn_major``, B
+    of a row-major (K, N)): each k owns an S-byte row of S/2 consecutive n; the next
+    S/2 n are LBO further, the next 8 k SBO further.  With no swizzle the unit is the
+    8 x 16-byte core matrix (LBO along K, SBO along M/N).  A swizzle then XORs the
+    16-byte chunk number (address bits 4..) with address bits 7.. (so the descriptor's
+    start must be an offset into a 1024-byte aligned tile).  This is the rule of the
+    simulator twin (``gemmlib.intrinsics.hopper._operand``), which the tests check."""
+    d = decode_descriptor(desc)
+    start, lbo, sbo, swz = d["start"], d["lbo"], d["sbo"], d["swizzle"]
+    r = np.arange(rows)[:, None]
+    k = np.arange(16)[None, :]
+    if swz == 0:
+        core = (k % 8) * 16 + (r % 8) * 2 if mn_major else (r % 8) * 16 + (k % 8) * 2
+        addr = start + (r // 8) * sbo + (k // 8) * lbo + core
+    elif not mn_major:
+        addr = start + (r // 8) * sbo + (r % 8) * swz + k * 2
+    else:
+        per = swz // 2                     # elements of M/N in one swizzled row
+        addr = start + (r // per) * lbo + (k // 8) * sbo + (k % 8) * swz + (r % per) * 2
+    if swz:
+        addr = addr ^ (((addr >> 7) & (swz // 16 - 1)) << 4)
+    return addr
+
+
+def descriptor_of(d: dict, base: int = 0) -> int:
+    """The 64-bit descriptor of one :func:`kernel_descriptors` entry, for a tile at
+    shared address ``base``."""
+    return H.desc_fields(base + d["offset"], d["lbo"], d["sbo"], d["swizzle"])
+
+
+def descriptor_table(BM: int = 128, BN: int = 128, base: int = 1024):
+    """A :class:`gemmlib.notebook.Table` of the descriptors of one k-tile of
+    ``wgmma_async`` (BM / 64 slices of A, B's tile of BN columns), for a stage whose A
+    tile starts at shared address ``base`` (1024-aligned) and B tile right after it."""
+    from gemmlib.kernels.wgmma_async import BK
+    from gemmlib.notebook import Table
+
+    b_base = base + BM * BK * 2
+    rows = []
+    for d in kernel_descriptors(BN, BM // 64):
+        tile = base if d["operand"] == "A" else b_base
+        desc = descriptor_of(d, tile)
+        f = decode_descriptor(desc)
+        what = (f"A rows {64 * d['half']}-{64 * d['half'] + 63}" if d["operand"] == "A"
+                else f"B, {BN} columns")
+        rows.append((d["kstep"], what, f"{tile:#06x} + {d['offset']}", f["start"] >> 4,
+                     f"{f['lbo']} ({f['lbo'] >> 4})", f"{f['sbo']} ({f['sbo'] >> 4})",
+                     f"{desc >> 62} ({f['swizzle']} B)", f"{desc:#018x}"))
+    return Table(("k-step", "operand", "start (bytes)", "bits 0-13: start >> 4",
+                  "bits 16-29: LBO (>> 4)", "bits 32-45: SBO (>> 4)", "bits 62-63: swizzle",
+                  "descriptor"), rows,
+                 caption=f"wgmma descriptors of one k-tile, BM x BN = {BM} x {BN} "
+                         "(gemmlib.intrinsics.hopper.desc_fields of the kernel's arguments)")
+
+
+def kstep_reads(operand: str = "A", BM: int = 128, BN: int = 128):
+    """Which k-step reads each 16-byte chunk of one stage's ``operand`` tile.
+
+    Returns ``(kstep, label)``: (lines, 8) arrays over the tile's 128-byte lines
+    (A: BM lines; B: BN / 64 panels of 64 lines), ``kstep`` the k-step (0-3) that reads
+    the chunk, ``label`` which logical 8 elements it holds (A: the chunk of the row's 64
+    k; B: the chunk of the panel row's 64 n).  Computed from :func:`kernel_descriptors`
+    and :func:`operand_addresses`; raises if a chunk is read twice or never."""
+    if operand not in ("A", "B"):
+        raise ValueError(f"operand must be 'A' or 'B', got {operand!r}")
+    lines = BM if operand == "A" else BN
+    kstep = np.full(lines * 8, -1, dtype=int)
+    label = np.full(lines * 8, -1, dtype=int)
+    for d in kernel_descriptors(BN, BM // 64):
+        if d["operand"] != operand:
+            continue
+        rows = 64 if operand == "A" else BN
+        addr = operand_addresses(descriptor_of(d), rows, mn_major=operand == "B")
+        for (r, k), a in np.ndenumerate(addr):
+            slot = int(a) // 16
+            if kstep[slot] not in (-1, d["kstep"]):
+                raise AssertionError(f"chunk {slot} is read by k-steps {kstep[slot]} and "
+                                     f"{d['kstep']}")
+            kstep[slot] = d["kstep"]
+            label[slot] = (16 * d["kstep"] + k) // 8 if operand == "A" else (r % 64) // 8
+    if (kstep < 0).any():
+        raise AssertionError(f"{int((kstep < 0).sum())} chunks of {operand}'s tile are never read")
+    return kstep.reshape(lines, 8), label.reshape(lines, 8)
+
+
+def plot_kstep_reads(BM: int = 128, BN: int = 128, lines: int = 64):
+    """The first ``lines`` 128-byte lines of one stage's A and B tiles, each 16-byte chunk
+    coloured by the k-step that reads it and labelled with the logical chunk it holds."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 1, figsize=(13, 5.6))
+    cmap = plt.get_cmap("Set2")
+    descs = {d["operand"]: d for d in kernel_descriptors(BN, BM // 64)
+             if d["kstep"] == 1 and d["half"] in (0, None)}
+    for ax, op in zip(axes, ("A", "B")):
+        ks, lab = kstep_reads(op, BM, BN)
+        ks, lab = ks[:lines].T, lab[:lines].T
+        _grid(ax, ks, lab.astype(str), cmap, 7.0, 6)
+        ax.set_yticks(range(8), [f"slot {s}" for s in range(8)], fontsize=7)
+        ax.set_xticks(range(0, lines, 8))
+        for x in range(8, lines, 8):
+            ax.axvline(x - 0.5, color="k", lw=1.2)
+        d = descs[op]
+        if op == "A":
+            what = (f"A, K-major: line = row m; label = which 8 k of the row. SBO = "
+                    f"{d['sbo']} B between 8-row groups, LBO unused ({d['lbo']}), "
+                    f"k-step 1 starts +{d['offset']} B")
+        else:
+            what = (f"B, MN-major: line = k (panel 0: n 0-63); label = which 8 n. SBO = "
+                    f"{d['sbo']} B between groups of 8 k, LBO = {d['lbo']} B between "
+                    f"64-column panels, k-step 1 starts +{d['offset']} B")
+        ax.set_title(what, fontsize=8.5)
+        ax.set_xlabel("128-byte line of the tile in shared memory", fontsize=8)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(k / 7.0)) for k in range(4)]
+    fig.legend(handles, [f"k-step {k} (k {16 * k}-{16 * k + 15})" for k in range(4)],
+               loc="upper center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+# --------------------------------------------------------------------------
+# The accumulators
+
+
+def accumulator_map(n: int = 16):
+    """(thread, value): two (64, n) integer grids giving, for each element of the
+    m64nNk16 accumulator, the warpgroup thread (0-127) that holds it and which of that
+    thread's n/2 registers it is (:func:`gemmlib.intrinsics.hopper.accumulator_coords`)."""
+    thread = np.full((64, n), -1, dtype=int)
+    value = np.full((64, n), -1, dtype=int)
+    for t in range(128):
+        for v, (r, c) in enumerate(H.accumulator_coords(t, n)):
+            if thread[r, c] >= 0:
+                raise AssertionError(f"accumulator ({r}, {c}) held twice")
+            thread[r, c], value[r, c] = t, v
+    if (thread < 0).any():
+        raise AssertionError("an accumulator is held by no thread")
+    return thread, value
+
+
+def plot_accumulators(n: int = 16):
+    """Left: the 64 x n accumulator, coloured by warp.  Right: warp 0's 16 rows, each
+    element labelled with its thread and register (``T5 d2``), coloured by lane // 4."""
+    plt = _plt()
+    thread, value = accumulator_map(n)
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(12, 6.2), gridspec_kw={"width_ratios": [1, 2.2]})
+    warp = thread // 32
+    _grid(a0, warp, np.full(warp.shape, ""), plt.get_cmap("Pastel1"), 8.0, 5)
+    for w in range(4):
+        a0.text(n / 2 - 0.5, 16 * w + 7.5, f"warp {w}\nthreads {32 * w}-{32 * w + 31}",
+                ha="center", va="center", fontsize=8)
+    a0.set_yticks(range(0, 64, 8))
+    a0.set_xticks(range(0, n, 4))
+    a0.set_title(f"64 x {n} accumulator of m64n{n}k16", fontsize=9)
+    lab = np.array([[f"T{thread[r, c]}\nd{value[r, c]}" for c in range(n)] for r in range(16)])
+    _grid(a1, thread[:16] // 4, lab, plt.get_cmap("tab10"), 9.0, 5.5)
+    a1.set_xticks(range(n))
+    a1.set_yticks(range(16))
+    a1.set_title(f"warp 0 (rows 0-15): thread T holds d0..d{n // 2 - 1}; the same pattern "
+                 "repeats every 8 columns", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------
+# Where the rungs synchronise
+
+
+def sync_lines(module, words=("fence", "wgmma_commit", "wait0", "wait1", "syncthreads",
+                              "mbarrier", "wait(", "load_stage(", "setmaxnreg", "more()",
+                              "fewer()")):
+    """[(line number, stripped line)] of ``module``'s source lines (a kernel module) that
+    contain one of ``words``: where a rung fences, commits, waits and synchronises."""
+    import inspect
+
+    src = inspect.getsource(module).splitlines()
+    start = next((i for i, ln in enumerate(src) if ln.lstrip().startswith("@cuda.jit(**")), 0)
+    stop = next((i for i, ln in enumerate(src) if i > start
+                 and ln.lstrip().startswith("def grid(")), len(src))
+    out = []
+    for i, ln in enumerate(src[start:stop], start + 1):
+        body = ln.split("#")[0]
+        if body.lstrip().startswith(("def ", '"""')):
+            continue
+        if any(w in body for w in words):
+            out.append((i, ln.strip()))
+    return out
+
+
+# --------------------------------------------------------------------------
+# Schedules (schematic)
+
+
+def _check_schedule_args(stages, tiles, k_tiles, durations):
+    if stages < 2:
+        raise ValueError(f"a ring needs at least 2 stages, got {stages}")
+    if tiles < 1 or k_tiles < 1:
+        raise ValueError(f"tiles and k_tiles must be >= 1, got {tiles}, {k_tiles}")
+    if any(v < 0 for v in durations):
+        raise ValueError("durations must be >= 0")
+
+
+def tma_schedule(stages: int = 4, tiles: int = 2, k_tiles: int = 6, copy: float = 3.0,
+                 mma: float = 1.0, epilogue: float = 2.0, sync: float = 0.3):
+    """The ``wgmma_tma`` ring on one SM, ``tiles`` output tiles one after another (one
+    block at a time: the ring fills the SM's shared memory).
+
+    Rules (the kernel's): a block starts the copies of k-tiles ``0 .. stages-1``; at
+    k-tile ``kt`` everyone waits for its stage to be full, issues the wgmma and waits for
+    it (``wait_group 0``); then the block synchronises (``sync`` long) and thread 0
+    starts the copy of k-tile ``kt + stages`` into the stage just read.  After the last
+    k-tile the accumulators are written (``epilogue``), then the next block starts.
+    Copies are in flight for ``copy`` each, any number at once.
+
+    Returns events ``(row, start, end, label, kind)``: kind "copy" (row ``stage s``),
+    "mma" (row ``tensor cores``), "epilogue" (row ``epilogue``)."""
+    _check_schedule_args(stages, tiles, k_tiles, (copy, mma, epilogue, sync))
+    ev, t = [], 0.0
+    for tile in range(tiles):
+        issued = {kt: t for kt in range(min(stages, k_tiles))}
+        ready = t
+        for kt in range(k_tiles):
+            full = issued[kt] + copy
+            ev.append((f"stage {kt % stages}", issued[kt], full, f"{tile}.{kt}", "copy"))
+            start = max(full, ready)
+            ev.append(("tensor cores", start, start + mma, f"{tile}.{kt}", "mma"))
+            ready = start + mma + sync
+            if kt + stages < k_tiles:
+                issued[kt + stages] = ready
+        ev.append(("epilogue", ready, ready + epilogue, f"C {tile}", "epilogue"))
+        t = ready + epilogue
+    return ev
+
+
+def ws_schedule(stages: int = 4, tiles: int = 2, k_tiles: int = 6, copy: float = 3.0,
+                mma: float = 1.0, epilogue: float = 2.0, sync: float = 0.3):
+    """The ``wgmma_ws`` ring on one SM: one persistent block walks ``tiles`` tiles.
+
+    Rules (the kernel's; ``it`` counts k-tiles across tiles, stage ``it % stages``):
+
+    * the producer starts copy ``it`` as soon as the stage is *empty* (at once for the
+      first ``stages``: the initial-parity trick), never waiting for the tensor cores;
+    * the consumer waits until stage ``it`` is *full*, issues its wgmma (queued behind
+      the previous one: the tensor cores run them back to back), then waits until only
+      that one is in flight (``wait_group 1``: the previous wgmma has finished) and
+      arrives on the previous stage's *empty* barrier; ``sync`` is the cost of that
+      round trip before it can issue the next one;
+    * after a tile's last k-tile it waits for everything (``wait_group 0``), releases the
+      last stage and writes C (``epilogue``), while the producer already copies the
+      next tile's k-tiles.
+
+    Returns events like :func:`tma_schedule`, plus kind "issue" (row ``producer``:
+    the moments the producer starts a copy, zero long)."""
+    _check_schedule_args(stages, tiles, k_tiles, (copy, mma, epilogue, sync))
+    n = tiles * k_tiles
+    issue, release = [0.0] * n, [0.0] * n
+    ev = []
+    producer = 0.0              # when the producer thread is free to issue the next copy
+    consumer = 0.0              # when the consumer can issue its next wgmma
+    mma_end_prev = 0.0
+    for it in range(n):
+        tile, kt = divmod(it, k_tiles)
+        issue[it] = max(producer, release[it - stages] if it >= stages else 0.0)
+        producer = issue[it]
+        full = issue[it] + copy
+        ev.append(("producer", issue[it], issue[it], "", "issue"))
+        ev.append((f"stage {it % stages}", issue[it], full, f"{tile}.{kt}", "copy"))
+        go = max(full, consumer)                      # wgmma issued
+        start = max(go, mma_end_prev)                 # the tensor cores take it
+        end = start + mma
+        ev.append(("tensor cores", start, end, f"{tile}.{kt}", "mma"))
+        if kt > 0:                                    # wait_group 1: wgmma it-1 is done
+            release[it - 1] = max(go, mma_end_prev) + sync
+            consumer = release[it - 1]
+        else:
+            consumer = go + sync
+        mma_end_prev = end
+        if kt == k_tiles - 1:                         # wait_group 0, release, write C
+            release[it] = end
+            ev.append(("epilogue", end, end + epilogue, f"C {tile}", "epilogue"))
+            consumer = end + epilogue
+    return ev
+
+
+def makespan(events) -> float:
+    return max(e for _, _, e, _, _ in events) if events else 0.0
+
+
+def tensor_core_busy(events) -> float:
+    """Fraction of the whole schedule (from 0 to its end) with the tensor cores busy."""
+    span = makespan(events)
+    busy = sum(e - s for row, s, e, _, k in events if k == "mma")
+    return busy / span if span else 0.0
+
+
+def _draw_schedule(ax, events, stages, title):
+    order = (["producer"] if any(k == "issue" for *_, k in events) else []) + \
+        [f"stage {s}" for s in range(stages)] + ["tensor cores", "epilogue"]
+    y = {r: i for i, r in enumerate(order)}
+    tile_colour = ("#9fc5e8", "#f9cb9c", "#b6d7a8", "#d5a6bd")
+    for row, s, e, label, kind in events:
+        tile = int(label.split(".")[0].replace("C ", "")) if label else 0
+        if kind == "issue":
+            ax.plot([s, s], [y[row] - 0.3, y[row] + 0.3], color="k", lw=1.2)
+            continue
+        colour = "#cccccc" if kind == "epilogue" else tile_colour[tile % len(tile_colour)]
+        ax.barh(y[row], e - s, left=s, color=colour, edgecolor="k", height=0.6)
+        ax.text((s + e) / 2, y[row], label.split(".")[-1] if kind != "epilogue" else label,
+                ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(order)), order, fontsize=8)
+    ax.set_ylim(len(order) - 0.5, -0.5)
+    ax.set_xlim(left=-0.4)
+    busy = tensor_core_busy(events)
+    ax.set_title(f"{title}: done at {makespan(events):.1f}, tensor cores busy "
+                 f"{100 * busy:.0f}% of the time", fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def plot_ws_timeline(stages: int = 4, tiles: int = 2, k_tiles: int = 6, copy: float = 3.0,
+                     mma: float = 1.0, epilogue: float = 2.0, sync: float = 0.3):
+    """:func:`tma_schedule` above :func:`ws_schedule`, on one time axis.  Bars are
+    labelled with the k-tile, coloured by output tile; the producer's row marks when it
+    starts each copy."""
+    plt = _plt()
+    a = tma_schedule(stages, tiles, k_tiles, copy, mma, epilogue, sync)
+    b = ws_schedule(stages, tiles, k_tiles, copy, mma, epilogue, sync)
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(12, 6.4), sharex=True,
+                                   gridspec_kw={"height_ratios": [stages + 2, stages + 3]})
+    _draw_schedule(ax0, a, stages, "wgmma_tma (everyone copies-waits-computes-syncs)")
+    _draw_schedule(ax1, b, stages, "wgmma_ws (producer warpgroup + consumers, persistent)")
+    ax1.set_xlabel("time (arbitrary units)")
+    fig.suptitle(f"{SCHEMATIC}: STAGES={stages}, {tiles} tiles of {k_tiles} k-tiles; copy "
+                 f"{copy:g}, wgmma {mma:g}, epilogue {epilogue:g}, sync {sync:g} per step",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------
+# Exercise references
+
+
+def expected_parity(it: int, stages: int, role: str) -> int:
+    """The parity a thread waits for at the ``it``-th use of the ring (stage
+    ``it % stages``): the consumer waits on *full* for the completion of the stage's
+    ``it // stages``-th phase; the producer waits on *empty* for the phase before that
+    one, which for the first round (a fresh barrier, nothing completed) is the phase
+    "before phase 0", parity 1, that ``try_wait`` reports complete at once."""
+    if role == "consumer":
+        return (it // stages) % 2
+    if role == "producer":
+        return ((it // stages) % 2) ^ 1
+    raise ValueError(f"role must be 'consumer' or 'producer', got {role!r}")
+
+
+def stage_bytes(BM: int = 128, BN: int = 256) -> int:
+    """Bytes of one stage of the TMA rungs' ring (A's BM x 64 box and B's 64 x BN),
+    from ``gemmlib.kernels.wgmma_tma.tma_loader``."""
+    from gemmlib.kernels.wgmma_tma import tma_loader
+
+    return tma_loader(BM, BN)[2]
+
+
+def max_stages(BM: int = 128, BN: int = 256, limit: int = 227 * 1024) -> int:
+    """The deepest ring (2..8 stages) of ``wgmma_ws`` whose dynamic shared memory (the
+    spec's ``shared_bytes``: stages plus the 1 KiB alignment slack) fits in ``limit``;
+    0 if none does."""
+    from gemmlib.kernels import wgmma_ws
+
+    fits = [s for s in range(2, 9)
+            if wgmma_ws.build("fp16", BM=BM, BN=BN, STAGES=s, REGS=None).shared_bytes <= limit]
+    return max(fits, default=0)
+
+
+# --------------------------------------------------------------------------
+# Committed results
+
+
+def _num(v):
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def _committed(pattern: str, directory=None):
+    from gemmlib.notebook import _newest_per_gpu, committed_json
+
+    return _newest_per_gpu(committed_json(pattern, directory))
+
+
+def hopper_files(directory=None):
+    """The newest ``bench-<gpu>-<date>-hopper.json`` per GPU: [(file name, data)]."""
+    return _committed("bench-*-hopper.json", directory)
+
+
+def tune_files(directory=None):
+    """The newest ``tune-wgmma-ws-<gpu>-<date>.json`` per GPU: [(file name, data)]."""
+    return _committed("tune-wgmma-ws-*.json", directory)
+
+
+_RUNG_NAMES = sorted(RUNGS + ("mma_swizzle", "mma_atom"), key=len, reverse=True)
+
+
+def rung_of(row: dict) -> str:
+    """The rung a result row measured: its ``kernel`` when that is a rung (or cuBLAS);
+    for ``kernel="auto"`` the rung whose name starts the configuration that ran (the
+    row's ``note``); for a variant such as ``wgmma_ws_128x256_s4`` the rung it builds."""
+    kernel = str(row.get("kernel", "?"))
+    if kernel in RUNGS or kernel == "cublas":
+        return kernel
+    name = str(row.get("note") or "") if kernel == "auto" else kernel
+    return next((r for r in _RUNG_NAMES if name.startswith(r)), kernel)
+
+
+def hopper_records(data: dict):
+    """One dict per (precision, shape, kernel) of a Hopper benchmark file, kernel- and
+    call-timed numbers side by side: ``rung``, ``label`` (``"mma_pipeline (auto)"`` for an
+    auto row), ``tflops`` / ``pct`` by timing ({"kernel": .., "call": ..}), the
+    configuration, and ``met``: call-timed % of cuBLAS >= :data:`TARGET_PCT` (None
+    without a call-timed row; cuBLAS rows are not judged)."""
+    recs = {}
+    for r in data.get("rows", []) if isinstance(data, dict) else []:
+        prec = r.get("precision", "?")
+        shape = (int(r["M"]), int(r["N"]), int(r["K"]))
+        rung = "cublas" if r.get("kernel") == "cublas" else rung_of(r)
+        label = f"{rung} (auto)" if r.get("kernel") == "auto" else str(r.get("kernel", rung))
+        d = recs.setdefault((prec, shape, label), dict(
+            precision=prec, shape=shape, size="x".join(map(str, shape)), rung=rung, label=label,
+            config=r.get("note") or "", tflops={}, pct={}, cublas_tflops={}, host_us={},
+            median_ms={}))
+        timing = r.get("timing", "kernel")
+        d["tflops"][timing] = _num(r.get("tflops"))
+        d["pct"][timing] = _num(r.get("pct_of_cublas"))
+        d["cublas_tflops"][timing] = _num(r.get("cublas_tflops"))
+        d["host_us"][timing] = _num(r.get("host_us"))
+        d["median_ms"][timing] = _num(r.get("median_ms"))
+    order = {r: i for i, r in enumerate(RUNGS + ("cublas",))}
+    out = sorted(recs.values(), key=lambda d: (d["precision"], d["shape"][0] * d["shape"][1]
+                                               * d["shape"][2], order.get(d["rung"], 99),
+                                               d["label"]))
+    for d in out:
+        call = d["pct"].get("call")
+        d["met"] = None if d["rung"] == "cublas" or call is None else bool(call >= TARGET_PCT)
+    return out
+
+
+def hopper_table(data: dict, name: str = ""):
+    """A :class:`gemmlib.notebook.Table` of :func:`hopper_records`."""
+    from gemmlib.notebook import Table
+
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    body = []
+    for d in hopper_records(data):
+        verdict = "-" if d["met"] is None else ("met" if d["met"] else "missed")
+        body.append((d["precision"], d["size"], d["label"],
+                     f(d["tflops"].get("kernel"), ".0f"), f(d["pct"].get("kernel"), ".1f") + "%",
+                     f(d["tflops"].get("call"), ".0f"), f(d["pct"].get("call"), ".1f") + "%",
+                     verdict, d["config"] if d["rung"] != "cublas" else ""))
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    cap = (f"Hopper rungs against cuBLAS in the same precision: {meta.get('gpu', '?')}, "
+           f"{str(meta.get('date', ''))[:10]}, SM clock {meta.get('smi_clocks_sm', '?')} MHz, "
+           f"numba-cuda {meta.get('numba_cuda', '?')}, CUDA runtime "
+           f"{meta.get('cuda_runtime', '?')}" + (f" ({name})" if name else ""))
+    header = ("precision", "M x N x K", "kernel", "TFLOP/s (kernel)", "% of cuBLAS (kernel)",
+              "TFLOP/s (call)", "% of cuBLAS (call)", f"call >= {TARGET_PCT:g}%",
+              "configuration")
+    return Table(header, body, caption=cap)
+
+
+def pct_range(records, label: str, timing: str = "kernel"):
+    """(lowest, highest) % of cuBLAS of the rows labelled ``label`` (a rung measured by
+    name; ``"<rung> (auto)"`` for kernel="auto") with ``timing``; None if none."""
+    vals = [d["pct"].get(timing) for d in records if d["label"] == label]
+    vals = [v for v in vals if v is not None]
+    return (min(vals), max(vals)) if vals else None
+
+
+def targets_line(data: dict, label: str = "wgmma_ws") -> str:
+    """'<gpu>: <label> met the target at n of m call-timed shapes (missed: ...)' for the rows
+    labelled ``label`` (see :func:`hopper_records`)."""
+    recs = [d for d in hopper_records(data) if d["label"] == label and d["met"] is not None]
+    gpu = data.get("meta", {}).get("gpu", "?") if isinstance(data, dict) else "?"
+    if not recs:
+        return f"{gpu}: no call-timed {label} rows to judge"
+    missed = [f"{d['precision']} {d['size']} ({d['pct']['call']:.1f}%)" for d in recs
+              if not d["met"]]
+    return (f"{gpu}: {label} reached >= {TARGET_PCT:g}% of cuBLAS (call timing) at "
+            f"{sum(d['met'] for d in recs)} of {len(recs)} measured shapes"
+            + (f"; missed: {', '.join(missed)}" if missed else ""))
+
+
+def ladder_order(data: dict, timing: str = "kernel", ladder=RUNGS[::-1]):
+    """Does each rung of ``ladder`` (slowest first) beat the one before it?  Over the
+    (precision, size) pairs where the rungs were measured by name with ``timing``:
+    ``(pairs in order, pairs, [why not, ...])``."""
+    recs = [d for d in hopper_records(data) if d["label"] == d["rung"] and d["rung"] in ladder]
+    groups = sorted({(d["precision"], d["size"]) for d in recs
+                     if d["pct"].get(timing) is not None})
+    broken, bad = [], set()
+    for prec, size in groups:
+        pct = {d["rung"]: d["pct"].get(timing) for d in recs
+               if (d["precision"], d["size"]) == (prec, size)}
+        have = [r for r in ladder if pct.get(r) is not None]
+        for a, b in zip(have, have[1:]):
+            if pct[b] <= pct[a]:
+                broken.append(f"{prec} {size}: {b} {pct[b]:.1f}% <= {a} {pct[a]:.1f}%")
+                bad.add((prec, size))
+    return len(groups) - len(bad), len(groups), broken
+
+
+def host_table(data: dict, name: str = ""):
+    """A :class:`gemmlib.notebook.Table`: per call-timed row, the host microseconds of one
+    call (``host_us``) beside the same rung's kernel-alone time, when measured."""
+    from gemmlib.notebook import Table
+
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    body = [(d["label"], d["precision"], d["size"], f(d["host_us"].get("call"), ".0f"),
+             f(None if d["median_ms"].get("kernel") is None else 1e3 * d["median_ms"]["kernel"],
+               ".0f"))
+            for d in hopper_records(data) if d["host_us"].get("call") is not None]
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    return Table(("kernel", "precision", "M x N x K", "host us per call", "kernel alone, us"),
+                 body, caption=f"Host time of a call: {meta.get('gpu', '?')}"
+                               + (f" ({name})" if name else ""))
+
+
+def plot_hopper_bars(data: dict, title=None):
+    """% of cuBLAS per precision and size, one bar per rung, kernel timing left and call
+    timing right, the target as a dashed line."""
+    plt = _plt()
+    recs = [d for d in hopper_records(data) if d["rung"] != "cublas"]
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2), sharey=True)
+    if not recs:
+        for ax in axes:
+            ax.text(0.5, 0.5, NOT_MEASURED, ha="center", transform=ax.transAxes)
+        return fig
+    groups = sorted({(d["precision"], d["shape"]) for d in recs},
+                    key=lambda g: (g[0], g[1][0] * g[1][1] * g[1][2]))
+    labels = list(dict.fromkeys(d["label"] for d in recs))
+    w = 0.8 / len(labels)
+    for ax, timing in zip(axes, ("kernel", "call")):
+        for i, lab in enumerate(labels):
+            xs, ys = [], []
+            for g, (prec, shape) in enumerate(groups):
+                d = next((d for d in recs if d["label"] == lab and d["precision"] == prec
+                          and d["shape"] == shape), None)
+                v = None if d is None else d["pct"].get(timing)
+                if v is not None:
+                    xs.append(g - 0.4 + w * (i + 0.5))
+                    ys.append(v)
+            rung = next(d["rung"] for d in recs if d["label"] == lab)
+            ax.bar(xs, ys, w, color=RUNG_COLOURS.get(rung, "C0"), edgecolor="k", label=lab,
+                   hatch=None if lab == rung else ("//" if lab.endswith("(auto)") else ".."))
+            for x, y in zip(xs, ys):
+                ax.text(x, y + 1, f"{y:.0f}", ha="center", fontsize=6)
+        ax.axhline(TARGET_PCT, color="k", ls="--", lw=1)
+        ax.text(len(groups) - 0.5, TARGET_PCT + 1, f"target {TARGET_PCT:g}% (judged on call "
+                "timing)", ha="right", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(groups)), [f"{p}\n{s[0]}^3" if s[0] == s[1] == s[2]
+                                           else f"{p}\n{'x'.join(map(str, s))}"
+                                           for p, s in groups], fontsize=8)
+        ax.set_title(f"{timing} timing", fontsize=9)
+        ax.set_ylim(0, 110)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].set_ylabel("% of cuBLAS, same precision")
+    axes[1].legend(fontsize=7, loc="lower right")
+    gpu = data.get("meta", {}).get("gpu", "?") if isinstance(data, dict) else "?"
+    fig.suptitle(title or f"Hopper rungs against cuBLAS on {gpu}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def show_hopper_results(directory=None) -> int:
+    """Table, verdict line and chart for every GPU's newest Hopper benchmark; returns how
+    many.  Prints a note when there is none."""
+    from IPython.display import display
+
+    files = hopper_files(directory)
+    if not files:
+        print(f"(Hopper rungs {NOT_MEASURED}: results/bench-<gpu>-<date>-hopper.json appears "
+              "once they have been benchmarked on an H100 or H200 and the file is committed)")
+        return 0
+    plt = _plt()
+    for name, data in files:
+        display(hopper_table(data, name))
+        labels = dict.fromkeys(d["label"] for d in hopper_records(data)
+                               if d["rung"] == "wgmma_ws" and d["met"] is not None)
+        for label in labels or ("wgmma_ws",):
+            print(targets_line(data, label))
+        plot_hopper_bars(data)
+        plt.show()
+    return len(files)
+
+
+def implied_cube(row: dict):
+    """The n of an n x n x n product that ``row``'s TFLOP/s and milliseconds imply
+    (2 n^3 = TFLOP/s x time), rounded; None when either is missing."""
+    t, ms = _num(row.get("tflops")), _num(row.get("median_ms"))
+    if not t or not ms:
+        return None
+    return int(round((t * 1e12 * ms * 1e-3 / 2) ** (1 / 3)))
+
+
+def tune_table(data: dict, name: str = ""):
+    """A :class:`gemmlib.notebook.Table` of one ``wgmma_ws`` tuning file."""
+    from gemmlib.notebook import Table
+
+    rows = data.get("rows", []) if isinstance(data, dict) else []
+    body = [(r.get("kernel", "?"), ", ".join(f"{k}={v}" for k, v in r.get("params", {}).items()),
+             f"{_num(r.get('tflops')) or float('nan'):.0f}",
+             f"{_num(r.get('pct_of_cublas')) or float('nan'):.1f}%") for r in rows]
+    sizes = {implied_cube(r) for r in rows} - {None}
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    size = (f"{sizes.pop()}^3 (from TFLOP/s x time)" if len(sizes) == 1 else "size not recorded")
+    cap = (f"wgmma_ws variants, fp16, kernel timing, {size}: {meta.get('gpu', '?')}, "
+           f"{str(meta.get('date', ''))[:10]}" + (f" ({name})" if name else ""))
+    return Table(("kernel", "changed parameters", "TFLOP/s", "% of cuBLAS"), body, caption=cap)
+
+
+def runs_here(spec) -> bool:
+    """True if ``spec`` can run on this device: ``gemmlib.notebook.runnable`` (compute
+    capability) and the spec's own constraints (the Hopper rungs need exactly 9.0);
+    otherwise prints why and returns False."""
+    from gemmlib import backend
+    from gemmlib import notebook as nb
+
+    if not nb.runnable(spec):
+        return False
+    dev = backend.device_info()
+    failed = spec.failed_constraints(64, 64, 64, dev)
+    if failed:
+        print(f"SKIPPED: kernel {spec.name!r} cannot run on {dev.name}: {'; '.join(failed)}. "
+              "The rest of the chapter still runs.")
+        return False
+    return True
+
+
+__all__ = ["swizzle_slots", "plot_swizzle128", "kernel_descriptors", "decode_descriptor",
+           "operand_addresses", "descriptor_of", "descriptor_table", "kstep_reads",
+           "plot_kstep_reads", "accumulator_map", "plot_accumulators", "sync_lines",
+           "tma_schedule", "ws_schedule", "makespan", "tensor_core_busy", "plot_ws_timeline",
+           "expected_parity", "stage_bytes", "max_stages", "hopper_files", "tune_files",
+           "rung_of", "hopper_records", "hopper_table", "pct_range", "targets_line",
+           "ladder_order", "host_table", "plot_hopper_bars", "show_hopper_results",
+           "implied_cube", "tune_table", "runs_here", "RUNGS", "TARGET_PCT"]

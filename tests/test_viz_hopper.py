@@ -1,0 +1,394 @@
+"""gemmlib.viz_hopper: the chapter-17 figures follow the simulator twin's and TMA's address
+rules, the schedules follow the kernels' barrier rules, and the result tables read
+(synthetic, in-test) files without inventing anything.  No GPU, no kernel launches."""
+
+import dataclasses
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from gemmlib import layout as L  # noqa: E402
+from gemmlib import tma  # noqa: E402
+from gemmlib import viz_hopper as vh  # noqa: E402
+from gemmlib.intrinsics import hopper as H  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+# --------------------------------------------------------------------------
+# the swizzle and the descriptors
+
+
+def test_swizzle_slots_are_the_layout_chapters_xor():
+    slots = vh.swizzle_slots(64)
+    sw = L.chunk_swizzle(64, 2)
+    for r in range(64):
+        assert sorted(slots[r]) == list(range(8))            # a permutation of the row
+        for c in range(8):
+            assert slots[r, c] == c ^ (r % 8)
+            assert sw(r * 64 + 8 * c) == r * 64 + 8 * slots[r, c]
+
+
+def test_decode_inverts_desc_fields():
+    for addr, lbo, sbo, swz in [(1024 + 32, 16, 1024, 128), (0x4400, 8192, 1024, 128),
+                                (2048, 128, 256, 0), (0x3FFF0, 0x3FFF0, 16, 64)]:
+        d = vh.decode_descriptor(H.desc_fields(addr, lbo, sbo, swz))
+        assert d == dict(start=addr, lbo=lbo, sbo=sbo, swizzle=swz)
+
+
+def _twin_addresses(monkeypatch, desc, rows, mn_major):
+    """The byte addresses the simulator twin reads: a shared buffer whose 16-bit element
+    at byte address a holds a // 2, read through hopper._operand."""
+    buf = np.arange(1 << 16, dtype=np.uint16).view(np.uint8)
+    monkeypatch.setattr(H, "_bytes_at", lambda addr, nbytes=0: (buf, addr))
+    return H._operand(desc, rows, np.uint16, mn_major=mn_major).astype(np.int64) * 2
+
+
+@pytest.mark.parametrize("swz", [0, 32, 64, 128])
+@pytest.mark.parametrize("mn_major", [False, True])
+@pytest.mark.parametrize("rows", [8, 64, 128])
+def test_operand_addresses_agree_with_the_simulator_twin(monkeypatch, swz, mn_major, rows):
+    lbo = {0: 128, 32: 2048, 64: 4096, 128: 8192}[swz] if mn_major else 128
+    sbo = 256 if swz == 0 else 1024
+    for start in (1024, 1024 + 32, 2048 + 64):
+        desc = H.desc_fields(start, lbo, sbo, swz)
+        want = _twin_addresses(monkeypatch, desc, rows, mn_major)
+        assert np.array_equal(vh.operand_addresses(desc, rows, mn_major), want)
+
+
+def test_kernel_descriptors_are_the_kernels_constants():
+    from gemmlib.kernels import wgmma_async as WA
+
+    for BN, halves in [(64, 1), (128, 2), (256, 1)]:
+        ds = vh.kernel_descriptors(BN, halves)
+        assert len(ds) == (WA.BK // 16) * (1 + halves)
+        for d in ds:
+            assert d["swizzle"] == 128 and d["sbo"] == WA.GROUP_BYTES
+            if d["operand"] == "A":
+                assert d["offset"] == d["half"] * WA.SLICE_BYTES + d["kstep"] * WA.A_KSTEP
+            else:
+                assert d["offset"] == d["kstep"] * WA.B_KSTEP and d["lbo"] == WA.PANEL_BYTES
+
+
+@pytest.mark.parametrize("BM,BN", [(64, 64), (128, 128), (128, 256)])
+def test_descriptors_read_what_tma_and_cp_async_wrote(BM, BN):
+    """A's k-step kk reads elements (m, 16 kk + k) and B's (16 kk + k, n) exactly where the
+    128-byte swizzle (TMA's, and wgmma_async's cp.async targets) stored them."""
+    for d in vh.kernel_descriptors(BN, BM // 64):
+        kk = d["kstep"]
+        if d["operand"] == "A":
+            addr = vh.operand_addresses(vh.descriptor_of(d), 64)
+            for r in range(64):
+                for k in range(16):
+                    want = d["half"] * 8192 + 2 * tma.swizzled_offset(r, 16 * kk + k, 64, 2, 128)
+                    assert addr[r, k] == want
+        else:
+            addr = vh.operand_addresses(vh.descriptor_of(d), BN, mn_major=True)
+            for n in range(BN):
+                for k in range(16):
+                    want = (n // 64) * 8192 + 2 * tma.swizzled_offset(16 * kk + k, n % 64, 64,
+                                                                      2, 128)
+                    assert addr[n, k] == want
+
+
+def test_kstep_reads_cover_each_chunk_once():
+    ks, lab = vh.kstep_reads("A", 128, 128)
+    assert ks.shape == (128, 8)
+    for r in range(128):
+        for s in range(8):
+            assert lab[r, s] == s ^ (r % 8)                  # the logical chunk stored there
+            assert ks[r, s] == lab[r, s] // 2                # 8 k per chunk, 16 per k-step
+    ks, lab = vh.kstep_reads("B", 128, 256)
+    assert ks.shape == (256, 8)
+    assert (ks == (np.arange(256) % 64 // 16)[:, None]).all()   # 16 k-lines per k-step
+    with pytest.raises(ValueError):
+        vh.kstep_reads("C")
+
+
+def test_descriptor_table():
+    t = vh.descriptor_table(128, 128)
+    assert len(t.rows) == 4 * 3 and "<table" in t._repr_html_()
+    assert all(r[-1].startswith("0x4") for r in t.rows)      # swizzle mode 1 in bits 62-63
+
+
+# --------------------------------------------------------------------------
+# the accumulators
+
+
+@pytest.mark.parametrize("n", [8, 16, 64, 256])
+def test_accumulator_map(n):
+    thread, value = vh.accumulator_map(n)
+    assert np.bincount(thread.ravel(), minlength=128).tolist() == [n // 2] * 128
+    for (r, c), t in np.ndenumerate(thread):
+        assert t == 32 * (r // 16) + 4 * (r % 8) + (c % 8) // 2
+        assert value[r, c] == 4 * (c // 8) + 2 * ((r % 16) >= 8) + c % 2
+
+
+# --------------------------------------------------------------------------
+# the schedules
+
+
+def _rows(events, kind):
+    return [(row, s, e, lab) for row, s, e, lab, k in events if k == kind]
+
+
+def _no_overlap(intervals):
+    iv = sorted(intervals)
+    return all(a[1] <= b[0] + 1e-12 for a, b in zip(iv, iv[1:]))
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("copy", [0.0, 1.0, 3.0, 7.0])
+@pytest.mark.parametrize("fn", [vh.tma_schedule, vh.ws_schedule])
+def test_schedules_obey_the_ring(fn, stages, copy):
+    tiles, k_tiles = 3, 5
+    ev = fn(stages, tiles, k_tiles, copy=copy, mma=1.0, epilogue=2.0, sync=0.3)
+    copies = {lab: (row, s, e) for row, s, e, lab in _rows(ev, "copy")}
+    mmas = {lab: (s, e) for _, s, e, lab in _rows(ev, "mma")}
+    labels = [f"{t}.{k}" for t in range(tiles) for k in range(k_tiles)]
+    assert sorted(copies) == sorted(mmas) == sorted(labels)
+    assert _no_overlap(list(mmas.values()))                 # one wgmma at a time
+    for s in range(stages):                                 # a stage holds one k-tile at a time
+        assert _no_overlap([(a, b) for row, a, b in copies.values() if row == f"stage {s}"])
+    for i, lab in enumerate(labels):
+        assert copies[lab][0] == f"stage {(i if fn is vh.ws_schedule else i % k_tiles) % stages}"
+        assert mmas[lab][0] >= copies[lab][2] - 1e-12        # computed after it has landed
+    epi = _rows(ev, "epilogue")
+    assert len(epi) == tiles
+    for t, (_, s, _, _) in enumerate(epi):                  # C written after the last wgmma
+        assert s >= mmas[f"{t}.{k_tiles - 1}"][1] - 1e-12
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_ws_refills_a_stage_only_after_its_wgmma(stages):
+    tiles, k_tiles = 3, 5
+    ev = vh.ws_schedule(stages, tiles, k_tiles, copy=3.0, mma=1.0, epilogue=2.0, sync=0.3)
+    labels = [f"{t}.{k}" for t in range(tiles) for k in range(k_tiles)]
+    copies = {lab: s for _, s, _, lab in _rows(ev, "copy")}
+    mmas = {lab: e for _, _, e, lab in _rows(ev, "mma")}
+    for i in range(stages, len(labels)):
+        assert copies[labels[i]] >= mmas[labels[i - stages]]
+    # the producer runs ahead into the next tile before the epilogue is over
+    epi0 = _rows(ev, "epilogue")[0]
+    assert copies["1.0"] < epi0[2]
+
+
+def test_warp_specialisation_wins_in_the_schematic():
+    for args in [dict(), dict(stages=3, copy=2.0), dict(tiles=4, k_tiles=3, epilogue=3.0)]:
+        a, b = vh.tma_schedule(**args), vh.ws_schedule(**args)
+        assert vh.makespan(b) < vh.makespan(a)
+        assert vh.tensor_core_busy(b) > vh.tensor_core_busy(a)
+    # nothing to hide: back-to-back wgmma, only the epilogues idle the tensor cores
+    ev = vh.ws_schedule(4, 2, 6, copy=0.0, mma=1.0, epilogue=0.0, sync=0.0)
+    assert vh.tensor_core_busy(ev) == pytest.approx(1.0)
+
+
+def test_schedule_rejects_bad_input():
+    for fn in (vh.tma_schedule, vh.ws_schedule):
+        with pytest.raises(ValueError):
+            fn(1)
+        with pytest.raises(ValueError):
+            fn(3, tiles=0)
+        with pytest.raises(ValueError):
+            fn(3, copy=-1.0)
+
+
+def test_timeline_figure():
+    fig = vh.plot_ws_timeline(stages=3, tiles=2, k_tiles=4)
+    assert len(fig.axes) == 2
+    assert vh.SCHEMATIC in fig._suptitle.get_text()
+    labels = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert labels[0] == "producer" and "tensor cores" in labels
+
+
+# --------------------------------------------------------------------------
+# the exercises' references
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 5])
+def test_expected_parity_against_a_barrier_model(stages):
+    """A sequential run of the ring with mbarrier phases: try_wait(parity) succeeds once
+    the phase of that parity has completed, i.e. while the current phase's parity differs."""
+    full, empty = [0] * stages, [0] * stages      # completed phases per barrier
+    done = lambda phases, parity: phases % 2 != parity  # noqa: E731
+    for it in range(6 * stages):
+        s = it % stages
+        p_prod = vh.expected_parity(it, stages, "producer")
+        p_cons = vh.expected_parity(it, stages, "consumer")
+        assert done(empty[s], p_prod)                          # the stage is free now ...
+        if it >= stages:                                       # ... and was not before its
+            assert not done(empty[s] - 1, p_prod)              # previous release
+        assert not done(full[s], p_cons)                       # not filled yet
+        full[s] += 1                                           # the copy lands
+        assert done(full[s], p_cons)
+        empty[s] += 1                                          # the consumers release it
+    with pytest.raises(ValueError):
+        vh.expected_parity(0, 2, "both")
+
+
+def test_stage_bytes_and_max_stages():
+    for BM, BN in [(128, 128), (128, 256), (64, 64)]:
+        assert vh.stage_bytes(BM, BN) == BM * 64 * 2 + 64 * BN * 2
+    for BN in (128, 192, 256):
+        s = vh.max_stages(128, BN)
+        assert s * vh.stage_bytes(128, BN) + 1024 <= 227 * 1024
+        assert s == 8 or (s + 1) * vh.stage_bytes(128, BN) + 1024 > 227 * 1024
+    assert vh.max_stages(128, 256, limit=1024) == 0
+
+
+# --------------------------------------------------------------------------
+# committed results
+
+
+def _row(kernel, prec, n, timing, pct, note="", host_us=None):
+    return dict(kernel=kernel, M=n, N=n, K=n, precision=prec, timing=timing,
+                tflops=pct * 7.0, cublas_tflops=700.0, pct_of_cublas=pct, note=note,
+                median_ms=100.0 / pct, host_us=host_us if timing == "call" else None)
+
+
+def _file(tmp_path, name, gpu, date, rows):
+    data = dict(meta=dict(gpu=gpu, gpu_slug=gpu.lower().replace(" ", "-"), date=date), rows=rows)
+    (tmp_path / name).write_text(json.dumps(data))
+    return data
+
+
+def _rows_for(prec="fp16", n=4096):
+    rows = []
+    for timing, ws in (("kernel", 85.0), ("call", 79.0)):
+        rows += [_row("wgmma_ws", prec, n, timing, ws, "wgmma_ws", 50.0),
+                 _row("wgmma_tma", prec, n, timing, 70.0, "wgmma_tma", 50.0),
+                 _row("auto", prec, n, timing, 45.0, "mma_pipeline_128x128x64_w64x64_s3", 60.0),
+                 _row("cublas", prec, n, timing, 100.0)]
+    return rows
+
+
+def test_hopper_records_and_targets(tmp_path):
+    data = _file(tmp_path, "bench-x-2026-01-01-hopper.json", "GPU X", "2026-01-01",
+                 _rows_for("fp16", 4096) + [_row("wgmma_ws", "bf16", 8192, "call", 81.0)])
+    recs = vh.hopper_records(data)
+    by = {(d["precision"], d["size"], d["label"]): d for d in recs}
+    ws = by[("fp16", "4096x4096x4096", "wgmma_ws")]
+    assert ws["pct"] == {"kernel": 85.0, "call": 79.0} and ws["met"] is False
+    assert by[("bf16", "8192x8192x8192", "wgmma_ws")]["met"] is True
+    auto = by[("fp16", "4096x4096x4096", "mma_pipeline (auto)")]
+    assert auto["rung"] == "mma_pipeline" and auto["met"] is False
+    assert by[("fp16", "4096x4096x4096", "cublas")]["met"] is None
+    assert vh.pct_range(recs, "mma_pipeline (auto)") == (45.0, 45.0)
+    assert vh.pct_range(recs, "mma_pipeline") is None
+    assert vh.pct_range(recs, "wgmma_tma", "call") == (70.0, 70.0)
+    line = vh.targets_line(data)
+    assert "1 of 2" in line and "fp16 4096x4096x4096 (79.0%)" in line
+    t = vh.hopper_table(data, "f.json")
+    assert len(t.rows) == len(recs) and "GPU X" in t.caption
+    fig = vh.plot_hopper_bars(data)
+    assert len(fig.axes) == 2
+    assert vh.plot_hopper_bars({"rows": []}) is not None
+
+
+def test_ladder_order_and_host_table(tmp_path):
+    rows = _rows_for("fp16", 4096) + [
+        _row("mma_pipeline", "fp16", 4096, t, 40.0, "mma_pipeline", 60.0)
+        for t in ("kernel", "call")] + [
+        _row("wgmma_ws", "bf16", 4096, "kernel", 60.0), _row("wgmma_tma", "bf16", 4096,
+                                                             "kernel", 65.0),
+        _row("wgmma_ws_128x256_s4", "bf16", 4096, "kernel", 99.0)]   # a variant: ignored
+    data = _file(tmp_path, "bench-x-2026-01-01-hopper.json", "GPU X", "2026-01-01", rows)
+    ok, n, why = vh.ladder_order(data, "kernel")
+    assert (ok, n) == (1, 2) and why == ["bf16 4096x4096x4096: wgmma_ws 60.0% <= wgmma_tma 65.0%"]
+    assert vh.ladder_order(data, "call")[:2] == (1, 1)
+    t = vh.host_table(data, "f.json")
+    assert {r[0] for r in t.rows} == {"wgmma_ws", "wgmma_tma", "mma_pipeline (auto)",
+                                      "mma_pipeline"}
+    ws = next(r for r in t.rows if r[0] == "wgmma_ws")
+    assert ws[3] == "50" and ws[4] == f"{1e3 * 100.0 / 85.0:.0f}"
+    # wgmma_ws measured both by name and as kernel="auto": judged separately
+    auto = [_row("auto", "fp16", 8192, "call", 91.0, "wgmma_ws")]
+    both = dict(data, rows=data["rows"] + auto)
+    assert "1 of 1" in vh.targets_line(both, "wgmma_ws (auto)")
+    assert "0 of 1" in vh.targets_line(both, "wgmma_ws")
+
+
+def test_rung_of():
+    assert vh.rung_of({"kernel": "wgmma_tma"}) == "wgmma_tma"
+    assert vh.rung_of({"kernel": "wgmma_ws_bf16_128x256_s4"}) == "wgmma_ws"
+    assert vh.rung_of({"kernel": "cublas"}) == "cublas"
+    assert vh.rung_of({"kernel": "auto", "note": "wgmma_ws_bf16"}) == "wgmma_ws"
+    assert vh.rung_of({"kernel": "auto", "note": "mma_pipeline_bf16_128x128"}) == "mma_pipeline"
+    assert vh.rung_of({"kernel": "auto", "note": "something else"}) == "auto"
+
+
+def test_hopper_files_newest_per_gpu(tmp_path, capsys):
+    _file(tmp_path, "bench-x-2026-01-01-hopper.json", "GPU X", "2026-01-01", _rows_for())
+    _file(tmp_path, "bench-x-2026-02-01-hopper.json", "GPU X", "2026-02-01", _rows_for())
+    _file(tmp_path, "bench-y-2026-01-01-hopper.json", "GPU Y", "2026-01-01", _rows_for())
+    _file(tmp_path, "bench-y-2026-01-01-precision.json", "GPU Y", "2026-03-01", [])
+    names = [n for n, _ in vh.hopper_files(tmp_path)]
+    assert names == ["bench-x-2026-02-01-hopper.json", "bench-y-2026-01-01-hopper.json"]
+    assert vh.show_hopper_results(tmp_path) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert vh.show_hopper_results(empty) == 0
+    assert vh.NOT_MEASURED in capsys.readouterr().out
+
+
+def test_tune_table(tmp_path):
+    n = 8192
+    rows = [dict(kernel="wgmma_ws", params={"BN": 256, "STAGES": 4}, median_ms=1.0,
+                 tflops=2 * n ** 3 / 1e-3 / 1e12, pct_of_cublas=90.0)]
+    _file(tmp_path, "tune-wgmma-ws-x-2026-01-01.json", "GPU X", "2026-01-01", rows)
+    (name, data), = vh.tune_files(tmp_path)
+    assert vh.implied_cube(data["rows"][0]) == n
+    t = vh.tune_table(data, name)
+    assert f"{n}^3" in t.caption and t.rows[0][1] == "BN=256, STAGES=4"
+    assert vh.implied_cube({"tflops": None}) is None
+
+
+def test_committed_hopper_results_parse():
+    for name, data in vh.hopper_files():
+        recs = vh.hopper_records(data)
+        assert recs, name
+        assert all(d["pct"] for d in recs), name
+
+
+# --------------------------------------------------------------------------
+# figures and helpers
+
+
+def test_figures_draw():
+    assert len(vh.plot_swizzle128(16).axes) == 1
+    assert len(vh.plot_kstep_reads(128, 128, lines=16).axes) == 2
+    assert len(vh.plot_accumulators(16).axes) == 2
+
+
+def test_sync_lines_find_the_fences():
+    from gemmlib.kernels import wgmma_async, wgmma_ws
+
+    a = " ".join(ln for _, ln in vh.sync_lines(wgmma_async))
+    assert "fence_proxy_async" in a and "wgmma_commit" in a and "ptx_must" not in a
+    w = " ".join(ln for _, ln in vh.sync_lines(wgmma_ws))
+    assert "mbarrier_arrive" in w and "wait1()" in w
+
+
+def test_runs_here(monkeypatch, capsys):
+    from gemmlib import backend
+    from gemmlib.kernels import wgmma_async
+
+    spec = wgmma_async.build("fp16", BM=64, BN=64, STAGES=2)
+    hopper = dataclasses.replace(backend.device_info(), compute_capability=(9, 0))
+    monkeypatch.setattr(backend, "device_info", lambda *a: hopper)
+    assert vh.runs_here(spec) is True
+    for cc in ((8, 0), (10, 0)):
+        other = dataclasses.replace(hopper, compute_capability=cc, name=f"GPU {cc}")
+        monkeypatch.setattr(backend, "device_info", lambda *a, d=other: d)
+        assert vh.runs_here(spec) is False
+    assert capsys.readouterr().out.count("SKIPPED") == 2
