@@ -320,8 +320,10 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         accuracy at tensor-core speed.  Tensor-core products return float32
         (``out`` must be float32) and compute A @ B (``transpose_b=False``);
         they need sm_80 or newer (``ConstraintError`` otherwise).  The default
-        kernel is the autotuned ``mma_pipeline``; ``"mma_atom"`` and
-        ``"mma_swizzle"`` are the teaching rungs.
+        kernel is the autotuned ``mma_pipeline``, and on an H100/H200 for fp16
+        and bf16 inputs ``wgmma_ws`` (Hopper's warpgroup MMA fed by TMA, chapter
+        17); ``"mma_atom"``, ``"mma_swizzle"``, ``"wgmma_async"`` and
+        ``"wgmma_tma"`` are teaching rungs.
 
     Any M, N, K >= 0 is accepted; nothing needs padding, and indices are
     64-bit (matrices past 2**31 elements work where the grid allows).  A kernel that
