@@ -612,13 +612,17 @@ def hopper_table(data: dict, name: str = ""):
     """A :class:`gemmlib.notebook.Table` of :func:`hopper_records`."""
     from gemmlib.notebook import Table
 
-    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    def f(v, fmt):
+        if v is None:
+            return "-"
+        return format(v, fmt[:-1]) + "%" if fmt.endswith("%") else format(v, fmt)
+
     body = []
     for d in hopper_records(data):
         verdict = "-" if d["met"] is None else ("met" if d["met"] else "missed")
         body.append((d["precision"], d["size"], d["label"],
-                     f(d["tflops"].get("kernel"), ".0f"), f(d["pct"].get("kernel"), ".1f") + "%",
-                     f(d["tflops"].get("call"), ".0f"), f(d["pct"].get("call"), ".1f") + "%",
+                     f(d["tflops"].get("kernel"), ".0f"), f(d["pct"].get("kernel"), ".1f%"),
+                     f(d["tflops"].get("call"), ".0f"), f(d["pct"].get("call"), ".1f%"),
                      verdict, d["config"] if d["rung"] != "cublas" else ""))
     meta = data.get("meta", {}) if isinstance(data, dict) else {}
     cap = (f"Hopper rungs against cuBLAS in the same precision: {meta.get('gpu', '?')}, "
@@ -688,49 +692,68 @@ def host_table(data: dict, name: str = ""):
                                + (f" ({name})" if name else ""))
 
 
+def chart_labels(records):
+    """The labels a chart shows: each rung of :data:`RUNGS` measured by name, or, when a
+    file has no such rows for it, its ``kernel="auto"`` rows (variants stay in the table)."""
+    have = {d["label"] for d in records}
+    out = []
+    for rung in RUNGS:
+        if rung in have:
+            out.append(rung)
+        elif f"{rung} (auto)" in have:
+            out.append(f"{rung} (auto)")
+    return out
+
+
 def plot_hopper_bars(data: dict, title=None):
-    """% of cuBLAS per precision and size, one bar per rung, kernel timing left and call
-    timing right, the target as a dashed line."""
+    """% of cuBLAS per precision and size, one bar per rung (:func:`chart_labels`), kernel
+    timing left and call timing right, the target as a dashed line."""
     plt = _plt()
     recs = [d for d in hopper_records(data) if d["rung"] != "cublas"]
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.2), sharey=True)
-    if not recs:
+    labels = chart_labels(recs)
+    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.6), sharey=True)
+    if not labels:
         for ax in axes:
             ax.text(0.5, 0.5, NOT_MEASURED, ha="center", transform=ax.transAxes)
         return fig
-    groups = sorted({(d["precision"], d["shape"]) for d in recs},
-                    key=lambda g: (g[0], g[1][0] * g[1][1] * g[1][2]))
-    labels = list(dict.fromkeys(d["label"] for d in recs))
+    by = {(d["label"], d["precision"], d["shape"]): d for d in recs}
     w = 0.8 / len(labels)
+    top = TARGET_PCT
+    handles = {}
     for ax, timing in zip(axes, ("kernel", "call")):
+        groups = sorted({(d["precision"], d["shape"]) for d in recs
+                         if d["label"] in labels and d["pct"].get(timing) is not None},
+                        key=lambda g: (g[0], g[1][0] * g[1][1] * g[1][2]))
         for i, lab in enumerate(labels):
-            xs, ys = [], []
-            for g, (prec, shape) in enumerate(groups):
-                d = next((d for d in recs if d["label"] == lab and d["precision"] == prec
-                          and d["shape"] == shape), None)
-                v = None if d is None else d["pct"].get(timing)
-                if v is not None:
-                    xs.append(g - 0.4 + w * (i + 0.5))
-                    ys.append(v)
-            rung = next(d["rung"] for d in recs if d["label"] == lab)
-            ax.bar(xs, ys, w, color=RUNG_COLOURS.get(rung, "C0"), edgecolor="k", label=lab,
-                   hatch=None if lab == rung else ("//" if lab.endswith("(auto)") else ".."))
+            pts = [(g, by[(lab, *grp)]["pct"][timing]) for g, grp in enumerate(groups)
+                   if by.get((lab, *grp)) and by[(lab, *grp)]["pct"].get(timing) is not None]
+            if not pts:
+                continue
+            xs = [g - 0.4 + w * (i + 0.5) for g, _ in pts]
+            ys = [v for _, v in pts]
+            rung = by[next(k for k in by if k[0] == lab)]["rung"]
+            handles[lab] = ax.bar(xs, ys, w, color=RUNG_COLOURS.get(rung, "C0"),
+                                  edgecolor="k", hatch="//" if lab != rung else None)
             for x, y in zip(xs, ys):
                 ax.text(x, y + 1, f"{y:.0f}", ha="center", fontsize=6)
+            top = max(top, *ys)
         ax.axhline(TARGET_PCT, color="k", ls="--", lw=1)
-        ax.text(len(groups) - 0.5, TARGET_PCT + 1, f"target {TARGET_PCT:g}% (judged on call "
-                "timing)", ha="right", va="bottom", fontsize=7)
         ax.set_xticks(range(len(groups)), [f"{p}\n{s[0]}^3" if s[0] == s[1] == s[2]
                                            else f"{p}\n{'x'.join(map(str, s))}"
                                            for p, s in groups], fontsize=8)
-        ax.set_title(f"{timing} timing", fontsize=9)
-        ax.set_ylim(0, 110)
+        ax.set_xlim(-0.5, max(len(groups), 1) - 0.5)
+        ax.set_title(f"{timing} timing" + (" (the target is judged here)" if timing == "call"
+                                           else ""), fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
+    axes[0].set_ylim(0, 1.1 * top + 5)
     axes[0].set_ylabel("% of cuBLAS, same precision")
-    axes[1].legend(fontsize=7, loc="lower right")
+    handles["target"] = axes[0].get_lines()[0]
+    fig.legend(list(handles.values()),
+               [f"target {TARGET_PCT:g}%" if k == "target" else k for k in handles],
+               loc="lower center", ncol=len(handles), fontsize=8)
     gpu = data.get("meta", {}).get("gpu", "?") if isinstance(data, dict) else "?"
     fig.suptitle(title or f"Hopper rungs against cuBLAS on {gpu}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
@@ -805,5 +828,5 @@ __all__ = ["swizzle_slots", "plot_swizzle128", "kernel_descriptors", "decode_des
            "tma_schedule", "ws_schedule", "makespan", "tensor_core_busy", "plot_ws_timeline",
            "expected_parity", "stage_bytes", "max_stages", "hopper_files", "tune_files",
            "rung_of", "hopper_records", "hopper_table", "pct_range", "targets_line",
-           "ladder_order", "host_table", "plot_hopper_bars", "show_hopper_results",
+           "ladder_order", "host_table", "chart_labels", "plot_hopper_bars", "show_hopper_results",
            "implied_cube", "tune_table", "runs_here", "RUNGS", "TARGET_PCT"]

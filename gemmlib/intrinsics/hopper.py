@@ -126,14 +126,22 @@ def _make():
 
     mbarrier_init = _bar_u32("mbarrier_init", "mbarrier.init.shared::cta.b64 [$0], $1;")
 
-    @intrinsic
-    def mbarrier_arrive(typingctx, bar):
-        def codegen(context, builder, sig, args):
-            a = _u(context, builder, args[0], sig.args[0], types.uint32)
-            _asm(builder, ir.VoidType(), [a], [i32],
-                 "mbarrier.arrive.shared::cta.b64 _, [$0];", "r,~{memory}")
-            return context.get_dummy_value()
-        return types.void(bar), codegen
+    def _one_operand(name, ptx, numba_type, ir_type, constraint):
+        """An intrinsic f(x) issuing ``ptx`` with one operand (a shared or global address)."""
+        def typer(typingctx, x):
+            def codegen(context, builder, sig, args):
+                v = _u(context, builder, args[0], sig.args[0], numba_type)
+                _asm(builder, ir.VoidType(), [v], [ir_type], ptx, constraint + ",~{memory}")
+                return context.get_dummy_value()
+            return types.void(x), codegen
+        typer.__name__ = name
+        return intrinsic(typer)
+
+    mbarrier_arrive = _one_operand("mbarrier_arrive", "mbarrier.arrive.shared::cta.b64 _, [$0];",
+                                   types.uint32, i32, "r")
+    tensormap_acquire = _one_operand("tensormap_acquire",
+                                     "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;",
+                                     types.uint64, i64, "l")
 
     _REGS = {}
 
@@ -143,6 +151,7 @@ def _make():
             d = "inc" if inc else "dec"
             _REGS[key] = bare(f"setmaxnreg_{d}{n}", f"setmaxnreg.{d}.sync.aligned.u32 {n};")
         return _REGS[key]
+
     mbarrier_expect_tx = _bar_u32("mbarrier_expect_tx",
                                   "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")
 
@@ -155,15 +164,6 @@ def _make():
                         "{ .reg .pred P1; mbarrier.try_wait.parity.shared::cta.b64 P1, [$1], $2; "
                         "selp.u32 $0, 1, 0, P1; }", "=r,r,r,~{memory}")
         return types.uint32(bar, parity), codegen
-
-    @intrinsic
-    def tensormap_acquire(typingctx, tmap):
-        def codegen(context, builder, sig, args):
-            t = _u(context, builder, args[0], sig.args[0], types.uint64)
-            _asm(builder, ir.VoidType(), [t], [i64],
-                 "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;", "l,~{memory}")
-            return context.get_dummy_value()
-        return types.void(tmap), codegen
 
     @intrinsic
     def tma_load_2d(typingctx, dst, tmap, x, y, bar):

@@ -151,6 +151,14 @@ HOPPER_ONLY = Constraint(
     "have other instructions (tcgen05)")
 
 
+def spec_fields(precision: str, module: str) -> dict:
+    """The KernelSpec fields the three wgmma rungs share."""
+    return dict(chapter="17-hopper", dynamic_shared=True, min_cc=H.MIN_CC,
+                dtype=INPUT_DTYPE[precision], arg_dtypes=ARG_DTYPES[precision],
+                precision=precision, operand_align=8,
+                constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS), module=module)
+
+
 def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int = 4,
           GROUP_M: int = 8) -> KernelSpec:
     if BM % 64 or BN not in H.WGMMA_N or BN % 64 or not 2 <= STAGES <= 8:
@@ -232,7 +240,6 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int = 4
         name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "")
     return KernelSpec(
         name=name,
-        chapter="17-hopper",
         idea="one warpgroup issues wgmma (64xNx16 from shared-memory descriptors, "
              "asynchronous) on 128-byte swizzled tiles that cp.async fills",
         kernel=wgmma_async_kernel,
@@ -241,16 +248,9 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int = 4
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M),
         shared_bytes=SHARED,
-        dynamic_shared=True,
-        min_cc=H.MIN_CC,
-        dtype=INPUT_DTYPE[precision],
-        arg_dtypes=ARG_DTYPES[precision],
-        precision=precision,
-        operand_align=8,
-        constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16", r"wgmma\.fence",
                   r"cp\.async\.cg\.shared\.global", r"fence\.proxy\.async"),
-        module=__name__,
+        **spec_fields(precision, __name__),
     )
 
 

@@ -40,9 +40,8 @@ zero fill, and the epilogue writes inside C only.
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
-from gemmlib.kernels.wgmma_async import (BK, HOPPER_ONLY, PANEL_BYTES, SIXTEEN_BYTE_ROWS,
-                                         SLICE_BYTES, tile_order, warpgroup_code)
+from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, spec_fields, tile_order,
+                                         warpgroup_code)
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -70,6 +69,11 @@ def tma_loader(BM: int, BN: int):
                           n0 + 64 * p, k0, bar)
 
     return load_stage, A_BYTES, STAGE_BYTES
+
+
+def tma_boxes(BM: int) -> tuple:
+    """The boxes the tensor maps copy: A's BM x 64 k-tile, and one 64 x 64 panel of B."""
+    return ((BM, BK), (BK, 64))
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4,
@@ -134,7 +138,6 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
         name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "")
     return KernelSpec(
         name=name,
-        chapter="17-hopper",
         idea="one thread starts TMA tile copies STAGES k-tiles ahead; an mbarrier per stage "
              "counts their bytes; BM/64 warpgroups issue wgmma",
         kernel=wgmma_tma_kernel,
@@ -143,18 +146,11 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M),
         shared_bytes=SHARED,
-        dynamic_shared=True,
-        min_cc=H.MIN_CC,
-        dtype=INPUT_DTYPE[precision],
-        arg_dtypes=ARG_DTYPES[precision],
-        precision=precision,
-        operand_align=8,
-        tma_boxes=((BM, BK), (BK, 64)),
+        tma_boxes=tma_boxes(BM),
         tma_swizzle=128,
-        constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.try_wait\.parity"),
-        module=__name__,
+        **spec_fields(precision, __name__),
     )
 
 

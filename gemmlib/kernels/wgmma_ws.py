@@ -36,10 +36,8 @@ from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
-from gemmlib.kernels.wgmma_async import (BK, HOPPER_ONLY, SIXTEEN_BYTE_ROWS, SLICE_BYTES,
-                                         tile_order, warpgroup_code)
-from gemmlib.kernels.wgmma_tma import tma_loader, wait
+from gemmlib.kernels.wgmma_async import BK, SLICE_BYTES, spec_fields, tile_order, warpgroup_code
+from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -130,7 +128,6 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
             "" if REGS == (40, 232) else "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}"))
     return KernelSpec(
         name=name,
-        chapter="17-hopper",
         idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
              "empty mbarriers per stage; one persistent block per SM walks the tiles",
         kernel=wgmma_ws_kernel,
@@ -140,20 +137,13 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS),
         shared_bytes=SHARED,
-        dynamic_shared=True,
-        min_cc=H.MIN_CC,
-        dtype=INPUT_DTYPE[precision],
-        arg_dtypes=ARG_DTYPES[precision],
-        precision=precision,
-        operand_align=8,
-        tma_boxes=((BM, BK), (BK, 64)),
+        tma_boxes=tma_boxes(BM),
         tma_swizzle=128,
-        constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
                   r"wgmma\.wait_group\.sync\.aligned 1") + (
             (r"setmaxnreg\.inc",) if REGS else ()),
-        module=__name__,
+        **spec_fields(precision, __name__),
     )
 
 
