@@ -153,6 +153,11 @@ def runnable(spec) -> bool:
         print(f"SKIPPED: kernel {spec.name!r} needs {need} or newer; this GPU ({dev.name}) "
               f"is {have}. The rest of the chapter still runs.")
         return False
+    failed = spec.failed_constraints(256, 256, 256, dev)   # what no shape can fix
+    if failed:
+        print(f"SKIPPED: kernel {spec.name!r} cannot run on this GPU ({dev.name}): "
+              f"{failed[0]}. The rest of the chapter still runs.")
+        return False
     return True
 
 
@@ -317,7 +322,8 @@ def load_results(kernels=None, *, call: bool = False):
         return []
     out = []
     for p in sorted((root / "results").glob("bench-*.json")):
-        if p.name.endswith("-precision.json") or p.name.endswith("-call.json") != call:
+        if (p.name.endswith(("-precision.json", "-hopper.json"))   # other row formats
+                or p.name.endswith("-call.json") != call):
             continue
         try:
             r = load(p)

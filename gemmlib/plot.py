@@ -119,7 +119,11 @@ def plot_files(paths, out_dir="figures") -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for p in paths:
-        result = load(p)
+        try:
+            result = load(p)
+        except (TypeError, KeyError) as e:   # another format (e.g. bench-*-hopper.json)
+            print(f"skipping {p}: not a ladder benchmark file ({e})")
+            continue
         if result.meta.get("simulated"):
             print(f"skipping {p}: simulator results carry no timings")
             continue

@@ -822,6 +822,35 @@ def runs_here(spec) -> bool:
     return True
 
 
+def ptx_evidence(spec, examples: int = 2):
+    """A :class:`gemmlib.notebook.Table`: how often each of ``spec.ptx_must``'s patterns
+    occurs in the kernel's PTX for sm_90a (:func:`gemmlib.ptx.compile_ptx`, the compile
+    gate's own compiler call, which needs no launch and no kernel cache), with examples.
+    In the simulator (which compiles nothing) or without the compiler: a note, None."""
+    from gemmlib.backend import SIMULATOR
+    from gemmlib.notebook import Table
+
+    if SIMULATOR:
+        print("The simulator compiles nothing, so there is no PTX here. On a machine with "
+              "numba-cuda's compiler this cell counts the instructions the rung must contain; "
+              "`python -m gemmlib.ptx` (the compile gate) checks them offline.")
+        return None
+    from gemmlib import ptx as P
+
+    try:
+        text = P.compile_ptx(spec)
+    except Exception as e:   # no compiler here: say so, keep the chapter running
+        print(f"PTX not available ({type(e).__name__}: {e})")
+        return None
+    rows = []
+    for pat in spec.ptx_must:
+        hits = [ln.strip() for ln in text.splitlines() if re.search(pat, ln)]
+        short = [h if len(h) <= 90 else h[:87] + "..." for h in hits[:examples]]
+        rows.append((pat, len(hits), " | ".join(short)))
+    return Table(("pattern", "count in PTX", "examples"), rows,
+                 caption=f"PTX of {spec.name} for {P.arch_of(spec, (9, 0))}")
+
+
 __all__ = ["swizzle_slots", "plot_swizzle128", "kernel_descriptors", "decode_descriptor",
            "operand_addresses", "descriptor_of", "descriptor_table", "kstep_reads",
            "plot_kstep_reads", "accumulator_map", "plot_accumulators", "sync_lines",
@@ -829,4 +858,4 @@ __all__ = ["swizzle_slots", "plot_swizzle128", "kernel_descriptors", "decode_des
            "expected_parity", "stage_bytes", "max_stages", "hopper_files", "tune_files",
            "rung_of", "hopper_records", "hopper_table", "pct_range", "targets_line",
            "ladder_order", "host_table", "chart_labels", "plot_hopper_bars", "show_hopper_results",
-           "implied_cube", "tune_table", "runs_here", "RUNGS", "TARGET_PCT"]
+           "implied_cube", "tune_table", "runs_here", "ptx_evidence", "RUNGS", "TARGET_PCT"]

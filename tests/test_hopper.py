@@ -250,3 +250,19 @@ def test_wrong_panel_stride_gives_a_wrong_product(monkeypatch):
     bad = W.build("fp16", BM=64, BN=128, STAGES=2)
     report = gemmlib.verify(bad, [(8, 100, 16)], raise_on_failure=False)
     assert not report.ok
+
+
+def test_notebooks_skip_the_rungs_on_other_gpus(monkeypatch, capsys):
+    """A chapter on a GPU newer than Hopper (compute capability 10.0, 12.0) says why it skips
+    the wgmma rungs and moves on, instead of failing at the launch."""
+    import dataclasses
+
+    from gemmlib import notebook as nb
+    from gemmlib.kernels import get
+
+    for cc, ok in (((9, 0), True), ((12, 0), False), ((8, 6), False)):
+        dev = dataclasses.replace(backend.device_info(), compute_capability=cc, name="some GPU")
+        monkeypatch.setattr(nb.backend, "device_info", lambda dev=dev: dev)
+        assert nb.runnable(get("wgmma_ws")) is ok
+        if not ok:
+            assert "SKIPPED" in capsys.readouterr().out

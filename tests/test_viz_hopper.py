@@ -290,8 +290,12 @@ def test_hopper_records_and_targets(tmp_path):
     assert "1 of 2" in line and "fp16 4096x4096x4096 (79.0%)" in line
     t = vh.hopper_table(data, "f.json")
     assert len(t.rows) == len(recs) and "GPU X" in t.caption
+    assert vh.chart_labels(recs) == ["wgmma_ws", "wgmma_tma", "mma_pipeline (auto)"]
     fig = vh.plot_hopper_bars(data)
     assert len(fig.axes) == 2
+    assert [p.get_text() for p in fig.legends[0].get_texts()] == [
+        "wgmma_ws", "wgmma_tma", "mma_pipeline (auto)", f"target {vh.TARGET_PCT:g}%"]
+    assert t.rows[0][4] == "-" or t.rows[0][4].endswith("%")
     assert vh.plot_hopper_bars({"rows": []}) is not None
 
 
@@ -392,3 +396,37 @@ def test_runs_here(monkeypatch, capsys):
         monkeypatch.setattr(backend, "device_info", lambda *a, d=other: d)
         assert vh.runs_here(spec) is False
     assert capsys.readouterr().out.count("SKIPPED") == 2
+
+
+def test_chapter_17_exercise_solutions_pass_their_checks(capsys):
+    """The solutions the chapter gives pass the chapter's own check cells."""
+    from gemmlib import notebook as nb
+
+    want = {d["kstep"]: (d["offset"], d["lbo"], d["sbo"], d["swizzle"])
+            for d in vh.kernel_descriptors(BN=128, halves=1) if d["operand"] == "B"}
+    assert nb.check_function(lambda kk: (2048 * kk, 8192, 1024, 128), lambda kk: want[kk],
+                             [(kk,) for kk in range(4)], "my_b_descriptor (BN = 128)")
+
+    def my_parity(it, stages, role):
+        p = (it // stages) % 2
+        return p if role == "consumer" else p ^ 1
+
+    assert nb.check_function(my_parity, vh.expected_parity,
+                             [(it, s, role) for s in (2, 3, 4) for it in range(13)
+                              for role in ("consumer", "producer")], "my_parity")
+    assert nb.check_function(
+        lambda bn, limit: min(8, (limit - 1024) // (128 * 64 * 2 + 64 * bn * 2)),
+        lambda bn, limit: vh.max_stages(128, bn, limit),
+        [(bn, limit) for bn in (64, 128, 192, 256) for limit in (227 * 1024, 160 * 1024)],
+        "my_max_stages")
+    assert capsys.readouterr().out.count("[correct]") == 3
+
+
+def test_ptx_evidence_in_the_simulator(capsys):
+    from gemmlib import backend
+    from gemmlib.kernels import wgmma_ws
+
+    if not backend.SIMULATOR:
+        pytest.skip("simulator-only expectation")
+    assert vh.ptx_evidence(wgmma_ws.build("fp16", BM=128, BN=64, STAGES=2)) is None
+    assert "compiles nothing" in capsys.readouterr().out
