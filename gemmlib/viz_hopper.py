@@ -35,6 +35,7 @@ import re
 import numpy as np
 
 from gemmlib.intrinsics import hopper as H
+from gemmlib.viz_precision import _committed   # the newest committed file per GPU
 
 #: the rungs of the chapter, fastest first, and the mma.sync rung they replace
 RUNGS = ("wgmma_ws", "wgmma_tma", "wgmma_async", "mma_pipeline")
@@ -544,12 +545,6 @@ def _num(v):
     except (TypeError, ValueError):
         return None
     return None if math.isnan(v) else v
-
-
-def _committed(pattern: str, directory=None):
-    from gemmlib.notebook import _newest_per_gpu, committed_json
-
-    return _newest_per_gpu(committed_json(pattern, directory))
 
 
 def hopper_files(directory=None):
