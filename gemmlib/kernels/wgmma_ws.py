@@ -18,9 +18,10 @@ during the epilogue.  This rung splits the roles:
 * **Registers follow the work** (``setmaxnreg``): the producer gives its
   registers back (down to 40 per thread), the consumers take them (up to 232)
   for their 128 accumulators per thread.
-* **Three stages of 128 x 256 x 64** by default (48 KiB each): on an H100
-  three measured faster than four, six of 128 x 128 slower
-  (``results/tune-wgmma-ws-*.json``).
+* **Three stages of 128 x 256 x 64** by default (48 KiB each): in the H100
+  tuning run three beat four by 2.5 points of cuBLAS and six of 128 x 128
+  lost 20 (``results/tune-wgmma-ws-*.json``); in the benchmark runs three and
+  four are within their noise, and three leaves shared memory free.
 * **Persistent tiles.**  The grid is one block per SM; a block walks tiles
   ``blockIdx.x, blockIdx.x + gridDim.x, ...`` (in grouped order), so while the
   consumers write one tile's accumulators to C the producer is already
