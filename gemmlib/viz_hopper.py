@@ -29,13 +29,12 @@ matplotlib is imported only when drawing.
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
 
 from gemmlib.intrinsics import hopper as H
-from gemmlib.viz_precision import _committed   # the newest committed file per GPU
+from gemmlib.viz_precision import _committed, _num   # newest file per GPU; a number or None
 
 #: the rungs of the chapter, fastest first, and the mma.sync rung they replace
 RUNGS = ("wgmma_ws", "wgmma_tma", "wgmma_async", "mma_pipeline")
@@ -537,14 +536,6 @@ def max_stages(BM: int = 128, BN: int = 256, limit: int = 227 * 1024) -> int:
 
 # --------------------------------------------------------------------------
 # Committed results
-
-
-def _num(v):
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
 
 
 def hopper_files(directory=None):

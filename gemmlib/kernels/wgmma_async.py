@@ -151,6 +151,16 @@ HOPPER_ONLY = Constraint(
     "have other instructions (tcgen05)")
 
 
+def rung_name(base: str, precision: str, default: bool, BM: int, BN: int, STAGES: int,
+              GROUP_M: int) -> str:
+    """``base`` (fp16, default tiles), ``base_bf16``, then ``_BMxBN_sSTAGES[_gGROUP_M]`` for
+    other tiles: the names the wgmma rungs' specs carry."""
+    name = base + ("" if precision == "fp16" else f"_{precision}")
+    if not default:
+        name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "")
+    return name
+
+
 def spec_fields(precision: str, module: str) -> dict:
     """The KernelSpec fields the three wgmma rungs share."""
     return dict(chapter="17-hopper", dynamic_shared=True, min_cc=H.MIN_CC,
@@ -235,11 +245,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int = 4
         return (cdiv(M, BM) * cdiv(N, BN), 1, 1)
 
     default = (BM, BN, STAGES, GROUP_M) == (128, 128, 4, 8)
-    name = "wgmma_async" + ("" if precision == "fp16" else f"_{precision}")
-    if not default:
-        name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "")
     return KernelSpec(
-        name=name,
+        name=rung_name("wgmma_async", precision, default, BM, BN, STAGES, GROUP_M),
         idea="one warpgroup issues wgmma (64xNx16 from shared-memory descriptors, "
              "asynchronous) on 128-byte swizzled tiles that cp.async fills",
         kernel=wgmma_async_kernel,

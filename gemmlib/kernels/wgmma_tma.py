@@ -40,8 +40,8 @@ zero fill, and the epilogue writes inside C only.
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, spec_fields, tile_order,
-                                         warpgroup_code)
+from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, rung_name, spec_fields,
+                                         tile_order, warpgroup_code)
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -133,11 +133,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
         return (cdiv(M, BM) * cdiv(N, BN), 1, 1)
 
     default = (BM, BN, STAGES, GROUP_M) == (128, 256, 4, 8)
-    name = "wgmma_tma" + ("" if precision == "fp16" else f"_{precision}")
-    if not default:
-        name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "")
     return KernelSpec(
-        name=name,
+        name=rung_name("wgmma_tma", precision, default, BM, BN, STAGES, GROUP_M),
         idea="one thread starts TMA tile copies STAGES k-tiles ahead; an mbarrier per stage "
              "counts their bytes; BM/64 warpgroups issue wgmma",
         kernel=wgmma_tma_kernel,

@@ -37,9 +37,16 @@ from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import BK, SLICE_BYTES, spec_fields, tile_order, warpgroup_code
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, rung_name, spec_fields, tile_order,
+                                         warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.spec import KernelSpec, cdiv
+
+
+@cuda.jit(device=True)
+def keep_registers():
+    """``REGS=None``: the warpgroups keep the registers the launch gave them."""
+    return
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
@@ -59,8 +66,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     SHARED = STAGES * STAGE_BYTES + 1024
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
-    fewer = H.setmaxnreg(REGS[0], False) if REGS else H.fence_proxy_async
-    more = H.setmaxnreg(REGS[1], True) if REGS else H.fence_proxy_async
+    fewer = H.setmaxnreg(REGS[0], False) if REGS else keep_registers
+    more = H.setmaxnreg(REGS[1], True) if REGS else keep_registers
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(**jit_opts)
@@ -123,10 +130,9 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
-    name = "wgmma_ws" + ("" if precision == "fp16" else f"_{precision}")
-    if not default:
-        name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "") + (
-            "" if REGS == (40, 232) else "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}"))
+    name = rung_name("wgmma_ws", precision, default, BM, BN, STAGES, GROUP_M)
+    if REGS != (40, 232):
+        name += "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
     return KernelSpec(
         name=name,
         idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
