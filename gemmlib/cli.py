@@ -1,9 +1,11 @@
-"""``python -m gemmlib list | verify | bench | plot``."""
+"""``python -m gemmlib list | verify | bench``.
+
+Figures from result files are the course's job: ``python -m gemmcourse plot``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import glob
 import sys
 
 EPILOG = """
@@ -13,7 +15,8 @@ examples:
   python -m gemmlib verify shared --shape 4095x3073x2047
   python -m gemmlib bench --kernels shared coalesced --shape 4096
   python -m gemmlib bench --out results            # full sweep, written as JSON + CSV
-  python -m gemmlib plot results/bench-*.json --out figures
+
+Figures from result files: python -m gemmcourse plot results/bench-*.json --out figures
 
 Without a GPU set NUMBA_ENABLE_CUDASIM=1 to run kernels in numba's simulator
 (slow: keep shapes small; timings there mean nothing).
@@ -107,22 +110,10 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_plot(args) -> int:
-    from gemmlib.plot import plot_files
-
-    paths = sorted({p for pat in args.results for p in glob.glob(pat)})
-    if not paths:
-        print(f"no result files match {args.results}", file=sys.stderr)
-        return 1
-    for p in plot_files(paths, args.out):
-        print(f"wrote {p}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gemmlib", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="GEMM kernels in Python: list, verify, benchmark, plot.")
+                                description="GEMM kernels in Python: list, verify, benchmark.")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("list", help="the registered kernels, in course order")
@@ -159,10 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "the first call in a fresh process -> host-cost-<gpu>-<date>.json")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("plot", help="figures from result files")
-    s.add_argument("results", nargs="+", help="result JSON files (globs allowed)")
-    s.add_argument("--out", default="figures", help="output directory (default figures)")
-    s.set_defaults(func=cmd_plot)
     return p
 
 

@@ -48,7 +48,7 @@ from gemmlib.api import launch  # noqa: E402
 from gemmlib.autotune import compiled_resources  # noqa: E402
 from gemmlib.bench import time_fn  # noqa: E402
 from gemmlib.kernels import async_copy, double_buffer, layout_nt  # noqa: E402
-from gemmlib.notebook import blocks_per_sm  # noqa: E402
+from gemmcourse.notebook import blocks_per_sm  # noqa: E402
 from gemmlib.verify import tolerance  # noqa: E402
 
 ODD = [(1, 1, 1), (127, 129, 7), (129, 255, 9), (1000, 999, 1001), (257, 3, 4096),

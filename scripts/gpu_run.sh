@@ -40,7 +40,7 @@ for step in $STEPS; do
                  2>&1 | tee "$OUT/test.log" ;;
     verify)    $PY -m gemmlib verify 2>&1 | tee "$OUT/verify.log" ;;
     bench)     $PY -m gemmlib bench --out results --quiet ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" ;;
-    plot)      $PY -m gemmlib plot "results/bench-*.json" --out figures 2>&1 | tee "$OUT/plot.log" ;;
+    plot)      $PY -m gemmcourse plot "results/bench-*.json" --out figures 2>&1 | tee "$OUT/plot.log" ;;
     notebooks) PY=$PY bash scripts/execute_notebooks.sh ${NOTEBOOKS:-} 2>&1 | tee "$OUT/notebooks.log" ;;
     sanitize)  $PY scripts/sanitize.py ${SANITIZE_ARGS:-} 2>&1 | tee "$OUT/sanitize.log" ;;
     tune)      slug=$($PY -c "from gemmlib.tuning import gpu_slug; print(gpu_slug())")

@@ -22,7 +22,7 @@ stage() {
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
 for st in "$@"; do
   case $st in
-    probe) stage probe 90 python3 -m gemmlib.hopper_probe ;;
+    probe) stage probe 90 python3 -m gemmcourse.hopper_probe ;;
     verify) TAILN=40 stage verify 300 python3 scripts/hopper_gpu.py verify ${VERIFY:-} ;;
     tune) stage tune 200 python3 scripts/hopper_gpu.py tune 8192 ;;
     bench) TAILN=40 stage bench 300 python3 scripts/hopper_gpu.py bench ;;

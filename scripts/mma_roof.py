@@ -1,4 +1,4 @@
-"""Measure the ceiling of ``mma.sync`` on this GPU (see ``gemmlib.mma_roof``).
+"""Measure the ceiling of ``mma.sync`` on this GPU (see ``gemmcourse.mma_roof``).
 
 Times a kernel of back-to-back register-only ``mma.sync`` per input type and
 writes ``results/mma-roof-<gpu>.json`` with the GPU, clocks and versions,
@@ -19,7 +19,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gemmlib import backend, bench, mma_roof, tuning  # noqa: E402
+from gemmlib import backend, bench, tuning  # noqa: E402
+from gemmcourse import mma_roof  # noqa: E402
 
 PRECISIONS = ("fp16", "bf16", "tf32")
 

@@ -17,7 +17,7 @@ def _yaml_value(text, key):
 
 
 def test_repository_url_is_one_value():
-    from gemmlib.notebook import REPOSITORY
+    from gemmcourse.notebook import REPOSITORY
 
     config = (ROOT / "_config.yml").read_text()
     assert _yaml_value(config, "url") == REPOSITORY
@@ -55,7 +55,7 @@ def test_notebook_setup_cell(nb):
 
 def test_exercise_checks_never_raise(capsys):
     import gemmlib
-    from gemmlib import notebook as nb
+    from gemmcourse import notebook as nb
 
     spec = gemmlib.get_kernel("coalesced")
 
@@ -77,7 +77,7 @@ def test_exercise_checks_never_raise(capsys):
 
 def test_notebook_helpers_in_simulator():
     from gemmlib import backend
-    from gemmlib import notebook as nb
+    from gemmcourse import notebook as nb
 
     if not backend.SIMULATOR:
         pytest.skip("simulator-only expectations")

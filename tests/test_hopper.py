@@ -1,6 +1,6 @@
 """Hopper pieces (issue 13's proof of the path): wgmma descriptors and accumulator maps,
 TMA's swizzle and box rules, the kernels compiled and assembled for sm_90a (no GPU
-needed), and on an H100/H200 the probe kernels themselves (``gemmlib.hopper_probe``)."""
+needed), and on an H100/H200 the probe kernels themselves (``gemmcourse.hopper_probe``)."""
 
 import json
 import os
@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from gemmlib import backend, hopper_probe, tma
+from gemmlib import backend, tma
+from gemmcourse import hopper_probe
 from gemmlib.backend import cuda   # a global: the simulator swaps it inside kernels
 from gemmlib.intrinsics import hopper as H
 
@@ -85,7 +86,7 @@ def test_tma_box_rules(kw, match):
 @pytest.fixture(scope="module")
 def compiled():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-m", "gemmlib.hopper_probe", "--compile"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "gemmcourse.hopper_probe", "--compile"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {r["case"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
@@ -257,7 +258,7 @@ def test_notebooks_skip_the_rungs_on_other_gpus(monkeypatch, capsys):
     the wgmma rungs and moves on, instead of failing at the launch."""
     import dataclasses
 
-    from gemmlib import notebook as nb
+    from gemmcourse import notebook as nb
     from gemmlib.kernels import get
 
     for cc, ok in (((9, 0), True), ((12, 0), False), ((8, 6), False)):

@@ -8,7 +8,10 @@ The layers, bottom to top:
     -> dispatch
     -> api
     -> verify, bench, autotune
-    -> cli, plot, notebook, viz
+    -> cli
+
+The course's helpers (``gemmcourse``: figures, notebook plumbing, probes) sit
+above all of it: they import the library, and the library never imports them.
 
 The graph is read from the source with ``ast`` (nothing is imported), and it
 counts every import: module-level ones and the lazy ones inside functions, as
@@ -232,3 +235,52 @@ def test_layering():
                 bad.append(" -> ".join(path))
     assert not bad, "layering violations (lower layer imports an upper one):\n" + "\n".join(
         "  " + b for b in bad)
+
+
+COURSE_DIR = ROOT / "gemmcourse"
+#: the modules that are the course, not the library (issue 20: library and course apart)
+COURSE_MODULES = {"viz", "viz_tc", "viz_precision", "viz_hopper", "notebook", "plot",
+                  "hopper_probe", "mma_roof"}
+
+
+def _mentions_course(path: Path) -> list[str]:
+    """Every import of gemmcourse in a file: plain, from-, or import_module("...")."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            f = node.func
+            if (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)) == "import_module":
+                names = [node.args[0].value]
+        found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
+                  if n == "gemmcourse" or n.startswith("gemmcourse.")]
+    return found
+
+
+def test_the_library_never_imports_the_course():
+    """gemmlib is what a standalone user imports; the course depends on it, not the reverse."""
+    bad = [hit for path in MODULES.values() for hit in _mentions_course(path)]
+    assert not bad, "gemmlib imports the course helpers:\n  " + "\n  ".join(bad)
+
+
+def test_the_course_helpers_live_outside_the_library():
+    assert not [m for m in COURSE_MODULES if (PKG_DIR / f"{m}.py").exists()]
+    assert all((COURSE_DIR / f"{m}.py").exists() for m in COURSE_MODULES)
+
+
+def test_the_direction_check_sees_a_course_import(tmp_path):
+    """The checker itself: an import of the course, in each form, is found."""
+    src = tmp_path / "x.py"
+    src.write_text("import gemmcourse.viz\nfrom gemmcourse import notebook\n"
+                   "def f():\n    import importlib\n    importlib.import_module('gemmcourse.plot')\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert len(_mentions_course(src)) == 3
+    finally:
+        ROOT = saved

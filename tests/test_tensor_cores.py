@@ -617,9 +617,9 @@ def test_auto_in_a_tensor_core_precision_is_the_pipeline():
 @pytest.mark.parametrize("precision, per_mma", [("fp16", 16 * 2.0 ** -16),   # k=16 products 2^-8*2^-8
                                                 ("tf32", 8 * 2.0 ** -16)])
 def test_mma_roof_kernel_keeps_every_chain(precision, per_mma):
-    """gemmlib.mma_roof's spinning kernel really issues CHAINS x iters dependent mma per warp:
+    """gemmcourse.mma_roof's spinning kernel really issues CHAINS x iters dependent mma per warp:
     each thread's output sums its 4 accumulators of every chain (nothing folded away)."""
-    from gemmlib import mma_roof
+    from gemmcourse import mma_roof
 
     assert mma_roof.loop_source(3).count("= mma(") == 3
     if not backend.SIMULATOR:

@@ -1,4 +1,4 @@
-"""gemmlib.viz: the figures' data come from the kernels' own index functions."""
+"""gemmcourse.viz: the figures' data come from the kernels' own index functions."""
 
 import matplotlib
 
@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import gemmlib  # noqa: E402
-from gemmlib import viz  # noqa: E402
+from gemmcourse import viz  # noqa: E402
 
 RUNGS_WITH_C_ELEMENT = ["naive", "coalesced", "shared"]
 
@@ -172,7 +172,7 @@ def test_chapter13_figures_render():
 def test_chapter13_tables_from_files(tmp_path, capsys):
     import json
 
-    from gemmlib import notebook as nb
+    from gemmcourse import notebook as nb
 
     targets = {(1024, 1024, 1024): 70, (1024, 1024, 8192): 75, (8192, 8192, 8192): 90}
     assert nb.show_host_costs(tmp_path) == 0 and nb.show_call_level(targets, tmp_path) == 0

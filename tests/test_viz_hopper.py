@@ -1,4 +1,4 @@
-"""gemmlib.viz_hopper: the chapter-17 figures follow the simulator twin's and TMA's address
+"""gemmcourse.viz_hopper: the chapter-17 figures follow the simulator twin's and TMA's address
 rules, the schedules follow the kernels' barrier rules, and the result tables read
 (synthetic, in-test) files without inventing anything.  No GPU, no kernel launches."""
 
@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from gemmlib import layout as L  # noqa: E402
 from gemmlib import tma  # noqa: E402
-from gemmlib import viz_hopper as vh  # noqa: E402
+from gemmcourse import viz_hopper as vh  # noqa: E402
 from gemmlib.intrinsics import hopper as H  # noqa: E402
 
 
@@ -400,7 +400,7 @@ def test_runs_here(monkeypatch, capsys):
 
 def test_chapter_17_exercise_solutions_pass_their_checks(capsys):
     """The solutions the chapter gives pass the chapter's own check cells."""
-    from gemmlib import notebook as nb
+    from gemmcourse import notebook as nb
 
     want = {d["kstep"]: (d["offset"], d["lbo"], d["sbo"], d["swizzle"])
             for d in vh.kernel_descriptors(BN=128, halves=1) if d["operand"] == "B"}

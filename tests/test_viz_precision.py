@@ -1,4 +1,4 @@
-"""gemmlib.viz_precision: the pipeline schedule follows the kernel's rules, and the
+"""gemmcourse.viz_precision: the pipeline schedule follows the kernel's rules, and the
 tables and figures read (synthetic, in-test) result files without inventing anything."""
 
 import json
@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from gemmlib import viz_precision as vp  # noqa: E402
+from gemmcourse import viz_precision as vp  # noqa: E402
 from gemmlib.backend import DeviceInfo  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""gemmlib.viz_tc: the tensor-core figures agree with the PTX ISA's rules, written out here
+"""gemmcourse.viz_tc: the tensor-core figures agree with the PTX ISA's rules, written out here
 independently of the Layout objects they are computed from."""
 
 import matplotlib
@@ -9,7 +9,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from gemmlib import banks, viz_tc  # noqa: E402
+from gemmlib import banks
+from gemmcourse import viz_tc  # noqa: E402
 from gemmlib.kernels import mma_swizzle  # noqa: E402
 from gemmlib.layout import chunk_swizzle  # noqa: E402
 

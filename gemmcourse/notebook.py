@@ -7,7 +7,7 @@ The first code cell of each chapter is the same few lines::
         %pip install -q "gemmlib[cu12,gpu-cu12] @ git+<repository>"
     if shutil.which("nvidia-smi") is None:            # no NVIDIA GPU: simulate one
         os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-    from gemmlib import notebook as nb
+    from gemmcourse import notebook as nb
     dev = nb.setup()
 
 :func:`setup` then checks what a fresh Colab runtime gets wrong (numba-cuda
@@ -382,7 +382,7 @@ def results_table(kernels=None, *, squares_only=True, result=None):
 
 
 def figure(name: str, fallback=None):
-    """Show figures/<name> if the lead's `python -m gemmlib plot` made it; otherwise call
+    """Show figures/<name> if the lead's `python -m gemmcourse plot` made it; otherwise call
     ``fallback()`` (which may draw the chart inline) or say it is not there yet."""
     root = repo_root()
     path = root / "figures" / name if root else None
@@ -394,7 +394,7 @@ def figure(name: str, fallback=None):
     if fallback is not None:
         fallback()
     else:
-        print(f"(figure {name} not generated yet: run `python -m gemmlib plot` after a benchmark)")
+        print(f"(figure {name} not generated yet: run `python -m gemmcourse plot` after a benchmark)")
     return False
 
 
@@ -422,7 +422,7 @@ def performance(kernels, *, title=None):
 def results_chart(result, kernels, title=None):
     import matplotlib.pyplot as plt
 
-    from gemmlib.viz import plot_results
+    from gemmcourse.viz import plot_results
 
     recs = [dict(kernel=r.kernel, M=r.M, N=r.N, K=r.K, tflops=r.tflops) for r in result.rows
             if r.M == r.N == r.K]
@@ -579,7 +579,7 @@ def roofline(points, title=None):
     device to read, so an imaginary 20 TFLOP/s, 500 GB/s GPU is drawn, labelled as such."""
     import matplotlib.pyplot as plt
 
-    from gemmlib.viz import plot_roofline
+    from gemmcourse.viz import plot_roofline
 
     dev = backend.device_info()
     bw = memory_bandwidth_gbs()
@@ -721,7 +721,7 @@ def show_host_costs(directory=None) -> int:
     """Tables and a figure for every GPU's newest host-cost record; returns how many."""
     from IPython.display import display
 
-    from gemmlib.viz import plot_host_costs
+    from gemmcourse.viz import plot_host_costs
 
     def show(name, data):
         calls, parts = host_cost_tables(data, name)
@@ -818,7 +818,7 @@ def show_call_level(targets: dict, directory=None) -> int:
     """A table and a chart per GPU of the newest call-level benchmark; returns how many."""
     from IPython.display import display
 
-    from gemmlib.viz import plot_call_level
+    from gemmcourse.viz import plot_call_level
 
     def show(name, data):
         table, recs = call_level_table(name, data, targets, directory)

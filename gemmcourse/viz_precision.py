@@ -11,7 +11,7 @@
 * :func:`plot_roofline_tc`: the roofline with the SIMT fp32 roof, the datasheet
   tensor-core roofs and the measured ``mma.sync`` ceilings.
 * :func:`roof_table` / :func:`show_mma_roof`: ``results/mma-roof-<gpu>.json``
-  (:mod:`gemmlib.mma_roof`), the ceiling of ``mma.sync`` against cuBLAS and the
+  (:mod:`gemmcourse.mma_roof`), the ceiling of ``mma.sync`` against cuBLAS and the
   production rung.
 
 Nothing here invents a measurement: every plotted number comes from a results file
@@ -95,7 +95,7 @@ def plot_pipeline(stages: int = 4, tiles: int = 8, latency: float = 3.0,
                   compute: float = 1.0, title=None):
     """Timeline of :func:`pipeline_schedule`: one row per shared buffer (the copies
     landing in it), one row for the tensor cores."""
-    from gemmlib.viz import plot_timeline
+    from gemmcourse.viz import plot_timeline
 
     sched = pipeline_schedule(stages, tiles, latency, compute)
     copy_c, math_c = "#9fc5e8", "#b6d7a8"
@@ -119,7 +119,7 @@ def plot_pipeline(stages: int = 4, tiles: int = 8, latency: float = 3.0,
 
 def _committed(pattern: str, directory=None):
     """The newest committed file matching ``pattern`` per GPU (notebook's own helpers)."""
-    from gemmlib.notebook import _newest_per_gpu, committed_json
+    from gemmcourse.notebook import _newest_per_gpu, committed_json
 
     return _newest_per_gpu(committed_json(pattern, directory))
 
@@ -204,9 +204,9 @@ def _short(shape) -> str:
 
 
 def precision_table(data: dict, name: str = "", timing=None):
-    """An HTML :class:`gemmlib.notebook.Table` of :func:`precision_records`
+    """An HTML :class:`gemmcourse.notebook.Table` of :func:`precision_records`
     (``timing``: "kernel" or "call" to keep one timing mode)."""
-    from gemmlib.notebook import Table
+    from gemmcourse.notebook import Table
 
     recs = [d for d in precision_records(data) if timing in (None, d["timing"])]
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
@@ -419,10 +419,10 @@ def plot_roofline_tc(dev, data=None, title=None, roof=None):
 
 
 def roof_table(roof: dict, bench: dict | None = None, n: int = 8192):
-    """The ``mma.sync`` ceiling per precision (a :class:`gemmlib.notebook.Table`): the best
+    """The ``mma.sync`` ceiling per precision (a :class:`gemmcourse.notebook.Table`): the best
     register-only rate, cuBLAS at n^3 in that run, and -- from the precision benchmark of
     the same GPU -- the production rung at n^3 (kernel timing) as a share of the ceiling."""
-    from gemmlib.notebook import Table
+    from gemmcourse.notebook import Table
 
     ours = {d["precision"]: d for d in precision_records(bench or {})
             if d["timing"] == "kernel" and d["shape"] == (n, n, n)}
@@ -444,7 +444,7 @@ def roof_table(roof: dict, bench: dict | None = None, n: int = 8192):
     return Table(("precision", "instruction", "mma.sync ceiling TFLOP/s",
                   f"cuBLAS {n}^3 TFLOP/s", "ceiling / cuBLAS", f"mma_pipeline {n}^3",
                   "mma_pipeline / ceiling"), body,
-                 caption=f"register-only mma.sync (gemmlib.mma_roof) on {meta.get('gpu', '?')}, "
+                 caption=f"register-only mma.sync (gemmcourse.mma_roof) on {meta.get('gpu', '?')}, "
                          f"{str(meta.get('date', ''))[:10]}; mma_pipeline from the precision "
                          f"benchmark of the same GPU")
 

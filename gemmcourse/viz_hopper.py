@@ -34,7 +34,7 @@ import re
 import numpy as np
 
 from gemmlib.intrinsics import hopper as H
-from gemmlib.viz_precision import _committed, _num   # newest file per GPU; a number or None
+from gemmcourse.viz_precision import _committed, _num   # newest file per GPU; a number or None
 
 #: the rungs of the chapter, fastest first, and the mma.sync rung they replace
 RUNGS = ("wgmma_ws", "wgmma_tma", "wgmma_async", "mma_pipeline")
@@ -192,11 +192,11 @@ def descriptor_of(d: dict, base: int = 0) -> int:
 
 
 def descriptor_table(BM: int = 128, BN: int = 128, base: int = 1024):
-    """A :class:`gemmlib.notebook.Table` of the descriptors of one k-tile of
+    """A :class:`gemmcourse.notebook.Table` of the descriptors of one k-tile of
     ``wgmma_async`` (BM / 64 slices of A, B's tile of BN columns), for a stage whose A
     tile starts at shared address ``base`` (1024-aligned) and B tile right after it."""
     from gemmlib.kernels.wgmma_async import BK
-    from gemmlib.notebook import Table
+    from gemmcourse.notebook import Table
 
     b_base = base + BM * BK * 2
     rows = []
@@ -595,8 +595,8 @@ def hopper_records(data: dict):
 
 
 def hopper_table(data: dict, name: str = ""):
-    """A :class:`gemmlib.notebook.Table` of :func:`hopper_records`."""
-    from gemmlib.notebook import Table
+    """A :class:`gemmcourse.notebook.Table` of :func:`hopper_records`."""
+    from gemmcourse.notebook import Table
 
     def f(v, fmt):
         if v is None:
@@ -663,9 +663,9 @@ def ladder_order(data: dict, timing: str = "kernel", ladder=RUNGS[::-1]):
 
 
 def host_table(data: dict, name: str = ""):
-    """A :class:`gemmlib.notebook.Table`: per call-timed row, the host microseconds of one
+    """A :class:`gemmcourse.notebook.Table`: per call-timed row, the host microseconds of one
     call (``host_us``) beside the same rung's kernel-alone time, when measured."""
-    from gemmlib.notebook import Table
+    from gemmcourse.notebook import Table
 
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     body = [(d["label"], d["precision"], d["size"], f(d["host_us"].get("call"), ".0f"),
@@ -775,8 +775,8 @@ def implied_cube(row: dict):
 
 
 def tune_table(data: dict, name: str = ""):
-    """A :class:`gemmlib.notebook.Table` of one ``wgmma_ws`` tuning file."""
-    from gemmlib.notebook import Table
+    """A :class:`gemmcourse.notebook.Table` of one ``wgmma_ws`` tuning file."""
+    from gemmcourse.notebook import Table
 
     rows = data.get("rows", []) if isinstance(data, dict) else []
     body = [(r.get("kernel", "?"), ", ".join(f"{k}={v}" for k, v in r.get("params", {}).items()),
@@ -791,11 +791,11 @@ def tune_table(data: dict, name: str = ""):
 
 
 def runs_here(spec) -> bool:
-    """True if ``spec`` can run on this device: ``gemmlib.notebook.runnable`` (compute
+    """True if ``spec`` can run on this device: ``gemmcourse.notebook.runnable`` (compute
     capability) and the spec's own constraints (the Hopper rungs need exactly 9.0);
     otherwise prints why and returns False."""
     from gemmlib import backend
-    from gemmlib import notebook as nb
+    from gemmcourse import notebook as nb
 
     if not nb.runnable(spec):
         return False
@@ -809,12 +809,12 @@ def runs_here(spec) -> bool:
 
 
 def ptx_evidence(spec, examples: int = 2):
-    """A :class:`gemmlib.notebook.Table`: how often each of ``spec.ptx_must``'s patterns
+    """A :class:`gemmcourse.notebook.Table`: how often each of ``spec.ptx_must``'s patterns
     occurs in the kernel's PTX for sm_90a (:func:`gemmlib.ptx.compile_ptx`, the compile
     gate's own compiler call, which needs no launch and no kernel cache), with examples.
     In the simulator (which compiles nothing) or without the compiler: a note, None."""
     from gemmlib.backend import SIMULATOR
-    from gemmlib.notebook import Table
+    from gemmcourse.notebook import Table
 
     if SIMULATOR:
         print("The simulator compiles nothing, so there is no PTX here. On a machine with "

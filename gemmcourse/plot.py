@@ -1,6 +1,6 @@
 """Figures from committed benchmark results (never drawn by hand).
 
-``python -m gemmlib plot results/bench-*.json --out figures`` writes, per GPU:
+``python -m gemmcourse plot results/bench-*.json --out figures`` writes, per GPU:
 
 * ``<gpu>-tflops.png``: TFLOP/s against square size for every kernel and cuBLAS;
 * ``<gpu>-pct-cublas.png``: each kernel's % of cuBLAS at every square size;
@@ -142,8 +142,8 @@ def plot_files(paths, out_dir="figures") -> list[Path]:
 
 
 def _call_figure(result: Result, out: Path) -> Path:
-    from gemmlib.notebook import CALL_TARGETS, call_level_records
-    from gemmlib.viz import plot_call_level
+    from gemmcourse.notebook import CALL_TARGETS, call_level_records
+    from gemmcourse.viz import plot_call_level
 
     records = call_level_records(result.to_json(), CALL_TARGETS)
     fig = plot_call_level(records, title=_title(result, "gemmlib.matmul as called, vs cuBLAS"))

@@ -248,7 +248,7 @@ def compile_case(case: str) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m gemmlib.hopper_probe [--compile]``: run every case on this GPU, or
+    """``python -m gemmcourse.hopper_probe [--compile]``: run every case on this GPU, or
     (``--compile``) compile and assemble each for sm_90a and print JSON."""
     import json
     import sys

@@ -440,7 +440,7 @@ def plot_results(records, kernels=None, title=None, reference="cublas"):
     """TFLOP/s against size for the given kernels (and the reference), from results.
 
     ``records`` are dicts with at least kernel, M, N, K, tflops (see
-    gemmlib.notebook.load_results).
+    gemmcourse.notebook.load_results).
     """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
