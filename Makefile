@@ -16,7 +16,8 @@ ifeq ($(HAS_GPU),1)
   EXTRAS ?= cu13,gpu,test,book
 else
   SIM   ?= 1
-  EXTRAS ?= cu13,test,book
+  # torch-cpu: the CPU tests of torch calls and of gemmlib.distributed (gloo)
+  EXTRAS ?= cu13,test,book,torch-cpu
 endif
 export NUMBA_ENABLE_CUDASIM := $(SIM)
 

@@ -1,10 +1,14 @@
 """Helpers every chapter notebook uses.
 
-The first code cell of each chapter is the same few lines::
+The first code cell of each chapter is the same few lines (``gemmcourse.colab.setup_cell``,
+written into every chapter from ``_config.yml`` by ``scripts/set_repository.py``)::
 
-    import os, shutil, sys
-    if "google.colab" in sys.modules:                  # Colab: install gemmlib
-        %pip install -q "gemmlib[cu12,gpu-cu12] @ git+<repository>"
+    import importlib.util, os, shutil, sys
+    if ("google.colab" in sys.modules
+            and importlib.util.find_spec("gemmlib") is None):   # Colab: install, restart
+        !git clone -q --depth 1 --branch <branch> <repository> /content/gemm-course
+        %pip install -q -e "/content/gemm-course[cu12,gpu-cu12]"
+        raise SystemExit("Installed. Restart the runtime ...")
     if shutil.which("nvidia-smi") is None:            # no NVIDIA GPU: simulate one
         os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
     from gemmcourse import notebook as nb
@@ -31,9 +35,9 @@ from pathlib import Path
 from gemmlib import backend
 from gemmlib.backend import SIMULATOR
 
-#: The course's repository: the one place notebooks install gemmlib from
-#: (``_config.yml``'s ``repository.url`` is the same; tests/test_book.py checks).
-REPOSITORY = "https://github.com/gemm-course/gemm-course"
+# The course's repository and branch, as _config.yml sets them (gemmcourse.colab): what
+# every chapter's set-up cell installs from on Colab (tests/test_colab_setup.py checks).
+from gemmcourse.colab import BRANCH, REPOSITORY  # noqa: F401
 
 IN_COLAB = "google.colab" in sys.modules
 
@@ -150,8 +154,9 @@ def runnable(spec) -> bool:
     if tuple(dev.compute_capability) < tuple(spec.min_cc):
         need = f"sm_{spec.min_cc[0]}{spec.min_cc[1]}"
         have = f"sm_{dev.compute_capability[0]}{dev.compute_capability[1]}"
+        why = getattr(spec, "min_cc_why", "")
         print(f"SKIPPED: kernel {spec.name!r} needs {need} or newer; this GPU ({dev.name}) "
-              f"is {have}. The rest of the chapter still runs.")
+              f"is {have}{': ' + why if why else ''}. The rest of the chapter still runs.")
         return False
     failed = spec.failed_constraints(256, 256, 256, dev)   # what no shape can fix
     if failed:
@@ -298,12 +303,23 @@ def show_source(obj, *, start: str | None = None, stop: str | None = None):
 # Committed results (results/*.json written by `python -m gemmlib bench --out results`)
 
 
+_NO_CHECKOUT_SAID = False
+
+
 def repo_root() -> Path | None:
-    """The checkout's root (the folder holding results/), or None when gemmlib was pip-installed."""
+    """The checkout's root (the folder holding results/), or None when gemmlib was pip-installed
+    without it (then says once that the committed measurements are not here, and where they are)."""
+    global _NO_CHECKOUT_SAID
     for start in (Path.cwd(), Path(__file__).resolve().parent):
         for d in (start, *start.parents):
             if (d / "gemmlib").is_dir() and (d / "pyproject.toml").is_file():
                 return d
+    if not _NO_CHECKOUT_SAID:
+        _NO_CHECKOUT_SAID = True
+        print(f"(gemmcourse is installed without the course's checkout, so the measurements "
+              f"committed in its results/ and figures/ are not shown here. To see them, clone "
+              f"{REPOSITORY} and install from the clone: pip install -e <clone>, as the "
+              f"chapters' set-up cell does on Colab.)")
     return None
 
 

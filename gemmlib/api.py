@@ -1,17 +1,26 @@
 """``gemmlib.matmul``: checks the operands, then hands them to the dispatch layer.
 
 What a call costs the caller is mostly host time for small and medium
-problems, so the common case -- CuPy arrays in, CuPy array (or ``out=``) --
-takes a short path: operands are described from CuPy's own attributes (no
-``__cuda_array_interface__`` dict, no pointer queries), the launch plan is a
-dict lookup (:func:`gemmlib.dispatch.plan`) and the launch one driver call
-(:func:`gemmlib.dispatch.run`).  Every check of the long path still runs,
-with the same messages.
+problems, so the common cases -- CuPy arrays or torch CUDA tensors in, the
+same type out (or ``out=``) -- take a short path:
+
+* operands are described from their own attributes (CuPy's ``data.ptr``,
+  torch's ``data_ptr()``, ``shape``, ``dtype``), once per call: no
+  ``__cuda_array_interface__`` dict, no pointer queries;
+* a call whose operands are described like an earlier call's (type, dtype,
+  shape, layout, kernel, precision) reuses what the checks concluded then
+  (:data:`gemmlib.dispatch.CALLS`): the plan and the output type.  The checks
+  that depend on the pointers themselves (aliasing of ``out``, 16-byte
+  alignment, the current device) run every time; anything unusual takes the
+  long path, which runs every check with the same messages;
+* the launch is one driver call (:func:`gemmlib.dispatch.run`) on the
+  framework's own current stream (torch's for torch tensors).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
@@ -51,7 +60,7 @@ class _Operand:
     ptr: int = 0
     nbytes: int = 0
     device: int | None = None
-    kind: str = "numpy"  # numpy | cupy | numba | other
+    kind: str = "numpy"  # numpy | cupy | torch | numba | dlpack (e.g. JAX, as CuPy) | other
     #: element type by name; "bfloat16" for BF16Array / torch / ml_dtypes data, whose
     #: ``obj`` is then the raw 16-bit patterns
     dname: str = ""
@@ -59,6 +68,10 @@ class _Operand:
     def __post_init__(self):
         if not self.dname:
             self.dname = _dtype_name(self.dtype)
+
+    def _replace_kind(self, kind: str) -> "_Operand":
+        self.kind = kind
+        return self
 
 
 @lru_cache(maxsize=None)
@@ -104,9 +117,35 @@ def _cupy_ndarray():
     return _CUPY_NDARRAY
 
 
+_TORCH = None  # the torch module, once the caller has imported it (gemmlib never does)
+
+
+def _torch():
+    global _TORCH
+    if _TORCH is None and "torch" in sys.modules:
+        _TORCH = sys.modules["torch"]
+    return _TORCH
+
+
+@lru_cache(maxsize=None)
+def _torch_dtype(tdtype) -> tuple[np.dtype, str]:
+    """A torch dtype as (the NumPy dtype of the bits the kernel reads, its name)."""
+    name = str(tdtype).replace("torch.", "")
+    if name == "bfloat16":
+        return np.dtype(np.uint16), "bfloat16"
+    try:
+        dt = np.dtype(name)
+    except TypeError:  # float8_e4m3fn, complex32, ...: no NumPy twin; the name still says it
+        dt = np.dtype(f"V{tdtype.itemsize}")
+    return dt, name
+
+
 def _describe(x, name: str) -> _Operand:
     if type(x) is _cupy_ndarray():  # the common case, cheaply
         return _describe_cupy(x)
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor) and x.is_cuda and not SIMULATOR:
+        return _describe_torch(x)
     bf16 = _bf16_bits(x)
     if bf16 is not None:  # bfloat16: describe the bit patterns, remember what they are
         op = _describe(bf16, name)
@@ -137,6 +176,18 @@ def _describe_cupy(x) -> _Operand:
                     nbytes=nbytes, device=mem.device_id if nbytes else None, kind="cupy")
 
 
+def _describe_torch(x) -> _Operand:
+    """A torch CUDA tensor, from its own attributes (one call's worth of cheap queries)."""
+    if x.requires_grad:  # as torch's own exporters refuse it: autograd would not see the product
+        raise RuntimeError("a tensor that requires grad cannot be used by gemmlib (autograd "
+                           "does not see its kernels): pass tensor.detach() instead")
+    dtype, dname = _torch_dtype(x.dtype)
+    nbytes = x.numel() * dtype.itemsize
+    return _Operand(x, tuple(x.shape), dtype, x.is_contiguous(), on_host=False,
+                    ptr=x.data_ptr(), nbytes=nbytes, device=x.get_device() if nbytes else None,
+                    kind="torch", dname=dname)
+
+
 def _describe_other(x, name: str) -> _Operand:
     if (not isinstance(x, np.ndarray) and not hasattr(x, "__cuda_array_interface__")
             and not type(x).__module__.startswith("numba")  # the simulator's device arrays
@@ -149,6 +200,7 @@ def _describe_other(x, name: str) -> _Operand:
             f"{name}: in the simulator gemmlib works on NumPy arrays; got {type(x).__name__}")
     if not hasattr(x, "__cuda_array_interface__") and hasattr(x, "__dlpack__"):
         x = backend.array_module().from_dlpack(x)  # e.g. a JAX array; zero-copy
+        return _describe_cupy(x)._replace_kind("dlpack")
     if not hasattr(x, "__cuda_array_interface__"):
         raise TypeError(
             f"{name} must be a NumPy array or a GPU array (CuPy, numba, or anything with "
@@ -200,8 +252,9 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
         if op.dname != want or (op.dname != "bfloat16" and op.dtype != _np_dtype(want)):
             what = (f"kernel {spec.name!r} computes in {want}" if name != "out" else
                     f"kernel {spec.name!r} writes {want}")
+            shown = op.dname if op.dname == "bfloat16" or op.kind == "torch" else op.dtype
             raise TypeError(
-                f"{name} has dtype {op.dtype if op.dname != 'bfloat16' else 'bfloat16'}, but "
+                f"{name} has dtype {shown}, but "
                 f"{what}: convert it first (e.g. {name}.astype(np.{want}))"
                 + ("" if spec.precision == "fp32" or name == "out" else
                    f" or pass precision= for the input's own type"))
@@ -233,20 +286,38 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
             if op.device is not None and op.device != current:
                 raise ValueError(
                     f"{name} lives on GPU {op.device} but the current device is GPU {current}: "
-                    f"call matmul inside `with cupy.cuda.Device({op.device}):`")
+                    f"call matmul inside `with cupy.cuda.Device({op.device}):`"
+                    + (f" (or torch.cuda.device({op.device}))" if op.kind == "torch" else ""))
     return M, N, K
 
 
+class _RawStream(int):
+    """A raw CUstream handle (a framework's current stream) handed down the call path."""
+
+    @property
+    def ptr(self) -> int:
+        return int(self)
+
+
 def _check_stream(stream) -> None:
-    """Refuse anything that is not a CuPy or numba stream before it reaches a launch."""
-    if stream is None or hasattr(stream, "ptr"):  # CuPy
+    """Refuse anything that is not a CuPy, numba or torch stream before it reaches a launch."""
+    if stream is None or hasattr(stream, "ptr"):  # CuPy (and _RawStream)
         return
     if hasattr(stream, "synchronize") and (hasattr(stream, "handle") or SIMULATOR):  # numba
         return
-    hint = ""
-    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
-        hint = "; wrap a torch stream as cupy.cuda.ExternalStream(s.cuda_stream)"
-    raise TypeError(f"stream must be a CuPy or numba stream, not {type(stream).__name__}{hint}")
+    if hasattr(stream, "cuda_stream") and hasattr(stream, "synchronize"):  # torch.cuda.Stream
+        return
+    raise TypeError(f"stream must be a CuPy, numba or torch stream, not {type(stream).__name__}")
+
+
+def _torch_current_stream(device: int | None) -> _RawStream:
+    """torch's current stream on ``device``: where torch would queue a matmul of these tensors."""
+    torch = _torch()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # one C call, no Stream object
+    index = torch.cuda.current_device() if device is None else device
+    if raw is not None:
+        return _RawStream(raw(index))
+    return _RawStream(torch.cuda.current_stream(index).cuda_stream)
 
 
 def _staging_stream(stream):
@@ -258,6 +329,8 @@ def _staging_stream(stream):
     """
     if stream is None:
         return nullcontext()  # CuPy's current stream, where the kernel goes too
+    if isinstance(stream, _RawStream) or hasattr(stream, "cuda_stream"):  # torch's
+        return backend.array_module().cuda.ExternalStream(dispatch.stream_handle(stream))
     if hasattr(stream, "ptr"):
         return stream
     return backend.array_module().cuda.ExternalStream(int(stream))  # a numba stream
@@ -290,10 +363,11 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     out : optional array of shape (M, N), same dtype and place as A and B,
         C-contiguous and writeable.  Must not share memory with A or B
         (refused: the kernel would overwrite its input while reading it).
-        Written in place and returned.  Allocated when None: a numba device
-        array when A is one, else CuPy (also for torch inputs; pass a torch
-        ``out`` to get one back).  An output that does not fit in GPU memory
-        raises ``MemoryError`` with its size.
+        Written in place and returned.  Allocated when None in the inputs'
+        own type: a torch tensor on the inputs' device for torch CUDA
+        tensors, a numba device array when A is one, else CuPy (NumPy for
+        host inputs).  An output that does not fit in GPU memory raises
+        ``MemoryError`` with its size.
     kernel : rung name (see ``gemmlib.list_kernels()``), a KernelSpec, or
         ``"auto"`` (the default): the configuration the autotuner measured
         fastest for this GPU and shape class, with K split into slices when
@@ -301,10 +375,12 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         With ``transpose_b=True`` the default is the fastest rung that takes
         B as (N, K).  Each configuration is compiled once per process and its
         machine code cached on disk (``gemmlib.dispatch``).
-    stream : CuPy or numba stream to launch on; default CuPy's current stream.
-        Anything else is refused with a TypeError (wrap a torch stream as
-        ``cupy.cuda.ExternalStream(s.cuda_stream)``).  The call returns
-        without waiting for GPU inputs and outputs; host results are ready.
+    stream : CuPy, numba or torch stream to launch on.  Default: the inputs'
+        framework's current stream -- ``torch.cuda.current_stream()`` for torch
+        tensors (so the product is ordered with the caller's torch work, side
+        streams included), CuPy's current stream otherwise.  Anything else is
+        refused with a TypeError.  The call returns without waiting for GPU
+        inputs and outputs; host results are ready.
     transpose_b : if True, B is given as (N, K), row-major (K-major, the
         layout of the CuTe chapters), and C = A @ B.T.  Only kernels whose
         spec says ``b_operand="NK"`` take it.
@@ -337,6 +413,127 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
     c = _describe(out, "out") if out is not None else None
+    if a.kind == "torch" and stream is None:
+        stream = _torch_current_stream(a.device)
+    key = _call_key(a, b, c, kernel, transpose_b, precision)
+    if key is not None:
+        known = dispatch.CALLS.get(key)
+        if known is not None and _still_holds(known, a, b, c):
+            return _run_known(known, a, b, c, out, stream)
+    _RECORD.known = None
+    C = _matmul(a, b, c, out, kernel, stream, transpose_b, precision)
+    if key is not None and _RECORD.known is not None:
+        dispatch.CALLS.put(key, _RECORD.known)
+    if out is None and a.kind in ("numpy", "dlpack") and not isinstance(A, np.ndarray):
+        C = _like_input(C, A)
+    return C
+
+
+def _like_input(C, A):
+    """The result in A's own array type, for inputs that came in through NumPy or DLPack
+    (a torch CPU tensor, a JAX array); anything else gets the array as computed."""
+    torch = _torch()
+    if torch is not None and isinstance(A, torch.Tensor):
+        return torch.from_numpy(C) if isinstance(C, np.ndarray) else torch.from_dlpack(C)
+    mod = sys.modules.get(type(A).__module__.split(".")[0])
+    if mod is not None and mod.__name__ in ("jax", "jaxlib"):
+        return sys.modules["jax"].numpy.from_dlpack(C)
+    return C
+
+
+# --------------------------------------------------------------------------
+# Calls already checked: the short path
+
+
+class _Known:
+    """What the checks of an earlier call concluded, valid for operands described alike."""
+
+    __slots__ = ("plan", "out_dtype", "align", "bound", "devices")
+
+    def __init__(self, plan, out_dtype, align: int):
+        self.plan = plan
+        self.out_dtype = out_dtype  # the output's dtype, in the inputs' framework
+        self.align = align          # the kernel's operand alignment (16-byte pointers)
+        self.bound = {}             # device -> the plan made ready there (dispatch.bound)
+        self.devices = {}           # device -> torch.device, for torch outputs
+
+
+_RECORD = threading.local()  # the long path leaves its conclusion here
+
+
+def _call_key(a: _Operand, b: _Operand, c: _Operand | None, kernel, transpose_b, precision):
+    """A key for calls whose checks must conclude alike, or None (long path only)."""
+    if a.kind not in ("cupy", "torch") or not (kernel is None or type(kernel) is str):
+        return None
+    ck = None if c is None else (c.kind, c.dname, c.dtype, c.shape, c.c_contiguous)
+    return (a.kind, a.dname, a.dtype, a.shape, a.c_contiguous,
+            b.kind, b.dname, b.dtype, b.shape, b.c_contiguous, ck, kernel, transpose_b, precision)
+
+
+def _still_holds(k: _Known, a: _Operand, b: _Operand, c: _Operand | None) -> bool:
+    """The checks that depend on this call's pointers and the current device."""
+    if k.align and (a.ptr % 16 or b.ptr % 16):
+        return False  # the long path pads
+    if c is not None and (_overlap(c, a) or _overlap(c, b)):
+        return False  # the long path refuses, with its message
+    current = _current_device()
+    for op in (a, b) if c is None else (a, b, c):
+        if op.device is not None and op.device != current:
+            return False
+    return True
+
+
+_GET_DEVICE = None
+
+
+def _current_device() -> int:
+    global _GET_DEVICE
+    if _GET_DEVICE is None:
+        _GET_DEVICE = backend.array_module().cuda.runtime.getDevice
+    return _GET_DEVICE()
+
+
+def _run_known(k: _Known, a, b, c, out, stream):
+    p = k.plan
+    device = _current_device()
+    if out is None:
+        C = _new_output(k, a, device)
+        c_ptr = _out_ptr(C)
+    else:
+        C, c_ptr = out, c.ptr
+    bound = k.bound.get(device)
+    if bound is None:   # loaded in this device's context once; then no context query
+        bound = k.bound[device] = dispatch.bound(p)
+    dispatch.run(p, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream), bound=bound)
+    return C
+
+
+def _new_output(k: _Known, a: _Operand, device: int):
+    p = k.plan
+    if a.kind == "torch":
+        dev = k.devices.get(device)
+        if dev is None:
+            dev = k.devices[device] = _torch().device("cuda", device)
+        return _torch().empty((p.M, p.N), dtype=k.out_dtype, device=dev)
+    return backend.array_module().empty((p.M, p.N), dtype=k.out_dtype)
+
+
+def _out_ptr(C) -> int:
+    if type(C) is _cupy_ndarray():
+        return C.data.ptr
+    if hasattr(C, "data_ptr"):
+        return C.data_ptr()
+    return C.__cuda_array_interface__["data"][0]
+
+
+def _remember(plan, a: _Operand, C, align: int) -> None:
+    """The long path launched ``plan`` on these operands as they are: remember it."""
+    if a.kind in ("cupy", "torch"):
+        _RECORD.known = _Known(plan, C.dtype, align)
+
+
+def _matmul(a, b, c, out, kernel, stream, transpose_b, precision):
+    """matmul's long path: every check, with its message."""
     if precision is None and isinstance(kernel, KernelSpec):
         precision = kernel.precision
     if precision not in (None, "fp32") or _sixteen_bit_default(a, kernel):
@@ -372,15 +569,16 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         C = c.obj if out is not None else np.empty((M, N), dtype=plan.spec.dtype)
         if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
             dispatch.launch(plan, A_, B_, C, M, N, K, stream=stream)
-        return C
+        return C if out is None else out  # out itself (a torch CPU tensor stays one)
 
     if out is not None:
         C, c_ptr = out, c.ptr
     else:
-        C = _allocate_output(M, N, plan.spec.dtype, numba=a.kind == "numba")
-        c_ptr = C.data.ptr if a.kind != "numba" else C.__cuda_array_interface__["data"][0]
+        C = _allocate_output(M, N, plan.spec.dtype, like=a)
+        c_ptr = _out_ptr(C)
     if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
         dispatch.run(plan, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream))
+        _remember(plan, a, C, 0)
     return C
 
 
@@ -432,11 +630,11 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
             Kp, Np = -(-K // al) * al, -(-N // al) * al
             A_, B_ = _padded(A_, M, Kp, xp), _padded(B_, Kp, Np, xp)
         if out is not None:
-            C = out
+            C = c.obj if a.on_host else out  # host: the NumPy view of out (a torch CPU tensor)
         elif a.on_host:
             C = np.empty((M, N), dtype=np.float32)
         else:
-            C = _allocate_output(M, N, np.float32, numba=a.kind == "numba")
+            C = _allocate_output(M, N, np.float32, like=a)
         Ck = C if Np == N else xp.empty((M, Np), dtype=np.float32)
         if M != 0 and N != 0:
             plan = dispatch.plan(spec, M, Np, Kp)  # ConstraintError here
@@ -444,9 +642,11 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
                 dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream)
             else:
                 dispatch.run(plan, _ptr(A_), _ptr(B_), _ptr(Ck), dispatch.stream_handle(stream))
+                if (Kp, Np) == (K, N) and not misaligned:  # no staging: a repeat can skip it all
+                    _remember(plan, a, C, al)
             if Ck is not C:  # drop the padded columns (in order on the same stream)
                 (C if a.on_host else xp.asarray(C))[...] = Ck[:, :N]
-    return C
+    return C if out is None else out
 
 
 def _kernel_array(op: _Operand, xp):
@@ -457,6 +657,8 @@ def _kernel_array(op: _Operand, xp):
         if not (x.flags.c_contiguous and x.flags.writeable):
             x = np.array(x, order="C")
         return x.view(np.uint16) if x.dtype.itemsize == 2 else x
+    if op.kind == "torch" and op.dname == "bfloat16":
+        x = x.view(_torch().int16)  # torch exports no bfloat16 through CAI; the bits suffice
     return x if type(x) is _cupy_ndarray() else xp.asarray(x)
 
 
@@ -478,14 +680,19 @@ def _padded(x, rows: int, cols: int, xp):
 
 
 def _ptr(x) -> int:
-    return x.data.ptr if type(x) is _cupy_ndarray() else x.__cuda_array_interface__["data"][0]
+    return _out_ptr(x)
 
 
-def _allocate_output(M: int, N: int, dtype, numba: bool):
-    """C on the GPU (numba when A is numba, else CuPy); a clear MemoryError when it cannot fit."""
+def _allocate_output(M: int, N: int, dtype, like: _Operand):
+    """C on the GPU in A's own type (torch, numba, else CuPy); a clear MemoryError when it
+    cannot fit."""
     try:
-        if numba:
+        if like.kind == "numba":
             return cuda.device_array((M, N), dtype=dtype)
+        if like.kind == "torch":
+            torch = _torch()
+            return torch.empty((M, N), dtype=getattr(torch, np.dtype(dtype).name),
+                               device=like.obj.device)
         return backend.array_module().empty((M, N), dtype=dtype)
     except Exception as e:
         if not (isinstance(e, MemoryError) or "OUT_OF_MEMORY" in str(e).upper()

@@ -15,6 +15,7 @@ examples:
   python -m gemmlib verify shared --shape 4095x3073x2047
   python -m gemmlib bench --kernels shared coalesced --shape 4096
   python -m gemmlib bench --out results            # full sweep, written as JSON + CSV
+  python -m gemmlib bench --suite models --out results   # model projections, torch inputs
 
 Figures from result files: python -m gemmcourse plot results/bench-*.json --out figures
 
@@ -78,9 +79,35 @@ def cmd_verify(args) -> int:
     return 1 if failures else 0
 
 
+def cmd_models(args) -> int:
+    from gemmlib import backend, bench_models as bm
+
+    if backend.SIMULATOR:
+        shapes = bm.suite_shapes(args.models or tuple(bm.MODELS), args.tokens or bm.TOKENS)
+        print(f"the models suite times GPU calls; its {len(shapes)} shapes:")
+        for s in shapes:
+            print(f"  {s.model:<14}{s.layer:<8}T={s.tokens:<6}{s.M}x{s.N}x{s.K}")
+        return 0
+    data = bm.run_suite(precisions=args.precisions or bm.PRECISIONS,
+                        inputs=args.inputs or ("torch",), models=args.models or tuple(bm.MODELS),
+                        tokens=args.tokens or bm.TOKENS, progress=not args.quiet)
+    data["host_costs"] = bm.framework_host_costs()
+    for line in bm.summary(data):
+        print(line)
+    for r in data["host_costs"]:
+        ratio = r.get("torch_ratio", r.get("cupy_ratio"))
+        print(f"  host {r['case']:<12} gemmlib {r['gemmlib_us']:6.1f} us, {r['reference']} "
+              f"{r['reference_us']:6.1f} us: {ratio:.2f}x")
+    if args.out:
+        print(f"wrote {bm.save(data, args.out)}")
+    return 1 if any("error" in r for r in data["rows"]) else 0
+
+
 def cmd_bench(args) -> int:
     from gemmlib.bench import benchmark
 
+    if args.suite == "models":
+        return cmd_models(args)
     if args.host_cost:
         from gemmlib import backend
         from gemmlib.bench import first_call, host_costs, save_host_costs
@@ -88,12 +115,19 @@ def cmd_bench(args) -> int:
         if backend.SIMULATOR:
             print("host costs need a GPU: the simulator's timings mean nothing")
             return 0
+        from gemmlib.bench_models import framework_host_costs
+
         data = host_costs()
+        data["frameworks"] = framework_host_costs()  # torch_ratio / cupy_ratio per case
         data["first_call"] = first_call()
         for r in data["rows"]:
             print(f"  {r['name']:32} {r['host_us']:8.1f} us  {r['what']}")
         for r in data["steps"]:
             print(f"    step {r['step']:24} {r['host_us']:8.1f} us")
+        for r in data["frameworks"]:
+            ratio = r.get("torch_ratio", r.get("cupy_ratio"))
+            print(f"  {r['case']:<12} gemmlib.matmul {r['gemmlib_us']:6.1f} us, "
+                  f"{r['reference']} {r['reference_us']:6.1f} us: {ratio:.2f}x")
         print(f"  first call: {data['first_call']}")
         if args.out:
             print(f"wrote {save_host_costs(data, args.out)}")
@@ -145,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kernel: events around the launch alone (default); call: around "
                    "gemmlib.matmul(A, B, out=C) as users call it, with host us per call "
                    "(file stem gets -call); both")
+    s.add_argument("--suite", choices=("sweep", "models"), default="sweep",
+                   help="sweep: the ladder over squares and odd shapes (default); models: the "
+                   "projections of Llama 3.1 8B and Qwen2.5 72B at 1..16384 tokens, timed as a "
+                   "loop of calls against torch.matmul/cupy.matmul -> models-<gpu>-<date>.json")
+    s.add_argument("--precisions", nargs="*", help="models suite: fp16 bf16 3xtf32 (default)")
+    s.add_argument("--inputs", nargs="*", choices=("torch", "cupy"),
+                   help="models suite: torch (default) and/or cupy operands")
+    s.add_argument("--models", nargs="*", help="models suite: llama-3.1-8b qwen2.5-72b")
+    s.add_argument("--tokens", nargs="*", type=int, help="models suite: token counts (M)")
     s.add_argument("--host-cost", action="store_true",
                    help="instead: where one call's host time goes (64^3, step by step) and "
                    "the first call in a fresh process -> host-cost-<gpu>-<date>.json")

@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gemmlib import backend, diskcache, tuning
+from gemmlib import backend, diskcache, tma, tuning
 from gemmlib._version import __version__
 from gemmlib.backend import SIMULATOR, cuda
 from gemmlib.kernels import get as get_rung
@@ -95,6 +95,7 @@ def clear_memory_caches() -> None:
         _PLANS.clear()
         _COMPILED.clear()
         _BOUND.clear()
+        CALLS.clear()
 
 
 # --------------------------------------------------------------------------
@@ -140,7 +141,10 @@ def get_spec(kernel, precision: str | None = None) -> KernelSpec:
             raise ValueError(f"kernel {kernel!r} computes on the CUDA cores in fp32; "
                              f"precision={precision!r} needs a tensor-core rung "
                              f"({', '.join(TC_RUNGS)} or 'auto')")
-        return build(kernel, {"precision": precision})
+        params = {"precision": precision}
+        if "arch" in rung.params:   # a rung with an sm_75 form: the form this GPU runs
+            params["arch"] = _tc_arch(precision)
+        return build(kernel, params)
     if kernel == AUTO:
         return select(*AUTO_SHAPE)
     return get_rung(kernel)
@@ -185,6 +189,9 @@ def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
     spec = _CHOICES.get(key)
     if spec is not None:
         return spec
+    skinny = select_skinny("fp32", M, N, K)     # decode: B read once
+    if skinny is not None:
+        return _CHOICES.put(key, skinny)
     dev = backend.device_info()
     entry = tuning.best_entry(M, N, K, AUTO_RUNG, slug)
     tile = build(AUTO_RUNG, entry["params"] if entry else None)
@@ -221,18 +228,74 @@ def tc_tuning_key(precision: str) -> str:
 #: (results/bench-*-hopper.json)
 HOPPER_AUTO = "wgmma_ws"
 
+#: fp16 on sm_75 (Turing: the T4): mma_pipeline needs cp.async (sm_80), so "auto" runs
+#: mma_swizzle's sm_75 form (each m16n8k16 as two m16n8k8; gemmlib.intrinsics.mma)
+SM75_AUTO = "mma_swizzle"
+
+
+def _tc_arch(precision: str) -> str:
+    """The form ("sm80" or "sm75") of the tensor-core rungs this GPU runs ``precision`` in."""
+    from gemmlib.intrinsics.mma import device_arch
+
+    return device_arch(precision)
+
+
+#: Decode (issue 18): a product with at most this many rows of A is a bandwidth problem
+#: (B is read once, 2 bytes of fp16 weights per M flops) and runs the ``skinny`` rung
+#: (gemmlib.kernels.skinny, configuration per M from its ``params_for``) -- in fp16 and
+#: bf16 on any GPU, and for tf32 / 3xtf32 calls in its fp32 form: exact fp32 FMAs, an
+#: SGEMM's error, inside both precisions' bounds, and free at decode, where the product
+#: waits on memory, not on arithmetic.
+SKINNY_RUNG = "skinny"
+#: fp16/bf16 calls run the skinny rung up to this M.  Measured on an H100
+#: (results/models-2026-11-24/): at M <= 4 it reads B at 75-100% of the copy bandwidth and
+#: beats wgmma_ws (whose 128-row tiles do the work of M = 128); at M = 16 its fp32 FMAs
+#: (8 per byte of B) cap it near 40% of the copy bandwidth and wgmma_ws is faster on
+#: most shapes, so the cut is between: 8
+SKINNY_MMAX = 8
+#: fp32 calls (``select``) run the skinny rung up to this M (0: never).  The lead sets it
+#: from scripts/skinny_gpu.py, which times the rung against the warp-tiled / split-K choice.
+SKINNY_FP32_MMAX = 16
+
+
+def skinny_limit(precision: str) -> int:
+    """The largest M that ``auto`` runs on the skinny rung in ``precision`` (tf32 and
+    3xtf32 calls run its fp32 form, so they take the fp32 limit)."""
+    return SKINNY_MMAX if precision in ("fp16", "bf16") else SKINNY_FP32_MMAX
+
+
+def select_skinny(precision: str, M: int, N: int, K: int) -> KernelSpec | None:
+    """The decode rung for (M, N, K) computed in ``precision`` ("fp16", "bf16" or "fp32"),
+    or None when M is above the threshold (or the rung cannot run the shape here)."""
+    if M > skinny_limit(precision):
+        return None
+    from gemmlib.kernels.skinny import params_for
+
+    spec = build(SKINNY_RUNG, params_for(precision, M))
+    if spec.failed_constraints(M, N, K, backend.device_info()):
+        return None
+    return spec
+
 
 def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
-    """What ``kernel="auto"`` runs in a tensor-core ``precision``: on an H100/H200 in fp16
-    or bf16 ``wgmma_ws``; otherwise ``mma_pipeline`` with the tile the autotuner measured
-    fastest for this GPU and the shape's class (else the default)."""
+    """What ``kernel="auto"`` runs in a tensor-core ``precision``: at decode sizes (M <=
+    SKINNY_MMAX) the ``skinny`` rung -- in fp32 for tf32 and 3xtf32 calls (see
+    SKINNY_MMAX); on an H100/H200 in fp16 or bf16 ``wgmma_ws``; on sm_75 (a T4) in
+    fp16 the sm_75 form of ``mma_swizzle`` (SM75_AUTO); otherwise
+    ``mma_pipeline`` with the tile the autotuner measured fastest for this GPU and the
+    shape's class (else the default)."""
     key = ("tc", precision, M, N, K, slug)
     spec = _CHOICES.get(key)
     if spec is not None:
         return spec
+    skinny = select_skinny(precision if precision in ("fp16", "bf16") else "fp32", M, N, K)
+    if skinny is not None:
+        return _CHOICES.put(key, skinny)
     if (precision in ("fp16", "bf16") and not SIMULATOR and slug is None
             and tuple(backend.device_info().compute_capability) == (9, 0)):
         return _CHOICES.put(key, build(HOPPER_AUTO, {"precision": precision}))
+    if _tc_arch(precision) == "sm75":   # e.g. a T4: no cp.async for mma_pipeline's ring
+        return _CHOICES.put(key, build(SM75_AUTO, {"precision": precision, "arch": "sm75"}))
     entry = tuning.best_entry(M, N, K, tc_tuning_key(precision), slug)
     params = dict(entry["params"]) if entry else {}
     params["precision"] = precision
@@ -271,6 +334,12 @@ class Plan:
 
 
 _PLANS = _LRU(4096)
+
+#: ``gemmlib.matmul``'s memory of calls it has checked: what the operand checks
+#: concluded (the plan, the output's dtype) for operands described alike
+#: (type, dtype, shape, layout, kernel, precision).  A repeated call then
+#: skips the checks whose outcome only those decide (gemmlib.api).
+CALLS = _LRU(4096)
 
 
 def plan(kernel, M: int, N: int, K: int) -> Plan:
@@ -492,7 +561,9 @@ def compiled_spec(spec: KernelSpec) -> Compiled:
 
 
 def _compiled_reduce(spec: KernelSpec) -> Compiled:
-    return compiled(spec.reduce_kernel, module=spec.module, params={}, dtype=spec.dtype, nargs=2)
+    # the workspace and C are the kernel's output type (float32 also for 16-bit inputs)
+    return compiled(spec.reduce_kernel, module=spec.module, params={}, dtype=spec.out_dtype,
+                    nargs=2)
 
 
 # Kernel parameters: numba passes a 2-D array as 9 eight-byte words.
@@ -523,6 +594,9 @@ def _array_words(ptr: int, rows: int, cols: int, itemsize: int) -> list[int]:
 
 #: index of the data pointer of array i in the parameter words
 _DATA = (4, 4 + _WORDS, 4 + 2 * _WORDS)
+_A_WORD, _B_WORD, _C_WORD = _DATA
+#: the word after the three arrays: TMA rungs' address of the tensor maps
+_MAPS_WORD = 3 * _WORDS
 
 
 def _launch(fn: int, grid, block, shared: int, stream: int, words: list[int]) -> None:
@@ -548,12 +622,33 @@ class _Bound:
         self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
                       + _array_words(0, c_rows, N, ic) + [0] * len(spec.scalar_args))
         self.red = self.red_words = None
+        self.maps = None  # (a_ptr, b_ptr, tma generation, address): see _maps_of
+        self._local = threading.local()
         if p.splits > 1:
             self.red = _compiled_reduce(spec).function(ctx)
             self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, N, item)
 
 
+    def parameters(self):
+        """This thread's kernel-parameter block, the constant words packed once: (the
+        int64 values a launch overwrites the pointers in, the address of their pointer
+        array for cuLaunchKernel)."""
+        blk = getattr(self._local, "blk", None)
+        if blk is None:
+            n = len(self.words)
+            values = (ctypes.c_int64 * n)(*self.words)
+            base = ctypes.addressof(values)
+            pointers = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+            blk = self._local.blk = (values, ctypes.addressof(pointers), pointers)
+        return blk[0], blk[1]
+
+
 _BOUND: dict = {}
+
+
+def bound(p: Plan) -> _Bound:
+    """Plan ``p`` made ready for the current CUDA context (kernels loaded), memoised."""
+    return _bound(p)
 
 
 def _bound(p: Plan) -> _Bound:
@@ -571,25 +666,32 @@ def _bound(p: Plan) -> _Bound:
     return b
 
 
-def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
+def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None) -> None:
     """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
 
     B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
-    :func:`gemmlib.matmul` makes them first.
+    :func:`gemmlib.matmul` makes them first.  ``bound``: the plan already made ready
+    for the current context (:func:`bound`), when the caller keeps it.
     """
-    b = _bound(p)
+    b = bound or _bound(p)
+    if p.spec.tma_boxes and p.K == 0:   # no map of an empty matrix: C = 0 without the kernel
+        backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, 4 * p.M * p.N, stream)
+        return
+    if p.splits <= 1:   # the common case: three (or four) words into a block packed once
+        values, pointers = b.parameters()
+        values[_A_WORD] = a_ptr
+        values[_B_WORD] = b_ptr
+        values[_C_WORD] = c_ptr
+        if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
+            values[_MAPS_WORD] = _maps_of(b, p, a_ptr, b_ptr, stream)
+        drv = driver()
+        rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers, None)
+        if rc:
+            drv.check(rc, "cuLaunchKernel")
+        return
     words = b.words.copy()
     words[_DATA[0]], words[_DATA[1]] = a_ptr, b_ptr
-    if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
-        if p.K == 0:       # no map of an empty matrix exists: C = 0 without the kernel
-            backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, 4 * p.M * p.N, stream)
-            return
-        words[-1] = _tensor_maps(p, a_ptr, b_ptr, stream)
-    if p.splits <= 1:
-        words[_DATA[2]] = c_ptr
-        _launch(b.fn, p.grid, p.block, p.shared_bytes, stream, words)
-        return
-    W = _workspace(p.splits * p.M, p.N, p.spec.dtype, stream)
+    W = _workspace(p.splits * p.M, p.N, p.spec.out_dtype, stream)
     words[_DATA[2]] = W.data.ptr
     _launch(b.fn, p.grid, p.block, p.shared_bytes, stream, words)
     red = b.red_words.copy()
@@ -597,6 +699,17 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0) -> None:
     _launch(b.red, p.reduce_grid, p.spec.reduce_block, 0, stream, red)
     # W goes back to CuPy's pool when dropped; the pool hands it out again only to
     # work on the same stream, which runs after these two kernels.
+
+
+def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int) -> int:
+    """The maps' address, remembered for the last operands of this bound plan: a loop over
+    the same A and B (a model's layer, a benchmark) skips building the lookup key."""
+    last = b.maps
+    if last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == tma.GENERATION:
+        return last[3]
+    addr = _tensor_maps(p, a_ptr, b_ptr, stream)
+    b.maps = (a_ptr, b_ptr, tma.GENERATION, addr)
+    return addr
 
 
 def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int) -> int:
@@ -652,17 +765,19 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None) -> None:
     if p.splits <= 1:
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C)
         return
-    W = np.empty((p.splits * M, N), dtype=spec.dtype)
+    W = np.empty((p.splits * M, N), dtype=spec.out_dtype)
     spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
     spec.reduce_kernel[p.reduce_grid, spec.reduce_block, s](W, C)
 
 
 def stream_handle(stream=None) -> int:
-    """The raw CUstream of a CuPy or numba stream (None: CuPy's current stream)."""
+    """The raw CUstream of a CuPy, numba or torch stream (None: CuPy's current stream)."""
     if stream is None:
         return backend.array_module().cuda.get_current_stream().ptr
     if hasattr(stream, "ptr"):  # CuPy
         return int(stream.ptr)
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        return int(stream.cuda_stream)
     return int(stream)  # numba streams convert to their handle
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import re
 import sys
@@ -125,12 +126,25 @@ def problems(spec, ptx: str, res: dict | None = None) -> list[str]:
     return out
 
 
+def for_target(spec, cc):
+    """The form of ``spec`` a GPU of compute capability ``cc`` runs: a rung whose params
+    name an ``arch`` (the tensor-core rungs with an sm_75 form) is rebuilt for ``cc``."""
+    if "arch" not in spec.params:
+        return spec
+    from gemmlib.intrinsics.mma import arch_for
+
+    arch = arch_for(spec.precision, cc)
+    if arch == spec.params["arch"]:
+        return spec
+    return importlib.import_module(spec.module).build(spec.precision, arch=arch)
+
+
 def gate(names=None, targets=TARGETS) -> list[dict]:
     """Compile each kernel for each target; one record per (kernel, target)."""
     records = []
     for name in names or LADDER:
-        spec = get_kernel(name)
         for cc in targets:
+            spec = for_target(get_kernel(name), cc)
             t0 = time.perf_counter()
             rec = {"kernel": spec.name, "cc": f"sm_{cc[0]}{cc[1]}"}
             if tuple(cc) < tuple(spec.min_cc):

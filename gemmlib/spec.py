@@ -107,6 +107,8 @@ class KernelSpec:
     shared_bytes: int = 0
     dynamic_shared: bool = False
     min_cc: tuple[int, int] = (5, 0)
+    #: why ``min_cc`` (added to the ConstraintError an older GPU gets; "": the generic reason)
+    min_cc_why: str = ""
     dtype: str = "float32"
     #: "KN": B is (K, N) and C = A @ B.  "NK": B is given transposed, (N, K)
     #: row-major (K-major, as in CuTe/MoYe), and C = A @ B.T.
@@ -203,7 +205,8 @@ class KernelSpec:
             return f"needs {self.shared_bytes} bytes; limit {dev.max_shared_per_block}"
         if name == "compute capability":
             return (f"needs sm_{self.min_cc[0]}{self.min_cc[1]}+, device is "
-                    f"sm_{dev.compute_capability[0]}{dev.compute_capability[1]}")
+                    f"sm_{dev.compute_capability[0]}{dev.compute_capability[1]}"
+                    + (f": {self.min_cc_why}" if self.min_cc_why else ""))
         if name == "grid size":
             return f"grid {self.launch(M, N, K).grid} exceeds {dev.max_grid}"
         return f"M={M}, N={N}, K={K}, params={dict(self.params)}"

@@ -140,6 +140,9 @@ def _next_simulated() -> int:
 
 MAX_KEPT = 1024
 _KEPT: dict = {}
+#: how many times the kept maps were freed: an address from operand_maps stays valid
+#: while GENERATION is what it was when the address was handed out
+GENERATION = 0
 
 
 def operand_maps(operands, stream: int = 0) -> int:
@@ -153,8 +156,10 @@ def operand_maps(operands, stream: int = 0) -> int:
 
     raw = np.concatenate([encode_2d(*op) for op in operands])
     if len(_KEPT) >= MAX_KEPT:
+        global GENERATION
         cp.cuda.Device().synchronize()
         _KEPT.clear()
+        GENERATION += 1   # addresses handed out before are gone (dispatch's memo checks)
     buf = cp.empty(raw.size, dtype=np.uint64)   # copied in order with the kernel's stream
     cp.cuda.runtime.memcpyAsync(buf.data.ptr, raw.ctypes.data, raw.nbytes,
                                 cp.cuda.runtime.memcpyHostToDevice, stream)

@@ -239,8 +239,8 @@ def test_layering():
 
 COURSE_DIR = ROOT / "gemmcourse"
 #: the modules that are the course, not the library (issue 20: library and course apart)
-COURSE_MODULES = {"viz", "viz_tc", "viz_precision", "viz_hopper", "notebook", "plot",
-                  "hopper_probe", "mma_roof"}
+COURSE_MODULES = {"viz", "viz_tc", "viz_precision", "viz_hopper", "viz_models",
+                  "viz_distributed", "notebook", "colab", "plot", "hopper_probe", "mma_roof"}
 
 
 def _mentions_course(path: Path) -> list[str]:

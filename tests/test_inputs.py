@@ -171,7 +171,7 @@ def test_non_arrays_are_refused(thing, rng):
 
 @pytest.mark.parametrize("stream", ["default", 0, 12345, object()])
 def test_a_stream_that_is_no_stream_is_refused(stream, rng):
-    with pytest.raises(TypeError, match=r"stream must be a CuPy or numba stream, not"):
+    with pytest.raises(TypeError, match=r"stream must be a CuPy, numba or torch stream, not"):
         gemmlib.matmul(f32(rng, 2, 3), f32(rng, 3, 2), kernel=FAST, stream=stream)
 
 
@@ -356,8 +356,10 @@ def test_torch_tensors_gpu(rng):
     tA, tB = torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda()
     ref = A.astype(np.float64) @ B
     torch.cuda.synchronize()
-    C = gemmlib.matmul(tA, tB, kernel=FAST)  # __cuda_array_interface__; result is CuPy
-    close(C, ref, 29)
+    C = gemmlib.matmul(tA, tB, kernel=FAST)  # torch in, torch out, on the inputs' device
+    assert isinstance(C, torch.Tensor) and C.device == tA.device and C.dtype == torch.float32
+    torch.cuda.synchronize()
+    close(C.cpu().numpy(), ref, 29)
     out = torch.empty((37, 23), device="cuda", dtype=torch.float32)
     assert gemmlib.matmul(tA, tB, out=out, kernel=FAST) is out
     close(out.cpu().numpy(), ref, 29)
@@ -368,15 +370,18 @@ def test_torch_tensors_gpu(rng):
         gemmlib.matmul(torch.from_numpy(f32(rng, 29, 37)).cuda().T, tB, kernel=FAST)
     with pytest.raises(TypeError, match=r"A has dtype float64"):
         gemmlib.matmul(tA.double(), tB, kernel=FAST)
-    # a tensor that requires grad: torch itself refuses to export it and says to detach
+    # a tensor that requires grad is refused, saying to detach (as torch's exporters do)
     with pytest.raises(RuntimeError, match=r"detach"):
         gemmlib.matmul(tA.clone().requires_grad_(True), tB, kernel=FAST)
-    # CPU tensors: host arrays (DLPack, zero-copy), copied to the GPU; the result is NumPy
+    # CPU tensors: host arrays (DLPack, zero-copy), copied to the GPU; the result is a CPU tensor
     C = gemmlib.matmul(torch.from_numpy(A), torch.from_numpy(B), kernel=FAST)
-    assert isinstance(C, np.ndarray)
-    close(C, ref, 29)
-    with pytest.raises(TypeError, match=r"wrap a torch stream as cupy.cuda.ExternalStream"):
-        gemmlib.matmul(tA, tB, kernel=FAST, stream=torch.cuda.Stream())
+    assert isinstance(C, torch.Tensor) and C.device.type == "cpu"
+    close(C.numpy(), ref, 29)
+    # a torch stream is taken as it is
+    s = torch.cuda.Stream()
+    C = gemmlib.matmul(tA, tB, kernel=FAST, stream=s)
+    s.synchronize()
+    close(C.cpu().numpy(), ref, 29)
 
 
 class _DLPackOnly:

@@ -466,14 +466,16 @@ def test_float16_inputs_run_in_fp16_on_tensor_cores(shape):
 
 def test_tf32_and_3xtf32_through_matmul():
     """float32 inputs in tf32 and 3xtf32 (the tuned pipeline, K = 9 and N = 7 padded to
-    multiples of 4): each within its bound, and 3xtf32 far more accurate than tf32."""
+    multiples of 4): each within its bound, and 3xtf32 far more accurate than tf32.
+    M above dispatch.skinny_limit, where decode-sized calls run the fp32 skinny rung."""
     rng = np.random.default_rng(2)
-    A = rng.uniform(-1, 1, (5, 9)).astype(np.float32)
+    M = dispatch.skinny_limit("tf32") + 1
+    A = rng.uniform(-1, 1, (M, 9)).astype(np.float32)
     B = rng.uniform(-1, 1, (9, 7)).astype(np.float32)
     err = {}
     for prec in ("tf32", "3xtf32"):
         C = gemmlib.matmul(A, B, precision=prec)
-        assert C.dtype == np.float32 and C.shape == (5, 7)
+        assert C.dtype == np.float32 and C.shape == (M, 7)
         err[prec] = _rel_err(C, A, B)
         assert err[prec] <= P.tolerance(prec, 9), (prec, err[prec])
     assert err["tf32"] > 1e-5                       # TF32 rounding really happened
@@ -601,7 +603,7 @@ def test_auto_in_a_tensor_core_precision_is_the_pipeline():
         assert spec is dispatch.select_tc("fp16", *dispatch.AUTO_SHAPE)
         assert spec.module == mma_pipeline.__name__
     for prec in ("bf16", "tf32", "3xtf32"):
-        s = dispatch.select_tc(prec, 5, 7, 9)
+        s = dispatch.select_tc(prec, dispatch.skinny_limit(prec) + 1, 7, 9)   # above decode sizes
         assert s.precision == prec and s.dtype == P.INPUT_DTYPE[prec]
         assert s.module == (f"gemmlib.kernels.{dispatch.HOPPER_AUTO}" if hopper and prec == "bf16"
                             else mma_pipeline.__name__)

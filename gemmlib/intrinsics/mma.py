@@ -17,7 +17,9 @@ m16n8k8 TF32           A 16 x 8   (4 x b32)  ``A_TF32``: m + 16 k
 m16n8k16 FP16 / BF16   A 16 x 16  (4 x b32,  ``A_16``:   m + 16 k
                        two halves each)
                        B 16 x 8   (2 x b32)  ``B_16``:   k + 16 n
-both                   C, D 16 x 8 (4 f32)   ``C_F32``:  m + 16 n
+m16n8k8 FP16 (sm_75)   A 16 x 8   (2 x b32)  ``A_16_K8``: m + 16 k
+                       B 8 x 8    (1 x b32)  ``B_16_K8``: k + 8 n
+all                    C, D 16 x 8 (4 f32)   ``C_F32``:  m + 16 n
 =====================  ====================  ==========================================
 
 For 16-bit inputs a register packs two values, the lower-numbered value in
@@ -41,6 +43,9 @@ Functions (inside ``@cuda.jit`` kernels; registers are ``uint32``):
 ``ldmatrix_x1/x2/x4(smem, i)`` and ``ldmatrix_x1/x2/x4_trans(smem, i)``
     this lane's row address is ``&smem[i]`` (16-byte aligned); returns 1, 2 or
     4 registers (x1 returns one ``uint32``, the others a tuple)
+``mma_f16_k8(a0, a1, b0, c0, c1, c2, c3) -> (d0, d1, d2, d3)``
+    m16n8k8, FP16 inputs, fp32 accumulate: the FP16 instruction of sm_75 (Turing,
+    the T4); ``mma_f16_sm75`` has ``mma_f16``'s signature and issues two of them
 ``cvt_tf32(x) -> uint32``
     ``x`` rounded to TF32, to nearest with ties away from zero (``.rna``)
 ``as_float(u) -> float32`` / ``as_bits(x) -> uint32``
@@ -86,6 +91,17 @@ ATOMS = {
     "fp16": dict(shape=(16, 8, 16), A=A_16, B=B_16, C=C_F32),
     "bf16": dict(shape=(16, 8, 16), A=A_16, B=B_16, C=C_F32),
 }
+
+#: FP16 m16n8k8 (sm_75), A 16 x 8: a0, a1 (row g; k 2t, 2t + 1), a2, a3 (row g + 8), as C
+A_16_K8 = Layout(((4, 8), (2, 2)), ((32, 1), (16, 8)))
+#: FP16 m16n8k8 (sm_75), B 8 x 8: b0, b1 (k = 2t, 2t + 1; n = g)
+B_16_K8 = Layout(((4, 8), 2), ((2, 8), 1))
+#: the sm_75 FP16 atom, by the name its simulator twin uses (not a precision: not in ATOMS)
+ATOM_F16_K8 = dict(shape=(16, 8, 8), A=A_16_K8, B=B_16_K8, C=C_F32, input="fp16")
+
+
+def _atom(kind: str) -> dict:
+    return ATOM_F16_K8 if kind == "fp16_k8" else ATOMS[kind]
 
 
 def fragment_coords(layout: Layout, rows: int):
@@ -192,7 +208,7 @@ def _tables(kind: str):
     """Flat matrix index of every (lane, value) of A, B and C, as NumPy arrays (cached)."""
     t = _TABLES.get(kind)
     if t is None:
-        atom = ATOMS[kind]
+        atom = _atom(kind)
         m, n, k = atom["shape"]
 
         def flat(layout, rows, cols, row_major_cols):
@@ -220,13 +236,14 @@ def _decode(regs, kind: str) -> np.ndarray:
 
 
 def _mma_py(kind: str, a, b, c):
-    m, n, k = ATOMS[kind]["shape"]
+    atom = _atom(kind)
+    m, n, k = atom["shape"]
     ia, ib, ic = _tables(kind)
     regs, lane = _exchange((tuple(int(x) for x in a), tuple(int(x) for x in b)))
     A = np.zeros(m * k)
     B = np.zeros(k * n)
-    A[ia] = _decode([r[0] for r in regs], kind)
-    B[ib] = _decode([r[1] for r in regs], kind)
+    A[ia] = _decode([r[0] for r in regs], atom.get("input", kind))
+    B[ib] = _decode([r[1] for r in regs], atom.get("input", kind))
     D = A.reshape(m, k) @ B.reshape(k, n)
     return tuple(np.float32(np.float64(c[v]) + D.flat[ic[lane, v]]) for v in range(4))
 
@@ -412,6 +429,74 @@ else:
 
 mma_f16, mma_bf16, mma_tf32 = _impl["mma_f16"], _impl["mma_bf16"], _impl["mma_tf32"]
 cvt_tf32, as_float, as_bits = _impl["cvt_tf32"], _impl["as_float"], _impl["as_bits"]
+
+
+# --------------------------------------------------------------------------
+# The 3xTF32 split: x = big + small, non-finite values keeping fp32 semantics
+#
+# 3xTF32 forms a*b as small_a*big_b + big_a*small_b + big_a*big_b.  With
+# big = cvt.rna(x) and small = cvt.rna(x - big), two kinds of input break it:
+#
+# * NaN/+-Inf: small = Inf - Inf = NaN, and an Inf big meets the other
+#   factor's small part, exactly 0 for every value TF32 holds (Inf*0 = NaN) or
+#   of either sign.  SGEMM's Inf row times a finite column is +-Inf; this gave
+#   NaN.  So a non-finite x travels in the *small* part: small = x, big = +-1
+#   (x's sign).  Then for a*b with a non-finite, small_a*big_b is a*b as fp32
+#   has it (Inf*big_b: +-Inf, or NaN where b = 0; NaN*anything = NaN), and
+#   the other two terms hold +-1 times finite values -- finite, so they cannot
+#   turn that +-Inf into NaN.  Both factors +-Inf: the two cross terms are the
+#   same +-Inf.  Only the small parts ever carry Inf or NaN.
+# * near FLT_MAX: cvt.rna.tf32.f32 is integer arithmetic on the bits (ptxas
+#   emits, for sm_80 and sm_90, ``|x| < Inf ? u + 0x1000 : u``, then
+#   ``& 0xFFFFE000``), and the carry of ``+ 0x1000`` reaches the exponent for
+#   every finite |x| >= 3.40199e38 (bits 0x7F7FF000): big = Inf, small = -Inf.
+#   The split rounds those toward zero instead, big and small alike: big =
+#   +-3.40116e38 (the largest TF32), small the remainder (< 2**117) truncated,
+#   so |big + small| <= |x| (rounded to nearest, small could bring big + small
+#   to 2**128, past FLT_MAX) and |x - big - small| < 2**-21 |x|.
+#
+# Subnormals: the bit arithmetic rounds them on TF32's grid (spacing 2**-136,
+# no flush to zero), so big = 0 only for |x| < 2**-137 -- where such an x
+# times Inf gives 0*Inf = NaN, not SGEMM's +-Inf.
+
+_TF32_MASK = np.uint32(0xFFFFE000)
+_TF32_HALF = np.uint32(0x1000)        # half a TF32 ulp, in the bits
+_SIGN_ONE = np.uint32(0xBF800000)     # u & this: +-1.0 for any NaN/Inf bit pattern u
+#: the smallest |x| that cvt.rna.tf32 rounds up to Inf (bits 0x7F7FF000)
+RNA_TF32_OVERFLOW = np.float32(np.uint32(0x7F7FF000).view(np.float32))   # 3.40199e38
+_F32_INF = np.float32(np.inf)
+_TF32_RZ_REST = np.float32(2.0 ** 116)   # |x - big| below this unless big was truncated
+
+
+def split_tf32_py(x):
+    """``x`` (float32) -> ``(big, small)``, TF32 bit patterns (uint32), for 3xTF32.
+
+    Finite x: ``big`` = x to nearest, ties away (``cvt.rna``), and ``small`` =
+    the remainder ``x - big`` (exact in fp32) rounded the same way; for |x| >=
+    3.40199e38, where that would give Inf, both toward zero.  NaN/+-Inf:
+    ``big`` = +-1.0 and ``small`` = x - big = x, so that ``small_a*big_b +
+    big_a*small_b + big_a*big_b`` has the NaN/+-Inf of a*b.  Nine instructions
+    (cvt.rna twice and a subtraction, what it replaces, are seven).
+    """
+    u = as_bits(x)
+    # half a TF32 ulp added before the low 13 bits are cleared rounds to nearest, ties
+    # away (cvt.rna); nothing added rounds toward zero: at 3.40199e38 and up, and NaN/Inf
+    big = np.uint32(((u + _TF32_HALF) if abs(x) < RNA_TF32_OVERFLOW else u) & _TF32_MASK)
+    if not abs(x) < _F32_INF:
+        big = np.uint32(u & _SIGN_ONE)                  # NaN/Inf: big = +-1 ...
+    d = x - as_float(big)            # ... so small = x: Inf - 1 = Inf; else the exact rest
+    # |d| <= 2**116 except after a truncated big (and NaN/Inf): those round toward zero.
+    # (The test on d, not x, leaves ptxas room: no spill in mma_pipeline's 3xtf32 tiles.)
+    r = as_bits(d)
+    return big, np.uint32(((r + _TF32_HALF) if abs(d) < _TF32_RZ_REST else r) & _TF32_MASK)
+
+
+if SIMULATOR:
+    split_tf32 = split_tf32_py
+else:
+    from gemmlib.backend import cuda as _cuda_split
+
+    split_tf32 = _cuda_split.jit(device=True)(split_tf32_py)
 ldmatrix_x1, ldmatrix_x2, ldmatrix_x4 = (_impl[f"ldmatrix_x{n}"] for n in (1, 2, 4))
 ldmatrix_x1_trans, ldmatrix_x2_trans, ldmatrix_x4_trans = (
     _impl[f"ldmatrix_x{n}_trans"] for n in (1, 2, 4))
@@ -419,6 +504,129 @@ ldmatrix_x1_trans, ldmatrix_x2_trans, ldmatrix_x4_trans = (
 #: the MMA instruction per input precision ("3xtf32" issues mma_tf32 three times)
 MMA = {"fp16": mma_f16, "bf16": mma_bf16, "tf32": mma_tf32, "3xtf32": mma_tf32}
 
+
+# --------------------------------------------------------------------------
+# sm_75 (Turing: the T4 of Colab)
+#
+# Turing's tensor cores take FP16 only, and mma.sync only as m16n8k8; ldmatrix is
+# sm_75 too.  m16n8k16 FP16, BF16, TF32 (and cp.async) arrive with sm_80.  An
+# m16n8k16 fragment *is* two m16n8k8 fragments side by side along k: A's a0, a1
+# and B's b0 hold k 0-7, a2, a3 and b1 hold k 8-15 (compare A_16_K8 with A_16).
+# So a rung keeps its m16n8k16 fragments and loads on sm_75 and swaps only the
+# instruction: ``mma_f16_sm75`` issues the two m16n8k8.
+
+#: compute capability of the sm_75 forms: m16n8k8 FP16 and ldmatrix
+MIN_CC_SM75 = (7, 5)
+#: PTX an sm_75 form must (not) contain: the Turing instruction, nothing of sm_80's
+PTX_MUST_SM75 = (r"mma\.sync\.aligned\.m16n8k8\.row\.col\.f32\.f16\.f16\.f32",)
+PTX_MUST_NOT_SM75 = (r"m16n8k16", r"cp\.async")
+
+
+def mma_f16_k8_py(a0, a1, b0, c0, c1, c2, c3):
+    return _mma_py("fp16_k8", (a0, a1), (b0,), (c0, c1, c2, c3))
+
+
+def _make_mma_f16_k8():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.core.errors import NumbaTypeError
+    from numba.cuda.extending import intrinsic
+
+    i32, f32 = ir.IntType(32), ir.FloatType()
+    ptx = ("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+           "{$0,$1,$2,$3}, {$4,$5}, {$6}, {$7,$8,$9,$10};")
+
+    @intrinsic
+    def mma_f16_k8(typingctx, a0, a1, b0, c0, c1, c2, c3):
+        for v in (a0, a1, b0):
+            if not isinstance(v, types.Integer):
+                raise NumbaTypeError(f"mma_f16_k8: A and B fragments are uint32 registers, "
+                                     f"got {v}")
+        for v in (c0, c1, c2, c3):
+            if not isinstance(v, (types.Float, types.Integer)):
+                raise NumbaTypeError(f"mma_f16_k8: C fragments are float32, got {v}")
+        sig = types.UniTuple(types.float32, 4)(a0, a1, b0, c0, c1, c2, c3)
+
+        def codegen(context, builder, sig, args):
+            regs = [context.cast(builder, v, t, types.uint32)
+                    for v, t in zip(args[:3], sig.args[:3])]
+            accs = [context.cast(builder, v, t, types.float32)
+                    for v, t in zip(args[3:], sig.args[3:])]
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 3 + [f32] * 4)
+            asm = ir.InlineAsm(fnty, ptx, "=f,=f,=f,=f,r,r,r,f,f,f,f")
+            out = builder.call(asm, regs + accs)
+            vals = [builder.extract_value(out, e) for e in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
+    return mma_f16_k8
+
+
+mma_f16_k8 = mma_f16_k8_py if SIMULATOR else _make_mma_f16_k8()
+
+
+def _two_k8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """m16n8k16 FP16 as sm_75 computes it: two m16n8k8 on the same registers."""
+    d0, d1, d2, d3 = mma_f16_k8(a0, a1, b0, c0, c1, c2, c3)   # k 0-7
+    return mma_f16_k8(a2, a3, b1, d0, d1, d2, d3)             # k 8-15
+
+
+def mma_f16_sm75_py(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    d = mma_f16_k8_py(a0, a1, b0, c0, c1, c2, c3)
+    return mma_f16_k8_py(a2, a3, b1, *d)
+
+
+if SIMULATOR:
+    mma_f16_sm75 = mma_f16_sm75_py
+else:
+    from gemmlib.backend import cuda as _cuda
+
+    mma_f16_sm75 = _cuda.jit(device=True)(_two_k8)
+
+
+def arch_for(precision: str, cc) -> str:
+    """The form of a tensor-core rung that a GPU of compute capability ``cc`` runs:
+    ``"sm75"`` for FP16 below sm_80 (two m16n8k8 per m16n8k16), else ``"sm80"``
+    (BF16, TF32 and 3xTF32 exist from sm_80 on only)."""
+    return "sm75" if precision == "fp16" and tuple(cc) < MIN_CC else "sm80"
+
+
+def device_arch(precision: str) -> str:
+    """``arch_for`` the current device (the simulator's is sm_90); ``"sm80"`` with no
+    device at all (offline compiles, such as the compile gate, name their target)."""
+    from gemmlib import backend
+
+    if not (backend.SIMULATOR or backend.gpu_present()):
+        return "sm80"
+    return arch_for(precision, backend.device_info().compute_capability)
+
+
+def mma_for(precision: str, arch: str):
+    """The mma (``mma_f16``'s signature) that a rung built for ``arch`` issues."""
+    if arch == "sm80":
+        return MMA[precision]
+    if arch == "sm75" and precision == "fp16":
+        return mma_f16_sm75
+    if arch == "sm75":
+        raise ValueError(f"{precision} has no sm_75 form: {sm80_reason(precision)}")
+    raise ValueError(f"arch must be 'sm80' or 'sm75', got {arch!r}")
+
+
+def sm80_reason(precision: str) -> str:
+    """Why the ``precision`` form of a tensor-core rung needs sm_80 (for ConstraintError)."""
+    if precision == "fp16":
+        return ("this build issues mma.sync m16n8k16 with fp16 inputs, new in sm_80 (Ampere); "
+                "the rung's sm_75 form (build(arch='sm75'): two m16n8k8 per m16n8k16) runs on "
+                "a T4, and gemmlib.matmul picks it there")
+    return (f"tensor cores take {precision.replace('3x', '')} inputs from sm_80 (Ampere) on; "
+            "an sm_75 GPU such as the T4 multiplies fp16 only: pass float16 inputs, or "
+            "compute in fp32 on the CUDA cores (precision='fp32')")
+
+
+_SM75_NAMES = ["mma_f16_k8", "mma_f16_k8_py", "mma_f16_sm75", "mma_f16_sm75_py", "A_16_K8",
+               "B_16_K8", "MIN_CC_SM75", "arch_for", "device_arch", "mma_for", "sm80_reason"]
+
 __all__ = list(_NAMES) + ["MMA", "ATOMS", "A_TF32", "B_TF32", "A_16", "B_16", "C_F32",
                           "fragment_coords", "MIN_CC", "FragmentError"] + [
-    f"{n}_py" for n in _NAMES]
+    f"{n}_py" for n in _NAMES] + _SM75_NAMES

@@ -23,6 +23,13 @@ layouts the PTX ISA defines, checks it.
 ``precision``: ``"fp16"`` / ``"bf16"`` take 16-bit inputs (passed as their
 uint16 bit patterns), ``"tf32"`` takes float32 and rounds each element with
 ``cvt.rna.tf32.f32``; all accumulate in fp32 and write a float32 C.
+
+``arch``: these instructions need sm_80, except FP16 on sm_75 (Turing, the
+T4), which has mma.sync only as m16n8k8.  An m16n8k16 fragment is two m16n8k8
+fragments side by side along k, so the ``"sm75"`` form is the same kernel
+with one line changed: each k-step issues two m16n8k8 on the same registers
+(``gemmlib.intrinsics.mma.mma_f16_sm75``).  By default ``build`` makes the
+form of the GPU at hand.
 """
 
 from gemmlib import layout as L
@@ -60,14 +67,18 @@ def fragment_functions(precision: str, device: bool):
     return out
 
 
-def build(precision: str = "fp16") -> KernelSpec:
+def build(precision: str = "fp16", arch: str | None = None) -> KernelSpec:
+    """``arch``: ``"sm80"`` or ``"sm75"`` (FP16 only); None: this GPU's
+    (``gemmlib.intrinsics.mma.device_arch``)."""
     if precision not in ("fp16", "bf16", "tf32"):
         raise ValueError("mma_atom runs precision 'fp16', 'bf16' or 'tf32' "
                          f"(3xtf32 is the pipeline rung's), got {precision!r}")
+    arch = arch or I.device_arch(precision)
+    sm75 = arch == "sm75"
     f = fragment_functions(precision, device=True)
     a_rc, b_rc, c_rc = f["a_rc"], f["b_rc"], f["c_rc"]
-    KA = I.ATOMS[precision]["shape"][2]   # k of one instruction: 16 or 8
-    mma = I.MMA[precision]
+    KA = I.ATOMS[precision]["shape"][2]   # k of one fragment: 16 or 8
+    mma = I.mma_for(precision, arch)      # sm75: two m16n8k8 on the same fragments
     sixteen = precision != "tf32"
     elem = uint16 if sixteen else float32
     zero = elem(0)
@@ -144,13 +155,15 @@ def build(precision: str = "fp16") -> KernelSpec:
         block=(32, 1, 1),
         tile=(16, 8),
         grid=grid,
-        params=dict(precision=precision, KA=KA),
+        params=dict(precision=precision, KA=KA, arch=arch),
         shared_bytes=(16 + 8) * KA * (2 if sixteen else 4),
-        min_cc=I.MIN_CC,
+        min_cc=I.MIN_CC_SM75 if sm75 else I.MIN_CC,
+        min_cc_why="" if sm75 else I.sm80_reason(precision),
         dtype=INPUT_DTYPE[precision],
         arg_dtypes=ARG_DTYPES[precision],
         precision=precision,
-        ptx_must=(r"mma\.sync\.aligned\.m16n8k",),
+        ptx_must=I.PTX_MUST_SM75 if sm75 else (r"mma\.sync\.aligned\.m16n8k",),
+        ptx_must_not=(r"\bld\.local", r"\bst\.local") + (I.PTX_MUST_NOT_SM75 if sm75 else ()),
         index={k: v for k, v in fragment_functions(precision, device=False).items()},
         module=__name__,
     )

@@ -34,6 +34,28 @@ only sum one k-tile at a time (``PROMOTE``, on by default for 3xtf32): they
 truncate on every add into the accumulator, an error that grows like K, so
 each k-tile starts from zero in fresh registers and its partial sums are
 added to the accumulators with correctly rounded fp32 adds.
+
+Non-finite values keep fp32 semantics.  Split naively (big = tf32(x), small
+= tf32(x - big)), an Inf has small = Inf - Inf = NaN, and its big part meets
+the other factor's small part, exactly 0 for every value TF32 holds: every
+Inf input came out NaN where SGEMM gives +-Inf.  The split
+(``gemmlib.intrinsics.mma.split_tf32``) sends a NaN or Inf into the *small*
+part instead -- small = x, big = +-1 -- so that small_a*big_b is a*b with
+fp32's rules (Inf*b = +-Inf, Inf*0 = NaN, NaN stays NaN) while the other two
+products stay finite; with both factors infinite the two cross terms are the
+same +-Inf.  The NaN/+Inf/-Inf pattern of C is then SGEMM's (checked in the
+simulator by tests/test_nonfinite.py; on a GPU ``scripts/nonfinite_gpu.py``
+compares with cuBLAS).
+Near the fp32 maximum, cvt.rna rounds every finite |x| >= 3.40199e38 up to
+Inf; there the split rounds big and small toward zero (big = 3.40116e38, the
+largest TF32), so such an x stays finite and |big + small| <= |x|.  Where
+3xTF32 still differs from SGEMM: a product above FLT_MAX gives SGEMM's +-Inf
+as long as the correction terms stay finite, i.e. below about 2^11 FLT_MAX;
+beyond that a correction term overflows too, possibly with the other sign
+(NaN).  Results within about 2^-21 of FLT_MAX may round to Inf where SGEMM's
+single rounding does not, or the reverse (the split's own error).  And a
+nonzero |x| < 2^-137, a subnormal TF32 cannot hold, splits into two zeros:
+such an x times Inf is NaN, not +-Inf.
 """
 
 from gemmlib import layout as L

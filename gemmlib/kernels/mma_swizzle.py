@@ -30,6 +30,11 @@ the swizzle (chunk bits 1.. instead of 0..) also keeps conflict-free.
 
 The copies global -> shared are still plain guarded loads (any M, N, K);
 the next rung makes them asynchronous.
+
+On sm_75 (Turing, the T4: ldmatrix yes, m16n8k16 FP16 no) the FP16 build's
+``arch="sm75"`` form loads the same fragments and issues each m16n8k16 as
+two m16n8k8 (``gemmlib.intrinsics.mma.mma_f16_sm75``); ``build`` makes the
+form of the GPU at hand.
 """
 
 from gemmlib import layout as L
@@ -60,7 +65,8 @@ def fragment_loaders(precision: str, sw_a, sw_b):
     ``load_a(sA, base, lane, row0, kk)``: the A fragment of the 16-row atom at
     ``row0``; ``load_b(sB, base, lane, col0, kk)``: B fragments of the n-atoms at
     ``col0`` (16-bit: two atoms, ``col0`` and ``col0 + 8``; TF32: one).  For
-    ``3xtf32`` each returns the TF32 "big" registers followed by the "small" ones.
+    ``3xtf32`` each returns the TF32 "big" registers followed by the "small" ones
+    (``gemmlib.intrinsics.mma.split_tf32``: a NaN/Inf travels in the small part).
     """
     sixteen = precision in ("fp16", "bf16")
     split = precision == "3xtf32"
@@ -68,10 +74,8 @@ def fragment_loaders(precision: str, sw_a, sw_b):
     HALF = 8 if sixteen else 4   # elements in one 16-byte ldmatrix row
 
     @cuda.jit(device=True)
-    def big_small(r):
-        x = I.as_float(r)
-        big = I.cvt_tf32(x)
-        return big, I.cvt_tf32(x - I.as_float(big))
+    def big_small(r):   # x = big + small; NaN/Inf keep fp32 semantics (see split_tf32)
+        return I.split_tf32(I.as_float(r))
 
     @cuda.jit(device=True)
     def load_a(sA, base, lane, row0, kk):
@@ -184,10 +188,10 @@ def epilogue(MI: int, NI: int):
 
 
 def warp_code(precision: str, BM: int, BN: int, BK: int, WM: int, WN: int,
-              promote: bool = False):
+              promote: bool = False, arch: str = "sm80"):
     """The warp-level pieces of a block tile: swizzled layouts, their device index
     functions, ``warp_step`` and ``store_tile`` (shared with ``mma_pipeline``;
-    ``promote``: see :func:`warp_step_source`)."""
+    ``promote``: see :func:`warp_step_source`; ``arch="sm75"``: FP16 as two m16n8k8)."""
     sixteen = precision in ("fp16", "bf16")
     KA = 16 if sixteen else 8
     MI, NI = WM // 16, WN // 8
@@ -196,14 +200,18 @@ def warp_code(precision: str, BM: int, BN: int, BK: int, WM: int, WN: int,
     sw_b = L.jit(lay_b.source("sw_b"), device=True)
     load_a, load_b = fragment_loaders(precision, sw_a, sw_b)
     warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA, promote), device=True,
-                      env=dict(load_a=load_a, load_b=load_b, mma=I.MMA[precision],
+                      env=dict(load_a=load_a, load_b=load_b, mma=I.mma_for(precision, arch),
                                ZERO=float32(0.0)))
     return lay_a, lay_b, sw_a, sw_b, warp_step, epilogue(MI, NI)
 
 
-def build(precision: str = "fp16") -> KernelSpec:
+def build(precision: str = "fp16", arch: str | None = None) -> KernelSpec:
+    """``arch``: ``"sm80"`` or ``"sm75"`` (FP16 only); None: this GPU's
+    (``gemmlib.intrinsics.mma.device_arch``)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    arch = arch or I.device_arch(precision)
+    sm75 = arch == "sm75"
     sixteen = precision in ("fp16", "bf16")
     BM = BN = 64
     WM = WN = 32
@@ -211,7 +219,8 @@ def build(precision: str = "fp16") -> KernelSpec:
     BK = 64 // eb                         # 64-byte rows of A: 32 halves or 16 floats
     MI, NI = WM // 16, WN // 8
     NT = (BM // WM) * (BN // WN) * 32
-    lay_a, lay_b, sw_a, sw_b, warp_step, store_tile = warp_code(precision, BM, BN, BK, WM, WN)
+    lay_a, lay_b, sw_a, sw_b, warp_step, store_tile = warp_code(precision, BM, BN, BK, WM, WN,
+                                                                arch=arch)
     elem = uint16 if sixteen else float32
     zero = elem(0)
     ACC = MI * NI * 4
@@ -258,13 +267,16 @@ def build(precision: str = "fp16") -> KernelSpec:
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,
-        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN),
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, arch=arch),
         shared_bytes=(BM * BK + BK * BN) * eb,
-        min_cc=I.MIN_CC,
+        min_cc=I.MIN_CC_SM75 if sm75 else I.MIN_CC,
+        min_cc_why="" if sm75 else I.sm80_reason(precision),
         dtype=INPUT_DTYPE[precision],
         arg_dtypes=ARG_DTYPES[precision],
         precision=precision,
-        ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"ldmatrix\.sync\.aligned"),
+        ptx_must=(I.PTX_MUST_SM75 if sm75 else (r"mma\.sync\.aligned\.m16n8k",))
+        + (r"ldmatrix\.sync\.aligned",),
+        ptx_must_not=(r"\bld\.local", r"\bst\.local") + (I.PTX_MUST_NOT_SM75 if sm75 else ()),
         index=dict(sw_a=L.jit(lay_a.source("sw_a")), sw_b=L.jit(lay_b.source("sw_b"))),
         module=__name__,
     )

@@ -1,0 +1,446 @@
+"""The decode rung: a skinny product C (M x N) = A (M x K) @ B (K x N), M <= 16, reads B once.
+
+A transformer generating text multiplies a handful of token rows A (M = 1..16)
+by each weight matrix B (K x N: 4096 x 6144, 8192 x 59136, ...).  The product
+does 2 M K N flops on 2 K N bytes of fp16 weights: M flops per byte, where a
+GPU can do a few hundred.  Nothing about it is compute: its time is the time
+to read B from DRAM once, and the kernel's job is to keep the memory system
+busy.  A tiled GEMM gets this wrong twice: its 128-row tiles waste 127/128 of
+their arithmetic on rows that do not exist, and it makes only N / BN blocks --
+24 blocks of 128 x 256 at N = 6144, for a GPU of 132 SMs.
+
+This rung turns the problem around:
+
+* **A block owns a slab of B's columns**, BN = CT x VEC of them (VEC = the
+  values in 16 bytes: 8 fp16/bf16 or 4 fp32).  Its threads form KT groups of
+  CT lanes; lane ``c`` of group ``kr`` reads columns ``c*VEC .. c*VEC+VEC-1``
+  of rows ``kr, kr + KT, kr + 2 KT, ...`` of the slab, 16 bytes per load
+  (``ld.global.v4``): a group's CT lanes read CT x 16 contiguous bytes of a
+  row, fully coalesced.  Each thread issues U such loads before it uses any
+  (U x 16 bytes in flight per thread: that is what hides DRAM's latency).
+* **All M rows of A at once.**  The block stages a chunk of KC columns of its
+  MT rows of A in shared memory, converted to fp32 once and stored k-major
+  (the MT values of one k are contiguous: one ``ld.shared.v4`` broadcast gives
+  four rows).  For every 16 bytes of B a thread then does MT x VEC fp32 FMAs
+  into MT x VEC accumulators in registers.  B is read once for all rows.
+  M > MT runs ceil(M / MT) row blocks along the grid's x, so the blocks that
+  share a slab are launched together and B's second read mostly comes from L2
+  (well past MMAX = 16 rows the tiled rungs are the right tool).
+* **16-bit values become fp32 in registers**: bf16 by a shift (its bits are
+  the top half of a float32), fp16 by ``cvt.f32.f16``
+  (:mod:`gemmlib.intrinsics.convert`).  Products and sums are fp32 FMAs, as in
+  a plain fp32 dot product: the error is an SGEMM's, NaN and Inf propagate
+  exactly (no padding value ever enters a stored sum).
+* **K is split** across the KT groups of a block (their partial sums are added
+  through shared memory in group order, and the block writes its MT x BN
+  result row by row, coalesced), and across blocks when the slabs alone are
+  too few to fill the GPU: ``SPLITS`` slices along the grid's z
+  write partial products into a (S*M) x N workspace, and split-K's reduction
+  kernel (:func:`gemmlib.kernels.split_k.reduce_slices`) adds them in slice
+  order.  Every order is fixed, so results are bit-identical run to run.
+
+Any shape works: a column chunk past N is predicated off, rows past M are
+zero in shared memory and never stored, K past the slice is never read.  B is
+read with 16-byte loads only when each row starts on a 16-byte boundary (N a
+multiple of VEC and an aligned base pointer, decided once per launch, a
+uniform branch); otherwise with guarded scalar loads -- never through a
+padded copy, which for decode would cost as much as the product.
+
+Parameters: ``precision`` ("fp16", "bf16" or "fp32"), ``MT`` (rows of A per
+block, compiled in: the accumulators are MT x VEC registers), ``CT`` (lanes
+per row of the slab), ``NT`` (threads per block), ``U`` (loads in flight per
+thread), ``NC`` (1: B through the read-only path with no L1 allocation,
+``ld.global.nc.L1::no_allocate``), ``SPLITS`` (slices of K across blocks; 0:
+:func:`splits_for` per shape; a launch parameter only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+
+from gemmlib import backend
+from gemmlib.backend import cuda, float32, uint32
+from gemmlib.intrinsics import convert
+from gemmlib.intrinsics.index import uidx
+from gemmlib.intrinsics.mma import as_bits, as_float
+from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
+from gemmlib.kernels import split_k
+from gemmlib.precision import INPUT_DTYPE
+from gemmlib.spec import Constraint, KernelSpec, cdiv
+
+PRECISIONS = ("fp16", "bf16", "fp32")
+#: values per 16-byte load
+VEC = {"fp16": 8, "bf16": 8, "fp32": 4}
+#: the kernel's argument dtypes (A, B, C): 16-bit inputs travel as their bit patterns
+ARG_DTYPES = {"fp16": ("uint16", "uint16", "float32"), "bf16": ("uint16", "uint16", "float32"),
+              "fp32": ("float32", "float32", "float32")}
+
+#: decode: up to this many rows of A go through B in one pass (the dispatch uses the rung
+#: for M <= MMAX; larger M runs ceil(M / MT) passes and is better served by a tiled rung)
+MMAX = 16
+#: the row counts compiled (the dispatch picks the smallest MT >= M: no FMAs on absent rows)
+MT_CHOICES = (1, 2, 4, 8, 16)
+#: shared memory for the staged chunk of A (fp32): KC = A_SHARED_BYTES / (4 MT) columns
+A_SHARED_BYTES = 32 * 1024
+
+# The slice count (SPLITS = 0): see splits_for.
+#: resident warps per SM the launch should reach (each has U x 512 bytes in flight)
+TARGET_WARPS_PER_SM = 12
+#: a slice of K is at least this many rows of B
+MIN_SLICE_K = 256
+MAX_SPLITS = 32
+#: the workspace's traffic (S partial products written and read) stays below this share
+#: of B's bytes
+WORKSPACE_SHARE = 0.125
+
+#: the default configuration (``kernel="skinny"``): fp16, all 16 decode rows in one pass
+DEFAULTS = dict(precision="fp16", MT=16, CT=32, NT=256, U=4, NC=0, SPLITS=0)
+
+
+def rows_for(M: int) -> int:
+    """The smallest compiled MT that holds M rows (MMAX for M > MMAX)."""
+    return next((mt for mt in MT_CHOICES if mt >= M), MMAX)
+
+
+def chunk_k(MT: int, KT: int, U: int) -> int:
+    """KC: the columns of A staged at once, a multiple of KT * U (one round of loads)."""
+    kg = KT * U
+    return max(kg, (A_SHARED_BYTES // (4 * MT)) // kg * kg)
+
+
+def slice_k(K: int, S: int, KG: int) -> int:
+    """Rows of B per slice when K is cut into S slices (a multiple of KG)."""
+    return cdiv(cdiv(max(K, 1), KG), max(S, 1)) * KG
+
+
+def k_slices(K: int, S: int, KG: int) -> list[tuple[int, int]]:
+    """(k0, k1) of every slice z (the kernel's own rule)."""
+    per = slice_k(K, S, KG)
+    return [(z * per, min(K, z * per + per)) for z in range(max(S, 1))]
+
+
+def effective_splits(S: int, K: int, KG: int) -> int:
+    """Slices that all hold rows of B (what the grid's z then is)."""
+    return max(1, cdiv(max(K, 1), slice_k(K, S, KG)))
+
+
+def splits_for(M: int, N: int, K: int, MT: int, BN: int, NT: int, KG: int, itemsize: int,
+               dev=None) -> int:
+    """How many slices of K for (M, N, K) (1 = none).
+
+    A streaming kernel needs enough warps resident to keep enough bytes in
+    flight: TARGET_WARPS_PER_SM on every SM.  When the column slabs (and row
+    blocks) give fewer blocks, K is cut into as many slices as make up the
+    difference -- each at least MIN_SLICE_K rows deep, at most MAX_SPLITS, and
+    few enough that the workspace's traffic (S partial M x N products written
+    and read back, fp32) stays under WORKSPACE_SHARE of B's own bytes.
+    """
+    dev = dev or backend.device_info()
+    blocks = cdiv(M, MT) * cdiv(N, BN)
+    if blocks == 0 or K < 2 * MIN_SLICE_K:
+        return 1
+    want = cdiv(dev.sm_count * TARGET_WARPS_PER_SM, max(NT // 32, 1))
+    if blocks >= want:
+        return 1
+    s = min(MAX_SPLITS, cdiv(want, blocks), K // MIN_SLICE_K,
+            int(WORKSPACE_SHARE * K * itemsize / (8 * max(M, 1))))
+    return effective_splits(max(s, 1), K, KG)
+
+
+def _slices_fit(spec, M, N, K, dev):
+    return spec.grid(M, N, K)[2] <= dev.max_grid[2]
+
+
+CONSTRAINTS = (
+    Constraint("slices", _slices_fit, "gridDim.z (the number of K slices) is limited by the "
+               "device"),
+)
+
+
+def build(precision: str = "fp16", MT: int = 16, CT: int = 32, NT: int = 256, U: int = 4,
+          NC: int = 0, SPLITS: int = 0) -> KernelSpec:
+    """A skinny spec.  ``SPLITS`` changes only the grid's z: every slice count shares
+    the kernel compiled for the other parameters."""
+    base = _code(precision, MT, CT, NT, U, int(bool(NC)))
+    if not SPLITS:
+        return base
+    p = base.params
+    KG = (NT // CT) * U
+
+    def grid(M, N, K):
+        gx, gy, _ = base.grid(M, N, K)
+        return (gx, gy, effective_splits(SPLITS, K, KG))
+
+    return dataclasses.replace(base, name=f"{base.name}_s{SPLITS}", grid=grid,
+                               params=dict(p, SPLITS=SPLITS))
+
+
+@lru_cache(maxsize=None)
+def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int) -> KernelSpec:
+    """The spec with SPLITS = 0 (slices per shape) of one compiled configuration."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"the skinny rung computes {', '.join(PRECISIONS)}; got {precision!r} "
+                         "(tf32 and 3xtf32 calls use its fp32 form: an fp32 product is within "
+                         "their error bounds)")
+    if MT < 1 or CT < 1 or U < 1 or NT % CT or not CT <= NT <= 1024:
+        raise ValueError(f"need MT, CT, U >= 1 and CT <= NT <= 1024 with CT | NT "
+                         f"(MT={MT}, CT={CT}, NT={NT}, U={U})")
+    V = VEC[precision]
+    KT = NT // CT                 # groups of CT lanes: each walks its own rows of B
+    BN = CT * V                   # columns per block
+    BN4 = BN // 4
+    KG = KT * U                   # rows of B one round of loads covers
+    KC = chunk_k(MT, KT, U)       # columns of A staged per chunk
+    ACC = MT * V
+    RAW = 4 * U                   # words of B in flight per thread
+    MT4 = MT // 4                 # rows of A read as one ld.shared.v4
+    SH = cdiv(max(KC * MT, MT * BN), 4)   # shared rows of 4 floats: A chunk, then the sums
+    SIXTEEN = precision != "fp32"
+    FP16 = precision == "fp16"
+    NC_ = bool(NC)
+
+    def thread_cols(tid):
+        """(kr, first column in the slab): thread tid's group and its 16-byte column chunk."""
+        return tid // CT, (tid % CT) * V
+
+    def rows_of(tid, kc):
+        """The rows (within a chunk of kc) thread tid reads from B, in its order."""
+        return list(range(tid // CT, kc, KT))
+
+    # The per-precision pieces, chosen here in Python: each kernel is compiled with one set.
+    if FP16:
+        def _to_f32(x):
+            return convert.half_to_float(x)
+
+        def _expand(raw, o, bf):
+            for e in range(4):
+                w = raw[o + e]
+                bf[2 * e] = convert.half_to_float(w)                 # cvt.f32.f16
+                bf[2 * e + 1] = convert.half_to_float(w >> uint32(16))
+    elif SIXTEEN:
+        def _to_f32(x):
+            return convert.bf16_to_float(x)
+
+        def _expand(raw, o, bf):
+            for e in range(4):
+                w = raw[o + e]
+                bf[2 * e] = convert.bf16_to_float(w)                 # bits << 16
+                bf[2 * e + 1] = convert.bf16_hi_to_float(w)          # bits & 0xFFFF0000
+    else:
+        def _to_f32(x):
+            return x
+
+        def _expand(raw, o, bf):
+            for e in range(4):
+                bf[e] = as_float(raw[o + e])                         # a reinterpretation
+
+    if SIXTEEN:
+        def _scalar_words(B, k, n, raw, o):
+            """Two 16-bit values per word, each guarded by N (low half: the lower column)."""
+            N = B.shape[1]
+            for e in range(4):
+                j = n + 2 * e
+                lo = uint32(B[uidx(k), uidx(j)]) if j < N else uint32(0)
+                hi = uint32(B[uidx(k), uidx(j + 1)]) if j + 1 < N else uint32(0)
+                raw[o + e] = lo | (hi << uint32(16))
+    else:
+        def _scalar_words(B, k, n, raw, o):
+            N = B.shape[1]
+            for e in range(4):
+                j = n + e
+                raw[o + e] = as_bits(B[uidx(k), uidx(j)]) if j < N else uint32(0)
+
+    to_f32 = cuda.jit(device=True)(_to_f32)
+    expand = cuda.jit(device=True)(_expand)
+    scalar_words = cuda.jit(device=True)(_scalar_words)
+
+    @cuda.jit(device=True)
+    def fetch(B, k, n, ok, vec, raw, o):
+        """Row k of B, columns n .. n+V-1, as four 32-bit words into raw[o:o+4] (zeros when
+        not ok).  One 16-byte load when the rows are 16-byte aligned (vec), else scalar
+        loads guarded by N."""
+        if ok and vec:
+            if NC_:   # read-only path, no L1 allocation: B is read exactly once
+                w0, w1, w2, w3 = convert.load16_stream(B, k, n)
+            else:
+                w0, w1, w2, w3 = convert.load16(B, k, n)
+            raw[o] = w0
+            raw[o + 1] = w1
+            raw[o + 2] = w2
+            raw[o + 3] = w3
+        elif ok:
+            scalar_words(B, k, n, raw, o)
+        else:
+            for e in range(4):
+                raw[o + e] = uint32(0)
+
+    @cuda.jit(device=True)
+    def fma_row(sh, kk, acc, bf):
+        """acc[i, v] += A[i, k] * B[k, v] for the MT rows of A at chunk column kk."""
+        base = kk * MT            # A's values for kk: flat floats base .. base+MT-1
+        for q in range(MT4):
+            a0, a1, a2, a3 = load4(sh, uidx(base // 4 + q), 0)
+            for v in range(V):
+                b = bf[v]
+                acc[(4 * q) * V + v] += a0 * b
+                acc[(4 * q + 1) * V + v] += a1 * b
+                acc[(4 * q + 2) * V + v] += a2 * b
+                acc[(4 * q + 3) * V + v] += a3 * b
+        for i in range(MT4 * 4, MT):
+            f = base + i
+            a = sh[uidx(f // 4), uidx(f % 4)]
+            for v in range(V):
+                acc[i * V + v] += a * bf[v]
+
+    def skinny_kernel(A, B, C):
+        sh = cuda.shared.array((SH, 4), float32, alignment=SHARED_ALIGN)
+        acc = cuda.local.array(ACC, float32)
+        raw = cuda.local.array(RAW, uint32)
+        bf = cuda.local.array(V, float32)
+        M, K = A.shape
+        N = B.shape[1]
+        tid = cuda.threadIdx.x
+        kr = tid // CT
+        n = cuda.blockIdx.y * BN + (tid % CT) * V
+        m0 = cuda.blockIdx.x * MT
+        z = cuda.blockIdx.z
+        per = ((K + KG - 1) // KG + cuda.gridDim.z - 1) // cuda.gridDim.z * KG
+        kb = z * per
+        ke = min(K, kb + per)
+        # Uniform decisions, once per launch: may B's rows be read in 16-byte pieces?
+        b_vec = N % V == 0 and aligned16(B)
+        active = n < N
+        for e in range(ACC):
+            acc[e] = float32(0.0)
+
+        for k0 in range(kb, ke, KC):
+            kc = min(KC, ke - k0)
+            # Stage A[m0:m0+MT, k0:k0+kc] as fp32, k-major (zeros for rows past M).
+            for t in range(tid, MT * kc, NT):
+                kk = t // MT
+                i = t - kk * MT
+                v = float32(0.0)
+                if m0 + i < M:
+                    v = to_f32(A[uidx(m0 + i), uidx(k0 + kk)])
+                sh[uidx(t // 4), uidx(t % 4)] = v
+            cuda.syncthreads()
+            if active:
+                kk = kr
+                while kk < kc:
+                    for u in range(U):       # U independent 16-byte loads in flight
+                        ku = kk + u * KT
+                        fetch(B, k0 + ku, n, ku < kc, b_vec, raw, 4 * u)
+                    for u in range(U):
+                        ku = kk + u * KT
+                        if ku < kc:
+                            expand(raw, 4 * u, bf)
+                            fma_row(sh, ku, acc, bf)
+                    kk += KG
+            cuda.syncthreads()
+
+        # The KT groups' partial sums, added through shared memory in group order
+        # (((g0 + g1) + g2) + ...), leave the block's MT x BN result in shared memory ...
+        c0 = (tid % CT) * V
+        for r in range(KT):
+            if kr == r and active:
+                for i in range(MT):
+                    for q in range(V // 4):
+                        f = (i * BN + c0 + 4 * q) // 4
+                        if r > 0:
+                            s0, s1, s2, s3 = load4(sh, uidx(f), 0)
+                            acc[i * V + 4 * q] += s0
+                            acc[i * V + 4 * q + 1] += s1
+                            acc[i * V + 4 * q + 2] += s2
+                            acc[i * V + 4 * q + 3] += s3
+                        store4(sh, uidx(f), 0, acc[i * V + 4 * q], acc[i * V + 4 * q + 1],
+                               acc[i * V + 4 * q + 2], acc[i * V + 4 * q + 3])
+            cuda.syncthreads()
+        # ... which the whole block writes to C, row by row (coalesced, 16 bytes a thread
+        # where C's rows are 16-byte aligned).  When K is split, C is the (S*M) x N
+        # workspace and this block's rows start at z*M + m0.
+        row0 = z * M + m0
+        n0 = cuda.blockIdx.y * BN
+        c_vec = N % 4 == 0 and aligned16(C)
+        for t in range(tid, MT * BN4, NT):
+            i = t // BN4
+            j = n0 + (t - i * BN4) * 4
+            if m0 + i < M and j < N:
+                s0, s1, s2, s3 = load4(sh, uidx(t), 0)
+                if c_vec:
+                    store4(C, uidx(row0 + i), uidx(j), s0, s1, s2, s3)
+                else:
+                    C[uidx(row0 + i), uidx(j)] = s0
+                    if j + 1 < N:
+                        C[uidx(row0 + i), uidx(j + 1)] = s1
+                    if j + 2 < N:
+                        C[uidx(row0 + i), uidx(j + 2)] = s2
+                    if j + 3 < N:
+                        C[uidx(row0 + i), uidx(j + 3)] = s3
+
+    kernel = cuda.jit(skinny_kernel)
+    itemsize = 2 if SIXTEEN else 4
+
+    def grid(M, N, K):
+        S = splits_for(M, N, K, MT, BN, NT, KG, itemsize)
+        return (cdiv(M, MT), cdiv(N, BN), effective_splits(S, K, KG))
+
+    params = dict(precision=precision, MT=MT, CT=CT, NT=NT, U=U, NC=NC, SPLITS=0)
+    name = "skinny" + ("" if precision == "fp16" else f"_{precision}")
+    for key, tag in (("MT", "m"), ("CT", "c"), ("NT", "t"), ("U", "u")):
+        if params[key] != DEFAULTS[key]:
+            name += f"_{tag}{params[key]}"
+    if NC:
+        name += "_nc"
+    # 16-byte loads of B, fp32 FMAs, the sums through shared memory and C in 16-byte pieces
+    must = [r"ld\.global(\.nc)?(\.L1::no_allocate)?\.v4\.(u32|b32)", r"fma\.rn\.f32",
+            r"st\.shared\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.global\.v4\.f32"]
+    if FP16:
+        must.append(r"cvt\.f32\.f16")
+    return KernelSpec(
+        name=name,
+        chapter="18-models",
+        idea="decode (M <= 16): each block streams a slab of B's columns once in 16-byte "
+             "loads, all M rows of A from shared memory, fp32 FMAs into registers; K split "
+             "across warps and, when N is narrow, across blocks (fixed-order sums)",
+        kernel=kernel,
+        block=(NT, 1, 1),
+        tile=(MT, BN),
+        grid=grid,
+        params=params,
+        shared_bytes=SH * 16,
+        min_cc=(7, 0) if NC else (5, 0),
+        dtype=INPUT_DTYPE[precision],
+        arg_dtypes=ARG_DTYPES[precision] if SIXTEEN else (),
+        precision=precision,
+        operand_align=0,
+        constraints=CONSTRAINTS,
+        ptx_must=tuple(must),
+        index={"thread_cols": thread_cols, "rows_of": rows_of,
+               "k_slices": lambda K, S: k_slices(K, S, KG)},
+        module=__name__,
+        reduce_kernel=split_k.reduce_slices,
+        reduce_block=split_k.REDUCE_BLOCK,
+        launch_only=("SPLITS",),
+    )
+
+
+def params_for(precision: str, M: int) -> dict:
+    """The configuration ``kernel="auto"`` runs for M rows in ``precision``
+    (gemmlib.dispatch.select_skinny): the defaults with MT = :func:`rows_for` (M) and
+    the per-MT overrides of ``TUNED`` (set from scripts/skinny_gpu.py)."""
+    MT = rows_for(M)
+    return {**DEFAULTS, "precision": precision, "MT": MT,
+            **TUNED.get((precision, MT), TUNED.get(MT, {}))}
+
+
+#: overrides of DEFAULTS per row count, keyed by MT = rows_for(M) or (precision, MT) --
+#: e.g. ``{16: {"MT": 8}}`` runs M = 9..16 as two row blocks of 8 -- from what
+#: scripts/skinny_gpu.py measured best.  On an H100 (results/models-2026-11-24/
+#: skinny-h100.json) eight 16-byte loads in flight a thread (U=8) were fastest for fp16 at
+#: M = 1 on 5 of the 7 decode shapes and at M = 4 on 4 of 7; the other precisions and
+#: row counts keep the defaults (not measured better)
+TUNED: dict = {("fp16", 1): {"U": 8}, ("fp16", 4): {"U": 8}}
+
+
+SPEC = build()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 18 on a GPU machine: framework tests, host cost against torch/CuPy, the models suite.
+#   bash scripts/models_gpu.sh [stage ...]     stages: test host models nonfinite skinny
+# Logs and result files go to $OUT (the device tool's folder) or gpu-run-logs/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-run-logs}; mkdir -p "$OUT"
+PY=${PY:-python3}
+export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
+stages=("$@"); [[ ${#stages[@]} -eq 0 ]] && stages=(test host models)
+for st in "${stages[@]}"; do
+  echo "=== $st $(date -u +%H:%M:%S)"
+  case $st in
+    test)   $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_frameworks.py tests/test_inputs.py \
+              tests/test_models_suite.py 2>&1 | tee "$OUT/pytest-frameworks.log" | tail -15 ;;
+    host)   $PY -m gemmlib bench --host-cost --out "$OUT" 2>&1 | tee "$OUT/host-cost.log" ;;
+    models) $PY -m gemmlib bench --suite models --inputs ${INPUTS:-torch} \
+              ${PRECISIONS:+--precisions $PRECISIONS} ${TOKENS:+--tokens $TOKENS} --out "$OUT" 2>&1 \
+              | tee "$OUT/models.log" ;;
+    nonfinite) $PY scripts/nonfinite_gpu.py "$OUT/nonfinite.json" 2>&1 | tee "$OUT/nonfinite.log" ;;
+    skinny) $PY scripts/skinny_gpu.py "$OUT/skinny.json" 2>&1 | tee "$OUT/skinny.log" ;;
+    *) echo "unknown stage $st" ;;
+  esac
+done
