@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Issue 18 on a GPU machine: framework tests, host cost against torch/CuPy, the models suite.
-#   bash scripts/models_gpu.sh [stage ...]     stages: test host models nonfinite skinny
+#   bash scripts/models_gpu.sh [stage ...]
+# stages: test host models nonfinite skinny profile, gpu-tests-1 / gpu-tests-2 (the whole GPU
+# suite, `pytest -m gpu`, in two halves that each fit a 10-minute call), notebooks (every
+# chapter executed in place; the stored notebooks come back as notebooks-<n>.tar.gz)
 # Logs and result files go to $OUT (the device tool's folder) or gpu-run-logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +22,16 @@ for st in "${stages[@]}"; do
               | tee "$OUT/models.log" ;;
     nonfinite) $PY scripts/nonfinite_gpu.py "$OUT/nonfinite.json" 2>&1 | tee "$OUT/nonfinite.log" ;;
     skinny) $PY scripts/skinny_gpu.py "$OUT/skinny.json" 2>&1 | tee "$OUT/skinny.log" ;;
+    profile) $PY scripts/host_profile.py "$OUT/host-profile.json" 2>&1 | tee "$OUT/host-profile.log" ;;
+    gpu-tests-1|gpu-tests-2)
+            files=(tests/test_*.py); half=$(( ${#files[@]} / 2 ))
+            if [[ $st == gpu-tests-1 ]]; then part=("${files[@]:0:$half}"); else part=("${files[@]:$half}"); fi
+            $PY -m pytest -q -m gpu -p no:cacheprovider "${part[@]}" 2>&1 | tee "$OUT/$st.log" | tail -25 ;;
+    notebooks)
+            $PY scripts/execute_notebooks.py ${NOTEBOOKS:-} 2>&1 | tee "$OUT/notebooks.log" | tail -40
+            tar czf "$OUT/notebooks-1.tar.gz" chapters/0*.ipynb chapters/10-*.ipynb
+            tar czf "$OUT/notebooks-2.tar.gz" chapters/1[1-9]-*.ipynb chapters/leaderboard.ipynb
+            ls -la "$OUT"/notebooks-*.tar.gz ;;
     *) echo "unknown stage $st" ;;
   esac
 done
