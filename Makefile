@@ -20,6 +20,14 @@ else
   EXTRAS ?= cu13,test,book,torch-cpu
 endif
 export NUMBA_ENABLE_CUDASIM := $(SIM)
+# Test workers (pytest-xdist): in the simulator one per core, at most 8 (a 2-core
+# CI machine runs 2); with a GPU, none (JOBS=0: one process), as GPU tests time
+# kernels and size their problems by the GPU memory left free. `make test JOBS=4`.
+ifeq ($(SIM),1)
+  JOBS  ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
+else
+  JOBS  ?= 0
+endif
 
 .PHONY: all run verify book test test-fast gpu-run clean
 
@@ -42,9 +50,12 @@ book: $(STAMP)
 	@echo "book: open _build/html/index.html"
 
 # Library tests (simulator unless a GPU is present), the offline compile gate,
-# and every notebook executed top to bottom by nbval.
+# and every notebook executed top to bottom by nbval, spread over $(JOBS) workers.
+# --dist loadfile keeps each file on one worker: a notebook's cells run in order
+# in one kernel, and a test module's tests share its module fixtures.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests chapters --nbval-lax -p no:cacheprovider
+	$(BIN)/python -m pytest tests chapters --nbval-lax -p no:cacheprovider \
+		-n $(JOBS) --dist loadfile --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -x -q

@@ -30,6 +30,11 @@ from numba import float32, float64, int32, uint16, uint32, uint64  # noqa: F401 
 
 SIMULATOR: bool = bool(numba.config.ENABLE_CUDASIM)
 
+if SIMULATOR:  # numba's block scheduler spins between syncthreads; gemmlib's waits
+    from gemmlib import _simulator
+
+    _simulator.install()
+
 # Small verification shapes launch few blocks on purpose; numba's
 # "low occupancy" warning would only bury real messages.
 numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = 0

@@ -125,22 +125,9 @@ def main(argv=None) -> int:
     save()
 
     # ------------------------------------------------------------------ 2. copy bandwidth
-    def copy_gbs(nbytes=2 << 30, reps=10):
-        src = cp.ones(nbytes // 4, dtype=np.float32)
-        dst = cp.empty_like(src)
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        ts = []
-        for _ in range(reps + 2):
-            e0.record()
-            dst[...] = src
-            e1.record()
-            e1.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(e0, e1))
-        del src, dst
-        cp.get_default_memory_pool().free_all_blocks()
-        return 2 * nbytes / (statistics.median(ts[2:]) * 1e-3) / 1e9
+    from gemmlib.bench_models import copy_bandwidth
 
-    bw = copy_gbs()
+    bw = copy_bandwidth()   # the models suite's measurement, the same way
     res["copy_gbs"] = bw
     log(f"device-to-device copy: {bw:.0f} GB/s (read + written)")
 
