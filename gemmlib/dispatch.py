@@ -95,6 +95,7 @@ def clear_memory_caches() -> None:
         _PLANS.clear()
         _COMPILED.clear()
         _BOUND.clear()
+        _SCRATCH.clear()
         CALLS.clear()
 
 
@@ -214,7 +215,8 @@ def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
 
 
 #: the tensor-core rungs (gemmlib.intrinsics.mma); "auto" picks the last, tuned
-TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async", "wgmma_tma", "wgmma_ws")
+TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async", "wgmma_tma", "wgmma_ws",
+            "wgmma_split_k")
 TC_AUTO = "mma_pipeline"
 
 
@@ -293,7 +295,7 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -
         return _CHOICES.put(key, skinny)
     if (precision in ("fp16", "bf16") and not SIMULATOR and slug is None
             and tuple(backend.device_info().compute_capability) == (9, 0)):
-        return _CHOICES.put(key, build(HOPPER_AUTO, {"precision": precision}))
+        return _CHOICES.put(key, select_hopper(precision, M, N, K))
     if _tc_arch(precision) == "sm75":   # e.g. a T4: no cp.async for mma_pipeline's ring
         return _CHOICES.put(key, build(SM75_AUTO, {"precision": precision, "arch": "sm75"}))
     entry = tuning.best_entry(M, N, K, tc_tuning_key(precision), slug)
@@ -303,6 +305,22 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -
     if entry and spec.failed_constraints(M, N, K, backend.device_info()):
         spec = build(TC_AUTO, {"precision": precision})
     return _CHOICES.put(key, spec)
+
+
+#: Hopper, fp16/bf16 products whose 128 x 256 tiles do not fill the SMs: the split-K form
+#: of wgmma_ws (gemmlib.kernels.wgmma_split_k), its rows per tile by M
+HOPPER_SPLIT = "wgmma_split_k"
+
+
+def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
+    """fp16/bf16 on an H100/H200: ``wgmma_ws``, or ``wgmma_split_k`` (64-row tiles up to
+    M = 64) where its cost model cuts K into slices."""
+    from gemmlib.kernels.wgmma_split_k import splits_for
+
+    BM = 64 if M <= 64 else 128
+    if splits_for(M, N, K, BM, 256, backend.device_info()) > 1:
+        return build(HOPPER_SPLIT, {"precision": precision, "BM": BM})
+    return build(HOPPER_AUTO, {"precision": precision})
 
 
 def _known_registers(spec) -> int | None:
@@ -326,6 +344,8 @@ class Plan:
     shared_bytes: int
     #: K slices (grid z); > 1 only for split-K specs, which then need a workspace
     splits: int = 1
+    #: (rows, cols, dtype) of the workspace arrays of specs that take them (spec.workspace)
+    workspace: tuple = ()
 
     @property
     def reduce_grid(self) -> tuple[int, int, int]:
@@ -357,9 +377,10 @@ def plan(kernel, M: int, N: int, K: int) -> Plan:
     spec.check(M, N, K, dev)
     geo = spec.launch(M, N, K)
     splits = geo.grid[2] if spec.reduce_kernel is not None else 1
+    work = tuple(spec.workspace(M, N, K)) if spec.workspace is not None else ()
     STATS["plans"] += 1
     return _PLANS.put(key, Plan(spec, M, N, K, geo.grid, geo.block, geo.dynamic_shared_bytes,
-                                splits))
+                                splits, work))
 
 
 # --------------------------------------------------------------------------
@@ -554,9 +575,9 @@ def _compile(kernel, module, params, dtype, nargs, scalars=()) -> Compiled:
 
 def compiled_spec(spec: KernelSpec) -> Compiled:
     """The main kernel of ``spec``, compiled (or read from the cache) for this GPU."""
-    dtypes = spec.kernel_dtypes
+    dtypes = spec.array_dtypes
     return compiled(spec.kernel, module=spec.module, params=spec.code_params,
-                    dtype=dtypes[0] if len(set(dtypes)) == 1 else dtypes,
+                    dtype=dtypes[0] if len(set(dtypes)) == 1 else dtypes, nargs=len(dtypes),
                     scalars=spec.scalar_args)
 
 
@@ -595,8 +616,6 @@ def _array_words(ptr: int, rows: int, cols: int, itemsize: int) -> list[int]:
 #: index of the data pointer of array i in the parameter words
 _DATA = (4, 4 + _WORDS, 4 + 2 * _WORDS)
 _A_WORD, _B_WORD, _C_WORD = _DATA
-#: the word after the three arrays: TMA rungs' address of the tensor maps
-_MAPS_WORD = 3 * _WORDS
 
 
 def _launch(fn: int, grid, block, shared: int, stream: int, words: list[int]) -> None:
@@ -620,7 +639,13 @@ class _Bound:
         c_rows = M * p.splits  # the workspace when K is split
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
         self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
-                      + _array_words(0, c_rows, N, ic) + [0] * len(spec.scalar_args))
+                      + _array_words(0, c_rows, N, ic))
+        for rows, cols, dt in p.workspace:   # split-K sums in the kernel: W, then tickets
+            self.words += _array_words(0, rows, cols, np.dtype(dt).itemsize)
+        #: the word after the arrays: TMA rungs' address of the tensor maps
+        self.maps_word = len(self.words)
+        self.words += [0] * len(spec.scalar_args)
+        self.scratch = {}  # stream -> the workspace arrays, kept (see _scratch)
         self.red = self.red_words = None
         self.maps = None  # (a_ptr, b_ptr, tma generation, address): see _maps_of
         self._local = threading.local()
@@ -682,8 +707,12 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
         values[_A_WORD] = a_ptr
         values[_B_WORD] = b_ptr
         values[_C_WORD] = c_ptr
+        if p.workspace:   # the words after C: this stream's workspace arrays
+            ws = b.scratch.get(stream) or _scratch(b, p, stream)
+            for i, ptr in enumerate(ws[1]):
+                values[_C_WORD + _WORDS * (i + 1)] = ptr
         if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
-            values[_MAPS_WORD] = _maps_of(b, p, a_ptr, b_ptr, stream)
+            values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream)
         drv = driver()
         rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers, None)
         if rc:
@@ -699,6 +728,27 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     _launch(b.red, p.reduce_grid, p.spec.reduce_block, 0, stream, red)
     # W goes back to CuPy's pool when dropped; the pool hands it out again only to
     # work on the same stream, which runs after these two kernels.
+
+
+#: bytes of workspace kept for all plans and streams together; past it the oldest go
+SCRATCH_BYTES = 512 * 2**20
+_SCRATCH: OrderedDict = OrderedDict()   # (id(bound), stream) -> bytes
+
+
+def _scratch(b: "_Bound", p: Plan, stream: int):
+    """Plan ``p``'s workspace arrays for ``stream``, allocated once (counters zeroed) and
+    kept with the bound plan: (arrays, pointers).  Launches on one stream run in order,
+    so they share them; each kernel leaves its counters zero for the next."""
+    # counters are zeroed on ``stream`` itself, so before any launch that uses them
+    arrays = [_workspace(rows, cols, dt, stream, zero=np.dtype(dt).kind in "iu")
+              for rows, cols, dt in p.workspace]
+    ws = b.scratch[stream] = (arrays, [a.data.ptr for a in arrays])
+    with _LOCK:
+        _SCRATCH[(id(b), stream)] = (b, sum(a.nbytes for a in arrays))
+        while sum(n for _, n in _SCRATCH.values()) > SCRATCH_BYTES and len(_SCRATCH) > 1:
+            (_, old_stream), (old, _) = _SCRATCH.popitem(last=False)
+            old.scratch.pop(old_stream, None)   # CuPy's pool reuses it on that stream only
+    return ws
 
 
 def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int) -> int:
@@ -725,14 +775,15 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int) -> int:
                              (b_ptr, (K, N), N * isz, name, box_b, sw)), stream)
 
 
-def _workspace(rows: int, cols: int, dtype, stream: int):
-    """A (rows, cols) scratch array allocated on ``stream`` (CuPy's pool is stream-ordered)."""
+def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
+    """A (rows, cols) scratch array allocated on ``stream`` (CuPy's pool is stream-ordered),
+    zero-filled there when ``zero``."""
     from contextlib import nullcontext
 
     cp = backend.array_module()
     current = stream == cp.cuda.get_current_stream().ptr
     with nullcontext() if current else cp.cuda.ExternalStream(stream):
-        return cp.empty((rows, cols), dtype=dtype)
+        return (cp.zeros if zero else cp.empty)((rows, cols), dtype=dtype)
 
 
 # --------------------------------------------------------------------------
@@ -760,7 +811,8 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None) -> None:
             C[...] = 0
             return
         maps = tma.simulated_maps((A, B), spec.tma_boxes, spec.tma_swizzle)
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, np.uint64(maps))
+        work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *work, np.uint64(maps))
         return
     if p.splits <= 1:
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C)

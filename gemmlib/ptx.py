@@ -34,7 +34,7 @@ TARGETS = ((7, 5), (8, 0), (9, 0))
 def signature(spec):
     from numba import types
 
-    return (tuple(getattr(types, d)[:, ::1] for d in spec.kernel_dtypes)
+    return (tuple(getattr(types, d)[:, ::1] for d in spec.array_dtypes)
             + tuple(getattr(types, s) for s in spec.scalar_args))
 
 

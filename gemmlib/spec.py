@@ -144,6 +144,13 @@ class KernelSpec:
     #: (``gemmlib.tma.operand_maps``; numba kernels have no by-value map parameters)
     tma_boxes: tuple = ()
     tma_swizzle: int = 128
+    #: rungs that keep state between the blocks of a launch (split-K with in-kernel sums):
+    #: ``workspace(M, N, K)`` gives the (rows, cols, dtype) of the arrays the kernel takes
+    #: after C, whose dtypes are ``workspace_dtypes``.  Integer arrays are counters that
+    #: must be zero before a launch and that the kernel leaves zero; ``gemmlib.dispatch``
+    #: allocates them once per plan and stream
+    workspace: Callable | None = None
+    workspace_dtypes: tuple[str, ...] = ()
 
     @property
     def code_params(self) -> dict:
@@ -154,6 +161,11 @@ class KernelSpec:
     def kernel_dtypes(self) -> tuple[str, str, str]:
         """The dtypes the compiled kernel takes for (A, B, C)."""
         return tuple(self.arg_dtypes) or (self.dtype,) * 3
+
+    @property
+    def array_dtypes(self) -> tuple[str, ...]:
+        """The dtypes of every array argument: A, B, C, then the workspace arrays."""
+        return self.kernel_dtypes + tuple(self.workspace_dtypes)
 
     @property
     def scalar_args(self) -> tuple[str, ...]:

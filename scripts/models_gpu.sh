@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 18 on a GPU machine: framework tests, host cost against torch/CuPy, the models suite.
 #   bash scripts/models_gpu.sh [stage ...]
-# stages: test host models nonfinite skinny profile, gpu-tests-1 / gpu-tests-2 (the whole GPU
+# stages: test host models nonfinite skinny profile, splitk (the split-K rung's GPU tests),
+# tc-shapes (scripts/tc_shapes_gpu.py: the candidates per shape behind dispatch.select_hopper), gpu-tests-1 / gpu-tests-2 (the whole GPU
 # suite, `pytest -m gpu`, in two halves that each fit a 10-minute call), notebooks (every
 # chapter executed in place; the stored notebooks come back as notebooks-<n>.tar.gz)
 # Logs and result files go to $OUT (the device tool's folder) or gpu-run-logs/.
@@ -20,6 +21,11 @@ for st in "${stages[@]}"; do
     models) $PY -m gemmlib bench --suite models --inputs ${INPUTS:-torch} \
               ${PRECISIONS:+--precisions $PRECISIONS} ${TOKENS:+--tokens $TOKENS} --out "$OUT" 2>&1 \
               | tee "$OUT/models.log" ;;
+    splitk) $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_wgmma_split_k.py \
+              tests/test_kernels.py tests/test_hopper.py -k "split_k or hopper" 2>&1 \
+              | tee "$OUT/pytest-splitk.log" | tail -15 ;;
+    tc-shapes) $PY scripts/tc_shapes_gpu.py "$OUT/tc-shapes.json" ${PRECISIONS:+--precisions $PRECISIONS} \
+              ${MS:+--ms $MS} ${BUDGET:+--budget $BUDGET} 2>&1 | tee "$OUT/tc-shapes.log" ;;
     nonfinite) $PY scripts/nonfinite_gpu.py "$OUT/nonfinite.json" 2>&1 | tee "$OUT/nonfinite.log" ;;
     skinny) $PY scripts/skinny_gpu.py "$OUT/skinny.json" 2>&1 | tee "$OUT/skinny.log" ;;
     profile) $PY scripts/host_profile.py "$OUT/host-profile.json" 2>&1 | tee "$OUT/host-profile.log" ;;

@@ -32,6 +32,7 @@ LADDER: tuple[str, ...] = (
     "wgmma_async",
     "wgmma_tma",
     "wgmma_ws",
+    "wgmma_split_k",
     "skinny",
 )
 

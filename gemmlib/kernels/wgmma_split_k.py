@@ -1,0 +1,292 @@
+"""Split-K on Hopper: the persistent warp-specialised kernel walks (tile, slice of K) units.
+
+``wgmma_ws`` gives each SM whole 128 x 256 output tiles.  The GEMMs a model
+runs at small batch have few of them: at 16 or 128 tokens a 4096-wide
+projection is one row of 16 tiles for a GPU of 132 SMs, and 1024 x 1024 x 8192
+is 32 tiles.  Each tile then walks a long K while 100+ SMs idle, and the
+product runs at a quarter of what the GPU can do: at M <= 128 it is bounded by
+reading B once, which needs every SM's loads in flight.
+
+This rung cuts K: a *unit* of work is one tile and one of S slices of its
+k-tiles, so S slices make S times as many units, each S times shorter.  The
+persistent blocks walk units instead of tiles; producer and consumers run the
+same ring as in ``wgmma_ws``, only over a unit's k-tiles.  Then the slices'
+partial tiles must be added, deterministically (the same bits every run):
+
+* **Each consumer thread owns its partials.**  Every unit of a tile leaves
+  the same accumulator layout in the same thread numbers, so a thread writes
+  its BN/2 fp32 partials to slice z's part of a workspace (16-byte stores,
+  laid out so that a warp's stores are contiguous) and takes a ticket: an
+  atomic increment of a counter of its own (one per tile and consumer
+  thread).  ``threadfence`` before the ticket makes its partials visible
+  first.
+* **The last of the S threads adds them up**, in slice order 0, 1, ..., S-1
+  whichever slice finished last -- so the rounding never depends on timing --
+  writes C and sets its counter back to zero for the next launch.  No block
+  waits for another, no second kernel is launched, and the workspace is kept
+  per plan and stream by ``gemmlib.dispatch`` (allocated once).
+* **Only threads that hold rows of C take part**: at M = 16 three of the four
+  warps of a 64-row consumer hold only padding rows, and skip the workspace.
+
+S (``SPLITS``, a launch parameter: every S runs the same compiled kernel) is
+chosen per shape by :func:`splits_for`: enough units to fill the SMs, slices
+of at least MIN_KTILES k-tiles, and workspace traffic small next to the
+operands.  S = 1 is ``wgmma_ws`` exactly, with a one-element workspace.  BM =
+64 (one consumer warpgroup) halves the rows wasted on padding at decode.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gemmlib import backend
+from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
+from gemmlib.intrinsics import hopper as H
+from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
+from gemmlib.intrinsics.vector import load4, store4
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, rung_name, spec_fields, tile_order,
+                                         warpgroup_code)
+from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
+from gemmlib.kernels.wgmma_ws import keep_registers
+from gemmlib.spec import KernelSpec, cdiv
+
+#: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
+MIN_KTILES = 4
+MAX_SPLITS = 32
+
+
+def splits_for(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:
+    """The slice count for (M, N, K) in BM x BN tiles: the S with the least modelled time.
+
+    Model (one unit of time: a k-tile of one block at the tensor cores' rate):
+
+        main(S) = ceil(tiles * S / SMs) * ceil(ktiles / S) + fill(S)
+        fill(S) = ceil(tiles * S / SMs) * STAGES_FILL   (each unit fills the ring anew)
+        sums(S) = the workspace traffic, (S + 1) * M * N * 4 bytes, in k-tile units
+
+    A slice keeps at least MIN_KTILES k-tiles.  The rate and bandwidth come from the
+    device (fp16 tensor-core work of a 128 x 256 x 64 k-tile on one SM, ~0.1 us at H100
+    rates; the workspace at 60% of DRAM bandwidth).
+    """
+    dev = dev or backend.device_info()
+    ktiles = cdiv(max(K, 1), BK)
+    tiles = cdiv(M, BM) * cdiv(N, BN)
+    sms = max(dev.sm_count, 1)
+    smax = max(1, min(MAX_SPLITS, ktiles // MIN_KTILES))
+    if smax == 1 or tiles == 0 or tiles >= sms:
+        return 1
+    # one k-tile of one block: 2*BM*BN*64 flops at the SM's share of the dense fp16 rate
+    tc_flops = max(getattr(dev, "fp32_peak_tflops", 60.0), 1.0) * 1e12 * 15 / sms
+    step_s = 2.0 * BM * BN * BK / tc_flops
+    # ...or the bytes of the k-tile at the SM's share of DRAM bandwidth, whichever is longer
+    bw = max(getattr(dev, "peak_bandwidth_gbs", 1000.0), 100.0) * 1e9 * 0.6
+    step_s = max(step_s, (BM * BK + BK * BN) * 2 / (bw / sms))
+    rows = min(M, BM * cdiv(M, BM))
+
+    def cost(s):
+        waves = math.ceil(tiles * s / sms)
+        t = waves * (cdiv(ktiles, s) + 2) * step_s
+        if s > 1:
+            t += (s + 1) * rows * N * 4 / bw
+        return t
+
+    return min(range(1, smax + 1), key=lambda s: (cost(s), s))
+
+
+def effective_splits(S: int, K: int) -> int:
+    """Slices that all hold at least one k-tile under the kernel's rule (per = ceil(kt/S))."""
+    ktiles = cdiv(max(K, 1), BK)
+    S = max(1, min(S, ktiles))
+    return cdiv(ktiles, cdiv(ktiles, S))
+
+
+def sum_source(quads: int, nc: int) -> str:
+    """Source of ``sum_slices(W, acc, base, S)``: acc[e] = W[0][e] + W[1][e] + ... in slice
+    order, one 16-byte group at a time, written out so that every accumulator index is a
+    constant (a loop over groups around the loop over slices would not be unrolled, and
+    ``acc`` would leave the registers)."""
+    lines = ["def sum_slices(W, acc, base, S):"]
+    for q in range(quads):
+        off = f"4 * (base + {q * nc})"
+        lines += [f"    a0, a1, a2, a3 = load4(W, 0, {off})",
+                  "    for s in range(1, S):",
+                  f"        b0, b1, b2, b3 = load4(W, s, {off})",
+                  "        a0 += b0",
+                  "        a1 += b1",
+                  "        a2 += b2",
+                  "        a3 += b3"]
+        lines += [f"    acc[{4 * q + i}] = a{i}" for i in range(4)]
+    return "\n".join(lines) + "\n"
+
+
+def _sum_slices(quads: int, nc: int):
+    src = sum_source(quads, nc)
+    ns = {"load4": load4}
+    exec(compile(src, "<gemmlib.wgmma_split_k sum_slices>", "exec"), ns)  # noqa: S102
+    f = ns["sum_slices"] if SIMULATOR else cuda.jit(device=True)(ns["sum_slices"])
+    f.__source__ = src
+    return f
+
+
+def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0) -> KernelSpec:
+    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
+        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
+                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    CONSUMERS = BM // 64
+    NT = 128 * (1 + CONSUMERS)
+    NC = 128 * CONSUMERS                      # consumer threads: one ticket counter each
+    if REGS is not None and 128 * (REGS[0] + CONSUMERS * REGS[1]) > 65536:
+        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
+                         "SM's 65536 registers")
+    k_tile, store_acc = warpgroup_code(precision, BN, 1)
+    tile_origin = tile_order(BM, BN, GROUP_M)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
+    ACC = BN // 2
+    QUADS = ACC // 4                          # 16-byte groups of a thread's accumulators
+    sum_slices = _sum_slices(QUADS, NC)
+    SHARED = STAGES * STAGE_BYTES + 1024
+    NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
+    wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
+    fewer = H.setmaxnreg(REGS[0], False) if REGS else keep_registers
+    more = H.setmaxnreg(REGS[1], True) if REGS else keep_registers
+    jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
+
+    @cuda.jit(device=True)
+    def k_range(unit, S, num_k):
+        """The k-tiles [k0, k1) of unit ``unit``: slice unit % S of its tile's k-tiles."""
+        per = (num_k + S - 1) // S
+        k0 = (unit % S) * per
+        return k0, min(num_k, k0 + per)
+
+    @cuda.jit(device=True)
+    def add_slices(W, L, acc, tile, z, tc, S):
+        """Leave this thread's partials in slice z of W; True for the thread that took the
+        tile's last ticket, which then holds the slices' sum (in slice order) in ``acc``."""
+        base = tile * QUADS * NC + tc
+        for q in range(QUADS):
+            store4(W, z, 4 * (base + q * NC), acc[4 * q], acc[4 * q + 1], acc[4 * q + 2],
+                   acc[4 * q + 3])
+        cuda.threadfence()                   # the partials are visible before the ticket
+        if cuda.atomic.add(L, (tile, tc), 1) != S - 1:
+            return False
+        cuda.threadfence()
+        sum_slices(W, acc, base, S)
+        L[tile, tc] = 0                      # ready for the next launch
+        return True
+
+    @cuda.jit(**jit_opts)
+    def wgmma_split_k_kernel(A, B, C, W, L, maps):
+        sm = cuda.shared.array(0, uint16)
+        bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
+        t = cuda.threadIdx.x
+        wg = t // 128
+        M, K = A.shape
+        N = B.shape[1]
+        S = W.shape[0]                       # the slices: a launch choice, not compiled in
+        pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
+        ring = H.smem_addr(sm, pad)
+        units = ((M + BM - 1) // BM) * ((N + BN - 1) // BN) * S
+        num_k = (K + BK - 1) // BK
+        if t == 0:
+            for s in range(STAGES):
+                H.mbarrier_init(H.smem_addr(bars, s), 1)             # full: the producer
+                H.mbarrier_init(H.smem_addr(bars, STAGES + s), NC)   # empty: the consumers
+            H.fence_mbarrier_init()
+        cuda.syncthreads()
+        if wg == 0:                          # ---- the producer warpgroup
+            fewer()
+            if t == 0:
+                H.tensormap_acquire(maps)
+                H.tensormap_acquire(maps + uint64(128))
+                it = 0
+                for unit in range(cuda.blockIdx.x, units, cuda.gridDim.x):
+                    m0, n0 = tile_origin(unit // S, M, N)
+                    k0, k1 = k_range(unit, S, num_k)
+                    for kt in range(k0, k1):
+                        s = it % STAGES
+                        wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
+                        it += 1
+        else:                                # ---- consumer warpgroups
+            more()
+            acc = cuda.local.array(ACC, float32)
+            slice_ = (wg - 1) * SLICE_BYTES
+            tc = t - 128
+            it = 0
+            for unit in range(cuda.blockIdx.x, units, cuda.gridDim.x):
+                tile = unit // S
+                m0, n0 = tile_origin(tile, M, N)
+                k0, k1 = k_range(unit, S, num_k)
+                for e in range(ACC):
+                    acc[e] = float32(0.0)
+                for kt in range(k0, k1):
+                    s = it % STAGES
+                    wait(H.smem_addr(bars, s), (it // STAGES) % 2)
+                    H.wgmma_fence()
+                    k_tile(ring + s * STAGE_BYTES + slice_, ring + s * STAGE_BYTES + A_BYTES,
+                           acc)
+                    H.wgmma_commit()
+                    wait1()
+                    if kt > k0:
+                        H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
+                    it += 1
+                wait0()
+                if k1 > k0:
+                    H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
+                rows0 = m0 + 64 * (wg - 1)
+                # this thread's first row of C (H.accumulator_coords): past M it holds none
+                mine = rows0 + 16 * ((t % 128) // 32) + (t % 32) // 4 < M
+                if S > 1 and mine:
+                    mine = add_slices(W, L, acc, tile, unit % S, tc, S)
+                if mine:
+                    store_acc(C, acc, t % 128, rows0, n0, M, N)
+
+    def slices(M, N, K):
+        S = SPLITS or splits_for(M, N, K, BM, BN)
+        return effective_splits(S, K)
+
+    def grid(M, N, K):
+        units = cdiv(M, BM) * cdiv(N, BN) * slices(M, N, K)
+        return (min(units, backend.device_info().sm_count), 1, 1)
+
+    def workspace(M, N, K):
+        """(rows, cols, dtype) of W (partials, one row per slice) and L (tickets)."""
+        S = slices(M, N, K)
+        if S == 1:
+            return ((1, 4, "float32"), (1, 1, "int32"))
+        tiles = cdiv(M, BM) * cdiv(N, BN)
+        return ((S, tiles * ACC * NC, "float32"), (tiles, NC, "int32"))
+
+    default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
+    name = rung_name("wgmma_split_k", precision, default, BM, BN, STAGES, GROUP_M)
+    if REGS != (40, 232):
+        name += "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
+    if SPLITS:
+        name += f"_k{SPLITS}"
+    return KernelSpec(
+        name=name,
+        idea="wgmma_ws's persistent blocks walk (tile, slice of K) units; each consumer "
+             "thread leaves its partials in a workspace and the last of a tile's slices "
+             "adds them in slice order (deterministic, no second kernel)",
+        kernel=wgmma_split_k_kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=grid,
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
+                    REGS=REGS, SPLITS=SPLITS),
+        shared_bytes=SHARED,
+        tma_boxes=tma_boxes(BM),
+        tma_swizzle=128,
+        launch_only=("SPLITS",),
+        workspace=workspace,
+        workspace_dtypes=("float32", "int32"),
+        ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
+                  r"cp\.async\.bulk\.tensor\.2d", r"atom\.global\.add",
+                  r"membar\.gl|fence\.sc\.gpu|fence\.acq_rel\.gpu") + (
+            (r"setmaxnreg\.inc",) if REGS else ()),
+        **spec_fields(precision, __name__),
+    )
+
+
+SPEC = build()

@@ -1,0 +1,122 @@
+"""wgmma_split_k: (tile, slice of K) units, partial tiles added in the kernel in slice order."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import gemmlib
+from gemmlib import backend, dispatch
+from gemmlib.kernels import wgmma_split_k as W
+from gemmlib.precision import tolerance
+
+H100 = dataclasses.replace(backend.device_info(), name="H100", sm_count=132,
+                           compute_capability=(9, 0), max_sm_clock_mhz=1980.0,
+                           memory_clock_khz=2619000, memory_bus_bits=5120, simulated=False)
+
+
+def test_k_ranges_cover_k_once():
+    for K in (64, 65, 300, 4096):
+        kt = -(-K // W.BK)
+        for S in (1, 2, 3, 7, 64):
+            s = W.effective_splits(S, K)
+            per = -(-kt // s)
+            got = [t for z in range(s) for t in range(z * per, min(kt, z * per + per))]
+            assert got == list(range(kt)) and all(z * per < kt for z in range(s))
+
+
+@pytest.mark.parametrize("shape, S", [((4096, 4096, 4096), 1), ((8192, 8192, 1024), 1),
+                                      ((128, 4096, 4096), None), ((16, 4096, 14336), None),
+                                      ((1024, 1024, 8192), None)])
+def test_slices_fill_the_gpu_only_when_the_tiles_do_not(shape, S):
+    M, N, K = shape
+    got = W.splits_for(M, N, K, 128, 256, H100)
+    if S is not None:
+        assert got == S
+    else:   # one row of tiles (or 32 tiles): enough slices to reach most of the 132 SMs
+        tiles = -(-M // 128) * -(-N // 256)
+        assert got > 1 and tiles * got >= 66 and -(-K // 64) // got >= W.MIN_KTILES
+
+
+def test_workspace_shapes_and_grid():
+    s = W.build(BM=64, BN=128, SPLITS=3)
+    assert s.workspace_dtypes == ("float32", "int32") and s.launch_only == ("SPLITS",)
+    assert s.array_dtypes == ("uint16", "uint16", "float32", "float32", "int32")
+    (w, lw), (r, c, dt) = s.workspace(100, 200, 64 * 9)[0][:2], s.workspace(100, 200, 576)[1]
+    tiles = 2 * 2
+    assert (w, lw) == (3, tiles * 64 * 128) and (r, c, dt) == (tiles, 128, "int32")
+    assert s.workspace(100, 200, 64)[0] == (1, 4, "float32")     # one k-tile: one slice
+    assert s.grid(100, 200, 576) == (min(12, backend.device_info().sm_count), 1, 1)
+
+
+def operands(precision, M, N, K, rng):
+    """Fresh random A, B in ``precision``'s input type (device arrays on a GPU) and their
+    float64 product."""
+    dt = "bfloat16" if precision == "bf16" else "float16"
+    A = backend.random_matrix((M, K), dt, rng)
+    B = backend.random_matrix((K, N), dt, rng)
+    a64, b64 = (np.asarray(backend.to_host(x.astype(np.float32)), np.float64) for x in (A, B))
+    return A, B, a64 @ b64
+
+
+def check_twice(spec, precision, M, N, K, rng):
+    """A NaN-poisoned C, relative error within the precision's bound, and the same bits
+    on a second run (the sums' order is fixed)."""
+    A, B, ref = operands(precision, M, N, K, rng)
+    xp = backend.array_module()
+    outs = []
+    for _ in range(2):
+        C = xp.full((M, N), np.nan, np.float32)
+        gemmlib.matmul(A, B, kernel=spec, precision=precision, out=C)
+        outs.append(np.asarray(backend.to_host(C)))
+    err = np.abs(outs[0] - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert np.isfinite(outs[0]).all() and err <= tolerance(precision, K), (M, N, K, err)
+    assert np.array_equal(outs[0], outs[1]), (M, N, K, "not deterministic")
+
+
+@pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins (GPU: below)")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_slices_add_up_in_the_simulator(precision):
+    """Odd M, N, K over 3 slices of 2, 2, 1 k-tiles, two tile rows and columns."""
+    spec = W.build(precision, BM=64, BN=64, STAGES=2, SPLITS=3)
+    assert dispatch.plan(spec, 67, 72, 304).workspace[0][0] == 3   # K padded to 8s
+    check_twice(spec, precision, 67, 72, 300, np.random.default_rng(7))
+
+
+@pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins")
+def test_rows_past_m_take_no_ticket():
+    """M = 5 in a 64-row tile: only the 20 threads of warp 0 whose first row (lane // 4)
+    is below 5 write partials, and every counter is back at zero after the sum (the next
+    launch starts clean)."""
+    spec = W.build(BM=64, BN=64, STAGES=2, SPLITS=2)
+    rng = np.random.default_rng(3)
+    A = rng.uniform(-1, 1, (5, 256)).astype(np.float16)
+    B = rng.uniform(-1, 1, (256, 8)).astype(np.float16)
+    p = dispatch.plan(spec, 5, 8, 256)
+    (ws, wd), (ls, ld) = [((r, c), dt) for r, c, dt in p.workspace]
+    Wk, L = np.full(ws, np.nan, np.float32), np.zeros(ls, np.int32)
+    C = np.full((5, 8), np.nan, np.float32)
+    from gemmlib import tma
+
+    maps = tma.simulated_maps((A.view(np.uint16), B.view(np.uint16)), spec.tma_boxes, 128)
+    spec.kernel[p.grid, p.block, 0, p.shared_bytes](A.view(np.uint16), B.view(np.uint16), C,
+                                                    Wk, L, np.uint64(maps))
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    assert np.abs(C - ref).max() <= tolerance("fp16", 256) * np.abs(ref).max()
+    assert not L.any()
+    written = ~np.isnan(Wk[0].reshape(-1, 128, 4))   # [quad, consumer thread, 4]
+    assert written[:, :20].all() and not written[:, 20:].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_split_k_on_hopper_gpu(precision):
+    if tuple(backend.device_info().compute_capability) != (9, 0):
+        pytest.skip("wgmma needs an H100/H200")
+    rng = np.random.default_rng()
+    shapes = [(1, 1, 1), (16, 4096, 4096), (128, 4096, 4096), (37, 1000, 3001),
+              (1024, 1024, 8192), (9, 4104, 14336), (200, 264, 640), (3, 8, 5000)]
+    for BM, S in ((128, 0), (64, 0), (128, 5), (64, 32)):
+        spec = W.build(precision, BM=BM, SPLITS=S)
+        for M, N, K in shapes:
+            check_twice(spec, precision, M, N, K, rng)
