@@ -120,3 +120,30 @@ def test_split_k_on_hopper_gpu(precision):
         spec = W.build(precision, BM=BM, SPLITS=S)
         for M, N, K in shapes:
             check_twice(spec, precision, M, N, K, rng)
+
+
+def test_store2_twin_checks_its_contract():
+    from gemmlib.intrinsics import vector as V
+
+    C = np.zeros((2, 6), np.float32)
+    V.store2_py(C, 1, 2, 1.5, 2.5)
+    assert C[1, 2:4].tolist() == [1.5, 2.5]
+    with pytest.raises(V.MisalignedAccess):
+        V.store2_py(C, 0, 1, 1.0, 1.0)          # an odd column: 4 bytes off
+    with pytest.raises(V.MisalignedAccess):
+        V.store2_py(np.zeros((2, 5), np.float32)[:, :4], 0, 4, 1.0, 1.0)
+
+
+@pytest.mark.skipif(not backend.SIMULATOR, reason="NumPy output buffers")
+def test_epilogue_falls_back_to_element_stores_on_a_misaligned_out():
+    """The wgmma epilogue's 8-byte stores need an 8-byte-aligned C; an ``out`` that starts
+    4 bytes off takes the element-wise stores and is still right."""
+    spec = dispatch.build("wgmma_ws", {"precision": "fp16", "BM": 64, "BN": 64, "STAGES": 2})
+    rng = np.random.default_rng(5)
+    A, B, ref = operands("fp16", 9, 16, 24, rng)
+    raw = np.full(9 * 16 + 2, np.nan, np.float32)
+    off = 1 if raw.ctypes.data % 8 == 0 else 0
+    C = raw[off:off + 9 * 16].reshape(9, 16)
+    assert C.ctypes.data % 8 == 4
+    gemmlib.matmul(A, B, kernel=spec, precision="fp16", out=C)
+    assert np.abs(C - ref).max() <= tolerance("fp16", 24) * np.abs(ref).max()

@@ -33,6 +33,9 @@ Functions (all usable inside ``@cuda.jit`` kernels):
     write four floats to ``arr[i, j:j+4]``
 ``aligned16(arr) -> bool``
     whether ``arr``'s data pointer is a multiple of 16 bytes
+``store2(arr, i, j, a, b)`` / ``aligned8(arr) -> bool``
+    the 8-byte forms (``st.global.v2.f32``): two floats to ``arr[i, j:j+2]``, for
+    ``j`` even, an even row length and an 8-byte-aligned base pointer
 ``load4_or_zero(arr, i, j, vec) -> (a, b, c, d)``
     ``arr[i, j:j+4]`` with zeros for the elements outside ``arr``: one float4
     load when ``vec`` (the caller has checked that ``arr``'s rows are 16-byte
@@ -103,6 +106,21 @@ def aligned16_py(arr):
     return True if a is None else a.ctypes.data % 16 == 0
 
 
+def store2_py(arr, i, j, a, b):
+    x = _ndarray(arr)
+    if x is not None and (x.ctypes.data + (i * x.shape[1] + j) * 4) % 8:
+        raise MisalignedAccess(f"store2 at [{i}, {j}] is not 8-byte aligned")
+    if j + 2 > arr.shape[1]:
+        raise MisalignedAccess(f"store2 at [{i}, {j}] leaves the row ({arr.shape[1]} columns)")
+    arr[i, j] = a
+    arr[i, j + 1] = b
+
+
+def aligned8_py(arr):
+    a = _ndarray(arr)
+    return True if a is None else a.ctypes.data % 8 == 0
+
+
 # --------------------------------------------------------------------------
 # The intrinsics (GPU)
 
@@ -115,6 +133,7 @@ def _make_intrinsics():
     from numba.cuda.extending import intrinsic
 
     f4 = ir.VectorType(ir.FloatType(), 4)
+    f2 = ir.VectorType(ir.FloatType(), 2)
 
     def _check_array(arr, i, j, name):
         if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.float32
@@ -123,14 +142,15 @@ def _make_intrinsics():
         if not (isinstance(i, types.Integer) and isinstance(j, types.Integer)):
             raise NumbaTypeError(f"{name} needs integer indices, got {i}, {j}")
 
-    def _vector_pointer(context, builder, sig, args):
-        """Address of arr[i, j] (no bounds check), as a <4 x float>* in its address space."""
+    def _vector_pointer(context, builder, sig, args, vec=f4):
+        """Address of arr[i, j] (no bounds check), as a <4 x float>* (or ``vec``*) in its
+        address space."""
         aryty, ity, jty = sig.args[:3]
         ary = context.make_array(aryty)(context, builder, args[0])
         inds = [context.cast(builder, args[1], ity, types.intp),
                 context.cast(builder, args[2], jty, types.intp)]
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds, wraparound=False)
-        return builder.bitcast(ptr, ir.PointerType(f4, addrspace=ptr.type.addrspace))
+        return builder.bitcast(ptr, ir.PointerType(vec, addrspace=ptr.type.addrspace))
 
     @intrinsic
     def load4(typingctx, arr, i, j):
@@ -161,26 +181,45 @@ def _make_intrinsics():
         return sig, codegen
 
     @intrinsic
-    def aligned16(typingctx, arr):
-        if not isinstance(arr, types.Array):
-            raise NumbaTypeError(f"aligned16 needs an array, got {arr}")
-        sig = types.boolean(arr)
+    def store2(typingctx, arr, i, j, a, b):
+        _check_array(arr, i, j, "store2")
+        sig = types.void(arr, i, j, types.float32, types.float32)
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            addr = builder.ptrtoint(ary.data, ir.IntType(64))
-            low = builder.and_(addr, ir.Constant(ir.IntType(64), 15))
-            return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))
+            vec = ir.Constant(f2, ir.Undefined)
+            for e in range(2):
+                val = context.cast(builder, args[3 + e], sig.args[3 + e], types.float32)
+                vec = builder.insert_element(vec, val, ir.Constant(ir.IntType(32), e))
+            builder.store(vec, _vector_pointer(context, builder, sig, args, f2), align=8)
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return load4, store4, aligned16
+    def _aligned(nbytes):
+        @intrinsic
+        def aligned(typingctx, arr):
+            if not isinstance(arr, types.Array):
+                raise NumbaTypeError(f"aligned{nbytes} needs an array, got {arr}")
+            sig = types.boolean(arr)
+
+            def codegen(context, builder, sig, args):
+                ary = context.make_array(sig.args[0])(context, builder, args[0])
+                addr = builder.ptrtoint(ary.data, ir.IntType(64))
+                low = builder.and_(addr, ir.Constant(ir.IntType(64), nbytes - 1))
+                return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))
+
+            return sig, codegen
+
+        return aligned
+
+    return load4, store4, _aligned(16), store2, _aligned(8)
 
 
 if SIMULATOR:
     load4, store4, aligned16 = load4_py, store4_py, aligned16_py
+    store2, aligned8 = store2_py, aligned8_py
 else:
-    load4, store4, aligned16 = _make_intrinsics()
+    load4, store4, aligned16, store2, aligned8 = _make_intrinsics()
 
 
 # --------------------------------------------------------------------------
@@ -211,5 +250,6 @@ def _load4_or_zero(arr, i, j, vec):
 
 load4_or_zero = cuda.jit(device=True)(_load4_or_zero)
 
-__all__ = ["load4", "store4", "aligned16", "load4_or_zero", "SHARED_ALIGN", "MisalignedAccess",
-           "load4_py", "store4_py", "aligned16_py"]
+__all__ = ["load4", "store4", "aligned16", "store2", "aligned8", "load4_or_zero", "SHARED_ALIGN",
+           "MisalignedAccess", "load4_py", "store4_py", "aligned16_py", "store2_py",
+           "aligned8_py"]

@@ -40,6 +40,7 @@ from gemmlib.backend import SIMULATOR, cuda, float32, uint16
 from gemmlib.intrinsics import async_copy
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.index import uidx
+from gemmlib.intrinsics.vector import aligned8, store2
 from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
@@ -79,21 +80,37 @@ def mma_source(BN: int, halves: int, ab: str) -> str:
 
 def store_source(BN: int, halves: int) -> str:
     """Source of ``store_acc(C, acc, t, m0, n0, M, N)``: thread ``t`` of a warpgroup writes
-    its accumulators (``H.accumulator_coords``) of ``halves`` 64-row slices, inside C only."""
+    its accumulators (``H.accumulator_coords``) of ``halves`` 64-row slices, inside C only.
+
+    A thread holds pairs of adjacent columns, so each pair goes out as one 8-byte store
+    (``st.global.v2.f32``): half the store instructions of element-wise stores, and each
+    group of four lanes fills a 32-byte sector of a row.  That needs an even row length and
+    an 8-byte-aligned C (checked once, a uniform branch; else element-wise stores).
+    The columns here are even, so a pair is either wholly inside C or wholly outside."""
     R = BN // 2
     lines = ["def store_acc(C, acc, t, m0, n0, M, N):",
              "    w, lane = t // 32, t % 32",
              "    r0 = m0 + 16 * w + lane // 4",
-             "    c0 = n0 + 2 * (lane % 4)"]
+             "    c0 = n0 + 2 * (lane % 4)",
+             "    if N % 2 == 0 and aligned8(C):"]
     for h in range(halves):
         for j in range(BN // 8):
             for half in range(2):
                 i = h * R + 4 * j + 2 * half
-                lines += [f"    r = r0 + {64 * h + 8 * half}",
-                          f"    c = c0 + {8 * j}",
-                          "    if r < M:",
-                          f"        if c < N: C[uidx(r), uidx(c)] = acc[{i}]",
-                          f"        if c + 1 < N: C[uidx(r), uidx(c + 1)] = acc[{i + 1}]"]
+                lines += [f"        r = r0 + {64 * h + 8 * half}",
+                          f"        c = c0 + {8 * j}",
+                          "        if r < M and c < N:",
+                          f"            store2(C, uidx(r), uidx(c), acc[{i}], acc[{i + 1}])"]
+    lines.append("    else:")
+    for h in range(halves):
+        for j in range(BN // 8):
+            for half in range(2):
+                i = h * R + 4 * j + 2 * half
+                lines += [f"        r = r0 + {64 * h + 8 * half}",
+                          f"        c = c0 + {8 * j}",
+                          "        if r < M:",
+                          f"            if c < N: C[uidx(r), uidx(c)] = acc[{i}]",
+                          f"            if c + 1 < N: C[uidx(r), uidx(c + 1)] = acc[{i + 1}]"]
     return "\n".join(lines) + "\n"
 
 
@@ -121,7 +138,8 @@ def warpgroup_code(precision: str, BN: int, halves: int):
         raise ValueError(f"the wgmma rungs compute in {PRECISIONS} (tf32 wgmma cannot read "
                          f"a row-major B), got {precision!r}")
     mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(BN, trans_b=True)
-    env = {"desc": H.smem_desc, "mma": mma, "one": int32(1), "uidx": uidx}
+    env = {"desc": H.smem_desc, "mma": mma, "one": int32(1), "uidx": uidx, "store2": store2,
+           "aligned8": aligned8}
     dev = (lambda f: f) if SIMULATOR else cuda.jit(device=True)
     out = []
     for src in (mma_source(BN, halves, precision), store_source(BN, halves)):
