@@ -252,7 +252,9 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             f"cp.async moves 16 bytes: K and N must be multiples of {EPC} "
             f"(gemmlib.matmul pads other shapes)"),),
         ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"ldmatrix\.sync\.aligned",
-                  r"cp\.async\.cg\.shared\.global"),
+                  r"cp\.async\.cg\.shared\.global") + ((r"%nctaid\.z",) if SPLIT_K_ else ()),
+        # the split's branch reads the grid's z; the plain rung must not contain it at all
+        ptx_must_not=(r"\bld\.local", r"\bst\.local") + (() if SPLIT_K_ else (r"%ctaid\.z",)),
         index=dict(sw_a=L.jit(lay_a.source("sw_a")), sw_b=L.jit(lay_b.source("sw_b"))),
         module=__name__,
     )

@@ -52,9 +52,11 @@ def blocks_per_sm(spec: KernelSpec, dev) -> int:
 
     Registers are estimated from the tile: the accumulators (twice for PROMOTE's fresh
     partial sums), one k-step's fragments (twice for 3xtf32's big and small parts) and
-    ~72 for addresses and loop state -- ptxas gives the default tiles 236 (fp16, bf16,
-    tf32) and 241 (3xtf32) registers, one 256-thread block per SM.  ``min_blocks`` (the
-    launch bound) caps ptxas at what that many blocks need, so it counts as a floor.
+    ~72 for addresses and loop state.  ptxas gives the default tiles 236-241 registers
+    (sm_80 and sm_90, plain and split alike): two 128-thread blocks per SM for fp16, bf16
+    and tf32 (four 64 x 64 warps), one 256-thread block for 3xtf32 (eight 64 x 32 warps).
+    ``min_blocks`` (the launch bound) caps ptxas at what that many blocks need, so it
+    counts as a floor.
     """
     p = spec.params
     MI, NI = p["WM"] // 16, p["WN"] // 8
@@ -154,6 +156,7 @@ def build(precision: str = "fp16", SPLITS: int = 0, **tile) -> KernelSpec:
         operand_align=main.operand_align,
         constraints=main.constraints + split_k.CONSTRAINTS,
         ptx_must=main.ptx_must,
+        ptx_must_not=main.ptx_must_not,
         index=main.index,
         module=__name__,
         reduce_kernel=split_k.reduce_slices,
@@ -200,4 +203,10 @@ def accesses(spec):
     return mma_pipeline.accesses(spec)
 
 
-SPEC = build()
+#: The registered spec in the simulator: a one-warp 32 x 32 tile.  The tests run every
+#: rung's registered spec there, and at the default 128 x 128 tile with the simulator's
+#: one SM (one slice for their shapes) that would be mma_pipeline's run again, four
+#: times the threads; the split's code is the same at any tile.
+SIM_TILE = dict(BM=32, BN=32, BK=32, WM=32, WN=32, STAGES=3)
+
+SPEC = build(**(SIM_TILE if backend.SIMULATOR else {}))
