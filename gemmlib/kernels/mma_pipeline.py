@@ -20,6 +20,10 @@ warp-level code (``warp_step``, the fragment loaders and the epilogue are
 * **Grouped block order.**  Blocks are numbered so that consecutive blocks
   sweep GROUP_M block-rows together: the B tiles they share are still in L2.
 
+One block per tile of C leaves most SMs idle when C is small and K deep; the
+``SPLIT_K`` form (a compile-time switch, off here) cuts K into slices along
+the grid's z, and ``mma_split_k`` launches it.
+
 16-byte copies need each row of A and B to start on a 16-byte boundary:
 K and N multiples of 8 (FP16/BF16) or 4 (fp32) and aligned base pointers
 (the ``operand_align`` constraint).  ``gemmlib.matmul`` stages any other

@@ -39,7 +39,7 @@ from gemmlib.spec import KernelSpec, cdiv
 #: (14.8x, 7.4x); 3xTF32 issues three TF32 mma per product (8/3).  GeForce parts with
 #: half-rate fp32 accumulation are overrated by 2x: the model then splits less, not more.
 TC_FACTOR = {"fp16": 16.0, "bf16": 16.0, "tf32": 8.0, "3xtf32": 8.0 / 3.0}
-#: A slice is at least this many k-tiles deep: the ring keeps STAGES - 1 (2..7) tiles in
+#: A slice is at least this many k-tiles deep: the ring keeps STAGES - 1 (1..7) tiles in
 #: flight, and a slice much shorter than two rings spends its time filling and draining.
 MIN_TILES_PER_SLICE = 8
 MAX_SPLITS = split_k.MAX_SPLITS
