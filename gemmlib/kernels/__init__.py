@@ -29,6 +29,7 @@ LADDER: tuple[str, ...] = (
     "mma_atom",
     "mma_swizzle",
     "mma_pipeline",
+    "mma_split_k",
     "wgmma_async",
     "wgmma_tma",
     "wgmma_ws",

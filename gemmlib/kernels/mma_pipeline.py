@@ -20,6 +20,10 @@ warp-level code (``warp_step``, the fragment loaders and the epilogue are
 * **Grouped block order.**  Blocks are numbered so that consecutive blocks
   sweep GROUP_M block-rows together: the B tiles they share are still in L2.
 
+One block per tile of C leaves most SMs idle when C is small and K deep; the
+``SPLIT_K`` form (a compile-time switch, off here) cuts K into slices along
+the grid's z, and ``mma_split_k`` launches it.
+
 16-byte copies need each row of A and B to start on a 16-byte boundary:
 K and N multiples of 8 (FP16/BF16) or 4 (fp32) and aligned base pointers
 (the ``operand_align`` constraint).  ``gemmlib.matmul`` stages any other
@@ -87,7 +91,14 @@ def _aligned(spec, M, N, K, dev):
 def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
           BK: int | None = None, WM: int | None = None, WN: int | None = None,
           STAGES: int | None = None, GROUP_M: int = 8, min_blocks: int = 1,
-          PROMOTE: bool | None = None) -> KernelSpec:
+          PROMOTE: bool | None = None, SPLIT_K: bool = False) -> KernelSpec:
+    """A pipeline spec (None: the precision's default from DEFAULTS).
+
+    ``SPLIT_K`` compiles the split-K form used by :mod:`gemmlib.kernels.mma_split_k`:
+    block z of a grid with Z blocks along z sums only its slice of the k-tiles (the rule
+    of ``split_k.k_slices``) and writes its partial tile to rows ``z*M .. z*M + M-1`` of
+    C, a workspace of Z*M rows.  A compile-time switch: the plain rung's code is unchanged.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     d = DEFAULTS[precision]
@@ -116,6 +127,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     cp16, commit = async_copy.cp_async16, async_copy.cp_async_commit
     wait_tile = async_copy.cp_async_wait_group(STAGES - 2)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, min_blocks)}
+    SPLIT_K_ = bool(SPLIT_K)
 
     # Each thread copies the same column of chunks in every k-tile, on rows ROWS_A (ROWS_B)
     # apart; those steps are multiples of the swizzle's period, so a thread's destinations
@@ -174,6 +186,15 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         for e in range(ACC):
             acc[e] = float32(0.0)
         num_k = (K + BK - 1) // BK
+        if SPLIT_K_:   # a compile-time constant: the plain rung has no such branch
+            # Block z sums k-tiles z*per .. (as split_k.k_slices): its copies start that
+            # far along K (moving the thread's first k, not k0, keeps no new register live
+            # through the loop) and num_k counts its own tiles (0: the slice writes zeros).
+            per = (num_k + cuda.gridDim.z - 1) // cuda.gridDim.z
+            k_first = cuda.blockIdx.z * per
+            num_k = max(min(num_k - k_first, per), 0)
+            a_col += k_first * BK
+            b_row += k_first * BK
         for s in range(STAGES - 1):              # prologue: tiles 0 .. STAGES-2 in flight
             if s < num_k:
                 issue_tile(sA, sB, s, A, B, s * BK, a_row, a_col, a_dst, b_row, b_col, b_dst,
@@ -191,7 +212,11 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             rd = rd + 1 if rd + 1 < STAGES else 0
             wt = wt + 1 if wt + 1 < STAGES else 0
         async_copy.cp_async_wait_all()
-        store_tile(C, acc, lane, m0 + wr, n0 + wc, M, N)
+        if SPLIT_K_:   # slice z's partial tile -> rows z*M .. of the workspace (guard m < M)
+            crow = cuda.blockIdx.z * M
+            store_tile(C, acc, lane, crow + m0 + wr, n0 + wc, crow + M, N)
+        else:
+            store_tile(C, acc, lane, m0 + wr, n0 + wc, M, N)
 
     def grid(M, N, K):
         return (cdiv(M, BM) * cdiv(N, BN), 1, 1)
@@ -204,6 +229,11 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
                                                           else "") + (
             f"_mb{min_blocks}" if min_blocks != 1 else "") + (
             ("_promote" if PROMOTE else "_nopromote") if PROMOTE != promote_default else "")
+    params = dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, STAGES=STAGES,
+                  GROUP_M=GROUP_M, min_blocks=min_blocks, PROMOTE=PROMOTE)
+    if SPLIT_K_:   # (in params, so that no cache takes it for the plain kernel)
+        name += "_splitk"
+        params["SPLIT_K"] = True
     return KernelSpec(
         name=name,
         chapter="16-tensor-core-pipeline",
@@ -213,8 +243,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,
-        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, STAGES=STAGES,
-                    GROUP_M=GROUP_M, min_blocks=min_blocks, PROMOTE=PROMOTE),
+        params=params,
         shared_bytes=STAGES * (SA + SB) * eb,
         dynamic_shared=True,
         min_cc=I.MIN_CC,
@@ -227,7 +256,9 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             f"cp.async moves 16 bytes: K and N must be multiples of {EPC} "
             f"(gemmlib.matmul pads other shapes)"),),
         ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"ldmatrix\.sync\.aligned",
-                  r"cp\.async\.cg\.shared\.global"),
+                  r"cp\.async\.cg\.shared\.global") + ((r"%nctaid\.z",) if SPLIT_K_ else ()),
+        # the split's branch reads the grid's z; the plain rung must not contain it at all
+        ptx_must_not=(r"\bld\.local", r"\bst\.local") + (() if SPLIT_K_ else (r"%ctaid\.z",)),
         index=dict(sw_a=L.jit(lay_a.source("sw_a")), sw_b=L.jit(lay_b.source("sw_b"))),
         module=__name__,
     )
