@@ -215,8 +215,8 @@ def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
 
 
 #: the tensor-core rungs (gemmlib.intrinsics.mma); "auto" picks the last, tuned
-TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async", "wgmma_tma", "wgmma_ws",
-            "wgmma_split_k")
+TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline", "mma_split_k", "wgmma_async", "wgmma_tma",
+            "wgmma_ws", "wgmma_split_k")
 TC_AUTO = "mma_pipeline"
 
 
@@ -280,22 +280,23 @@ def select_skinny(precision: str, M: int, N: int, K: int) -> KernelSpec | None:
 
 
 def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
-    """What ``kernel="auto"`` runs in a tensor-core ``precision``: at decode sizes (M <=
-    SKINNY_MMAX) the ``skinny`` rung -- in fp32 for tf32 and 3xtf32 calls (see
-    SKINNY_MMAX); on an H100/H200 in fp16 or bf16 ``wgmma_ws``; on sm_75 (a T4) in
-    fp16 the sm_75 form of ``mma_swizzle`` (SM75_AUTO); otherwise
-    ``mma_pipeline`` with the tile the autotuner measured fastest for this GPU and the
-    shape's class (else the default)."""
+    """What ``kernel="auto"`` runs in a tensor-core ``precision``: on an H100/H200 in fp16
+    or bf16 :func:`select_hopper`'s choice (``wgmma_split_k`` / ``skinny``); at decode
+    sizes (M <= SKINNY_MMAX) the ``skinny`` rung -- in fp32 for tf32 and 3xtf32 calls
+    (see SKINNY_MMAX); on sm_75 (a T4) in fp16 the sm_75 form of ``mma_swizzle``
+    (SM75_AUTO); otherwise ``mma_pipeline`` with the tile the autotuner measured fastest
+    for this GPU and the shape's class (else the default), cut into K slices by
+    ``mma_split_k`` where its cost model says the tiles alone leave SMs idle."""
     key = ("tc", precision, M, N, K, slug)
     spec = _CHOICES.get(key)
     if spec is not None:
         return spec
-    skinny = select_skinny(precision if precision in ("fp16", "bf16") else "fp32", M, N, K)
-    if skinny is not None:
-        return _CHOICES.put(key, skinny)
     if (precision in ("fp16", "bf16") and not SIMULATOR and slug is None
             and tuple(backend.device_info().compute_capability) == (9, 0)):
         return _CHOICES.put(key, select_hopper(precision, M, N, K))
+    skinny = select_skinny(precision if precision in ("fp16", "bf16") else "fp32", M, N, K)
+    if skinny is not None:
+        return _CHOICES.put(key, skinny)
     if _tc_arch(precision) == "sm75":   # e.g. a T4: no cp.async for mma_pipeline's ring
         return _CHOICES.put(key, build(SM75_AUTO, {"precision": precision, "arch": "sm75"}))
     entry = tuning.best_entry(M, N, K, tc_tuning_key(precision), slug)
@@ -304,23 +305,36 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -
     spec = build(TC_AUTO, params)
     if entry and spec.failed_constraints(M, N, K, backend.device_info()):
         spec = build(TC_AUTO, {"precision": precision})
-    return _CHOICES.put(key, spec)
+    from gemmlib.kernels import mma_split_k   # small output, deep K: cut K into slices
+
+    split = mma_split_k.choose(precision, M, N, K, backend.device_info(), tile=spec.params)
+    return _CHOICES.put(key, split if split is not None else spec)
 
 
-#: Hopper, fp16/bf16 products whose 128 x 256 tiles do not fill the SMs: the split-K form
-#: of wgmma_ws (gemmlib.kernels.wgmma_split_k), its rows per tile by M
+#: Hopper, fp16/bf16: the split-K form of wgmma_ws (gemmlib.kernels.wgmma_split_k), which
+#: is wgmma_ws itself when its cost model keeps one slice
 HOPPER_SPLIT = "wgmma_split_k"
+#: Hopper, fp16/bf16: up to this M the split-K rung takes 64-row tiles (one consumer
+#: warpgroup: half the rows a 128-row tile computes for nothing at decode sizes)
+HOPPER_BM64_MMAX = 128
+#: Hopper, fp16/bf16: the skinny rung up to this M, when 64 x 256 tiles would cover less
+#: than half the SMs (a wide layer, e.g. N = 28672, fills them with whole tiles instead)
+HOPPER_SKINNY_MMAX = 4
 
 
 def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
-    """fp16/bf16 on an H100/H200: ``wgmma_ws``, or ``wgmma_split_k`` (64-row tiles up to
-    M = 64) where its cost model cuts K into slices."""
-    from gemmlib.kernels.wgmma_split_k import splits_for
-
-    BM = 64 if M <= 64 else 128
-    if splits_for(M, N, K, BM, 256, backend.device_info()) > 1:
-        return build(HOPPER_SPLIT, {"precision": precision, "BM": BM})
-    return build(HOPPER_AUTO, {"precision": precision})
+    """fp16/bf16 on an H100/H200, measured per shape class on both GPUs (kernel loops,
+    scripts/tc_shapes_gpu.py, results/tc-shapes-*.json): the ``skinny`` rung for M <= 4
+    on layers of fewer than SMs/2 tiles; else ``wgmma_split_k`` with 64-row tiles up to M
+    = 128 and 128-row tiles above, its slices from its cost model (one slice where the
+    tiles fill the GPU)."""
+    dev = backend.device_info()
+    if M <= HOPPER_SKINNY_MMAX and cdiv(N, 256) < dev.sm_count / 2:
+        skinny = select_skinny(precision, M, N, K)
+        if skinny is not None:
+            return skinny
+    BM = 64 if M <= HOPPER_BM64_MMAX else 128
+    return build(HOPPER_SPLIT, {"precision": precision, "BM": BM})
 
 
 def _known_registers(spec) -> int | None:

@@ -22,7 +22,8 @@ for st in "${stages[@]}"; do
               ${PRECISIONS:+--precisions $PRECISIONS} ${TOKENS:+--tokens $TOKENS} --out "$OUT" 2>&1 \
               | tee "$OUT/models.log" ;;
     splitk) $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_wgmma_split_k.py \
-              tests/test_kernels.py tests/test_hopper.py -k "split_k or hopper" 2>&1 \
+              tests/test_mma_split_k.py tests/test_kernels.py tests/test_hopper.py \
+              tests/test_tensor_cores.py -k "split_k or hopper or auto" 2>&1 \
               | tee "$OUT/pytest-splitk.log" | tail -15 ;;
     tc-shapes) $PY scripts/tc_shapes_gpu.py "$OUT/tc-shapes.json" ${PRECISIONS:+--precisions $PRECISIONS} \
               ${MS:+--ms $MS} ${BUDGET:+--budget $BUDGET} 2>&1 | tee "$OUT/tc-shapes.log" ;;

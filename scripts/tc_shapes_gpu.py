@@ -13,7 +13,8 @@ numbers are the models suite's):
 * ``ws``: ``wgmma_ws`` (128 x 256 tiles, no split: what ``auto`` ran before);
 * ``sk64`` / ``sk128``: ``wgmma_split_k`` with BM = 64 / 128, slices from its cost model;
 * ``sk64_kS`` / ``sk128_kS``: the same with S slices forced (S in --splits);
-* ``skinny``: the decode rung (M <= 16).
+* ``skinny``: the decode rung (M <= 16);
+* ``auto``: what ``gemmlib.matmul`` runs (``dispatch.select_hopper``).
 
 Every candidate's output is checked against float64 on the first rows before it is timed.
 Writes OUT.json: meta (GPU, versions, clocks) and one row per (shape, precision,
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--precisions", default="fp16,bf16")
     ap.add_argument("--ms", default="1,4,8,16,32,64,128,256,512,1024")
-    ap.add_argument("--splits", default="2,4,8,16")
+    ap.add_argument("--splits", default="2,4,8")
     ap.add_argument("--budget", type=float, default=400.0)
     args = ap.parse_args(argv)
     ms = [int(x) for x in args.ms.split(",")]
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
             from gemmlib.kernels.skinny import params_for
 
             out.append(("skinny", dispatch.build("skinny", params_for(prec, M))))
+        out.append(("auto", dispatch.select_tc(prec, M, N, K)))   # what matmul runs
         return out
 
     for prec in args.precisions.split(","):

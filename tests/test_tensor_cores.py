@@ -596,7 +596,7 @@ def test_auto_in_a_tensor_core_precision_is_the_pipeline():
     spec = dispatch.get_spec("auto", "fp16")
     assert spec.precision == "fp16"
     if hopper:                                  # fp16/bf16 on an H100/H200: wgmma
-        assert spec.name == dispatch.HOPPER_AUTO
+        assert spec.module == f"gemmlib.kernels.{dispatch.HOPPER_SPLIT}"
     elif backend.SIMULATOR:                     # no tuning data in the simulator: defaults
         assert spec.name == "mma_pipeline"
     else:                                       # on a GPU: the tile tuned for AUTO_SHAPE
@@ -605,12 +605,12 @@ def test_auto_in_a_tensor_core_precision_is_the_pipeline():
     for prec in ("bf16", "tf32", "3xtf32"):
         s = dispatch.select_tc(prec, dispatch.skinny_limit(prec) + 1, 7, 9)   # above decode sizes
         assert s.precision == prec and s.dtype == P.INPUT_DTYPE[prec]
-        assert s.module == (f"gemmlib.kernels.{dispatch.HOPPER_AUTO}" if hopper and prec == "bf16"
+        assert s.module == (f"gemmlib.kernels.{dispatch.HOPPER_SPLIT}" if hopper and prec == "bf16"
                             else mma_pipeline.__name__)
     assert dispatch.get_spec("mma_swizzle", "bf16").precision == "bf16"
     assert dispatch.get_spec(dispatch.TC_AUTO, "tf32").name == "mma_pipeline_tf32"
     assert set(dispatch.TC_RUNGS) == {"mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async",
-                                      "wgmma_tma", "wgmma_ws", "wgmma_split_k"}
+                                      "wgmma_tma", "wgmma_ws", "wgmma_split_k", "mma_split_k"}
 
 
 # --------------------------------------------------------------------------- the mma.sync ceiling

@@ -53,16 +53,20 @@ from gemmlib.spec import KernelSpec, cdiv
 #: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
 MIN_KTILES = 4
 MAX_SPLITS = 32
+#: what a unit costs beyond its k-tiles, in k-tiles: filling the ring, the epilogue, the
+#: tickets.  Fitted to the H100 sweep (results/tc-shapes-*.json: 2 chose slice counts at
+#: 95.7% of the best measured one's speed on average, 8 at 97.7%, 12 and 16 no better)
+UNIT_OVERHEAD_KTILES = 8
 
 
 def splits_for(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:
     """The slice count for (M, N, K) in BM x BN tiles: the S with the least modelled time.
 
-    Model (one unit of time: a k-tile of one block at the tensor cores' rate):
+    Model (one unit of time: a k-tile of one block, at the tensor cores' rate or at the
+    block's share of DRAM bandwidth, whichever is slower):
 
-        main(S) = ceil(tiles * S / SMs) * ceil(ktiles / S) + fill(S)
-        fill(S) = ceil(tiles * S / SMs) * STAGES_FILL   (each unit fills the ring anew)
-        sums(S) = the workspace traffic, (S + 1) * M * N * 4 bytes, in k-tile units
+        main(S) = ceil(tiles * S / SMs) * (ceil(ktiles / S) + UNIT_OVERHEAD_KTILES)
+        sums(S) = the workspace traffic, (S + 1) * M * N * 4 bytes, at DRAM bandwidth
 
     A slice keeps at least MIN_KTILES k-tiles.  The rate and bandwidth come from the
     device (fp16 tensor-core work of a 128 x 256 x 64 k-tile on one SM, ~0.1 us at H100
@@ -85,7 +89,7 @@ def splits_for(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:
 
     def cost(s):
         waves = math.ceil(tiles * s / sms)
-        t = waves * (cdiv(ktiles, s) + 2) * step_s
+        t = waves * (cdiv(ktiles, s) + UNIT_OVERHEAD_KTILES) * step_s
         if s > 1:
             t += (s + 1) * rows * N * 4 / bw
         return t
