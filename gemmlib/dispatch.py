@@ -314,26 +314,32 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -
 #: Hopper, fp16/bf16: the split-K form of wgmma_ws (gemmlib.kernels.wgmma_split_k), which
 #: is wgmma_ws itself when its cost model keeps one slice
 HOPPER_SPLIT = "wgmma_split_k"
-#: Hopper, fp16/bf16: up to this M the split-K rung takes 64-row tiles (one consumer
-#: warpgroup: half the rows a 128-row tile computes for nothing at decode sizes)
-HOPPER_BM64_MMAX = 128
-#: Hopper, fp16/bf16: the skinny rung up to this M, when 64 x 256 tiles would cover less
-#: than half the SMs (a wide layer, e.g. N = 28672, fills them with whole tiles instead)
+#: Hopper, fp16/bf16: 64-row tiles (one consumer warpgroup) up to this M, and up to
+#: HOPPER_BM64_MMAX_NARROW rows on layers whose 128 x 256 tiles would number at most a
+#: quarter of the SMs: fewer rows computed for nothing, more tiles to spread
+HOPPER_BM64_MMAX = 64
+HOPPER_BM64_MMAX_NARROW = 128
+#: Hopper, fp16/bf16: the skinny rung at M = 1, and up to this M on layers of at most
+#: HOPPER_SKINNY_WEIGHTS weights, when 64 x 256 tiles would cover less than half the SMs
+#: (wide layers, e.g. N = 28672, fill the GPU with whole tiles instead)
 HOPPER_SKINNY_MMAX = 4
+HOPPER_SKINNY_WEIGHTS = 2 ** 26
 
 
 def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
-    """fp16/bf16 on an H100/H200, measured per shape class on both GPUs (kernel loops,
-    scripts/tc_shapes_gpu.py, results/tc-shapes-*.json): the ``skinny`` rung for M <= 4
-    on layers of fewer than SMs/2 tiles; else ``wgmma_split_k`` with 64-row tiles up to M
-    = 128 and 128-row tiles above, its slices from its cost model (one slice where the
-    tiles fill the GPU)."""
+    """fp16/bf16 on an H100/H200, from the per-shape measurements of every candidate
+    (kernel loops, ``scripts/tc_shapes_gpu.py``; ``results/tc-shapes-*.json``): the
+    ``skinny`` rung at decode sizes on layers too narrow to fill the GPU with tiles;
+    else ``wgmma_split_k`` -- 64-row tiles at small M, 128-row above -- with its slices
+    from its cost model (one where the tiles fill the GPU: then it is ``wgmma_ws``)."""
     dev = backend.device_info()
-    if M <= HOPPER_SKINNY_MMAX and cdiv(N, 256) < dev.sm_count / 2:
+    narrow = cdiv(N, 256) < dev.sm_count / 2
+    if narrow and (M == 1 or (M <= HOPPER_SKINNY_MMAX and N * K <= HOPPER_SKINNY_WEIGHTS)):
         skinny = select_skinny(precision, M, N, K)
         if skinny is not None:
             return skinny
-    BM = 64 if M <= HOPPER_BM64_MMAX else 128
+    few = cdiv(N, 256) <= dev.sm_count // 4
+    BM = 64 if M <= HOPPER_BM64_MMAX or (M <= HOPPER_BM64_MMAX_NARROW and few) else 128
     return build(HOPPER_SPLIT, {"precision": precision, "BM": BM})
 
 

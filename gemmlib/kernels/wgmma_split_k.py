@@ -77,8 +77,8 @@ def splits_for(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:
     tiles = cdiv(M, BM) * cdiv(N, BN)
     sms = max(dev.sm_count, 1)
     smax = max(1, min(MAX_SPLITS, ktiles // MIN_KTILES))
-    if smax == 1 or tiles == 0 or tiles >= sms:
-        return 1
+    if smax == 1 or tiles == 0 or 2 * tiles > sms:
+        return 1   # measured: past half the SMs, a second wave of units costs more than idle SMs
     # one k-tile of one block: 2*BM*BN*64 flops at the SM's share of the dense fp16 rate
     tc_flops = max(getattr(dev, "fp32_peak_tflops", 60.0), 1.0) * 1e12 * 15 / sms
     step_s = 2.0 * BM * BN * BK / tc_flops
