@@ -633,3 +633,22 @@ def test_chapter_18_exercise_solutions_pass_their_checks(capsys):
     closed = lambda N, K, r: math.ceil(2 * r * K * N / (2 * N * K - 2 * r * K - 4 * r * N))  # noqa: E731
     assert all(closed(*c) == vm.ridge_tokens(*c) for c in cases)
     assert capsys.readouterr().out.count("[correct]") == 7
+    if vm.split_k_module() is None:
+        return
+
+    def my_workspace_bytes(M, N, K, S, BM):
+        tiles = -(-M // BM) * -(-N // 256)
+        return 4 * S * tiles * BM * 256 + 4 * tiles * 2 * BM
+
+    cells = json.loads((ROOT / "chapters" / "18-models.ipynb").read_text())["cells"]
+    cell = next("".join(c["source"]) for c in cells
+                if "def my_workspace_bytes" in "".join(c["source"]))
+    ns = {}
+    exec(cell[cell.index("cases = "):cell.index("if vm.")], ns)   # the chapter's own cases
+    assert nb.check_function(my_workspace_bytes, vm.split_k_workspace_bytes, ns["cases"],
+                             "my_workspace_bytes")
+    W = vm.split_k_module()
+    assert all(W.effective_splits(S, K) == S for M, N, K, S, BM in ns["cases"])   # as given
+    # the solution's example: 16 x 4096 x 4096, 8 slices: 8 MiB of partials, 8 KiB of counters
+    assert vm.split_k_workspace_bytes(16, 4096, 4096, 8) == 8 * 2**20 + 8 * 2**10
+    assert capsys.readouterr().out.count("[correct]") == 1
