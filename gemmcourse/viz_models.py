@@ -16,7 +16,12 @@ Two kinds of numbers, never mixed up:
   plotted) and the host-cost files (``results/host-cost-*.json`` with a ``"frameworks"``
   list, and the early ``results/models-*/host-cost-*.json``): :func:`measured_records`,
   :func:`decode_table`, :func:`plot_models_roofline`, :func:`plot_pct_heat`,
-  :func:`plot_host_frameworks`.
+  :func:`kernel_table` (which rung ran), :func:`suite_summary_table` (the leaderboard's
+  view), :func:`plot_host_frameworks`; and the per-shape sweep of the Hopper tensor-core
+  paths (``results/tc-shapes-<gpu>-<date>.json``, ``scripts/tc_shapes_gpu.py``):
+  :func:`tc_shapes_files`, :func:`plot_tc_shapes`, :func:`tc_summary`,
+  :func:`ws_decode_points`, with :func:`split_choice_table` putting the split-K rung's
+  slice model (run on a file's GPU, :func:`file_device`) beside what the sweep ran.
 
 matplotlib is imported only when drawing.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +50,7 @@ REFERENCE_GPU = dict(name="H100 SXM (datasheet)", tc_tflops=DATASHEET_TC_TFLOPS[
                      dram_gbps=3350.0, bw_source="datasheet", sm_count=132)
 #: datasheet DRAM bandwidth (GB/s), used only where a file has no measured copy bandwidth
 DATASHEET_DRAM_GBPS = {"H200": 4800.0, "H100": 3350.0}
-#: the tile of wgmma_ws, the Hopper rung ``matmul`` runs for fp16/bf16 (chapter 17)
+#: the tile of wgmma_ws (chapter 17), what ``matmul`` ran for fp16/bf16 on Hopper before split-K
 WS_TILE = (128, 256)
 #: tiles a kernel could use instead (BM, BN), for wave quantisation
 CANDIDATE_TILES = ((128, 256), (128, 128), (64, 256), (64, 128))
@@ -53,6 +59,14 @@ TOKEN_COLOURS = {1: "#08306b", 16: "#2171b5", 128: "#41ab5d", 1024: "#fd8d3c",
                  4096: "#e6550d", 16384: "#a50f15"}
 MODEL_MARKERS = {"llama-3.1-8b": "o", "qwen2.5-72b": "s", "sweep": "D"}
 NOT_MEASURED = "not measured yet"
+
+
+#: the order precisions are listed in
+PRECISION_ORDER = ("fp16", "bf16", "tf32", "3xtf32", "fp32")
+
+
+def _prec_key(p):
+    return (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER), str(p))
 
 
 def _plt():
@@ -418,42 +432,72 @@ def plot_wave_heat(sms: int = 132, BM: int = WS_TILE[0], BN: int = WS_TILE[1],
 
 
 # --------------------------------------------------------------------------
-# The skinny rung, when it exists
+# The skinny and split-K rungs, when they exist
+
+
+def _optional_module(name: str):
+    """``gemmlib.kernels.<name>``, or None where it does not exist (yet)."""
+    import importlib
+    import importlib.util
+
+    full = f"gemmlib.kernels.{name}"
+    try:
+        if importlib.util.find_spec(full) is None:
+            return None
+        return importlib.import_module(full)
+    except Exception as e:  # a module that does not import: say so, do not fail the page
+        print(f"({full} exists but does not import: {type(e).__name__}: {e})")
+        return None
 
 
 def skinny_module():
     """``gemmlib.kernels.skinny``, or None where it does not exist (yet)."""
-    import importlib
-    import importlib.util
+    return _optional_module("skinny")
 
-    try:
-        if importlib.util.find_spec("gemmlib.kernels.skinny") is None:
-            return None
-        return importlib.import_module("gemmlib.kernels.skinny")
-    except Exception as e:  # a module that does not import: say so, do not fail the page
-        print(f"(gemmlib.kernels.skinny exists but does not import: {type(e).__name__}: {e})")
-        return None
+
+def split_k_module():
+    """``gemmlib.kernels.wgmma_split_k``, or None where it does not exist (yet)."""
+    return _optional_module("wgmma_split_k")
+
+
+def _show_parts(mod, name: str, parts) -> bool:
+    """Show the lines of ``mod`` between each (start, stop) marker pair (the whole module if
+    a marker is not found); a line instead when the module is missing.  True if shown."""
+    import inspect
+
+    from gemmcourse import notebook as nb
+
+    if mod is None:
+        print(f"gemmlib.kernels.{name} is not in this version of gemmlib: the {name} rung is "
+              "not there yet, so there is no source to show.")
+        return False
+    src = inspect.getsource(mod)
+    if all(a in src and b in src for a, b in parts):
+        for a, b in parts:
+            nb.show_source(mod, start=a, stop=b)
+    else:
+        nb.show_source(mod)
+    return True
 
 
 def show_skinny_source(start: str = "    def skinny_kernel(",
                        stop: str = "    kernel = cuda.jit(skinny_kernel)") -> bool:
     """Show the skinny rung's kernel (the whole module if the markers are not found);
     print a line instead when the rung is not in gemmlib.  True if shown."""
-    import inspect
+    return _show_parts(skinny_module(), "skinny", [(start, stop)])
 
-    from gemmcourse import notebook as nb
 
-    mod = skinny_module()
-    if mod is None:
-        print("gemmlib.kernels.skinny is not in this version of gemmlib: the skinny rung is "
-              "not there yet, so there is no source to show.")
-        return False
-    src = inspect.getsource(mod)
-    if start in src and stop in src:
-        nb.show_source(mod, start=start, stop=stop)
-    else:
-        nb.show_source(mod)
-    return True
+#: the parts of wgmma_split_k that the chapter shows: the unit's k-tiles and the slices'
+#: sum (k_range, add_slices), then the consumers' loop over units
+SPLIT_K_PARTS = (("    def k_range(", "    @cuda.jit(**jit_opts)"),
+                 ("        else:                                # ---- consumer",
+                  "    def slices("))
+
+
+def show_split_k_source(parts=SPLIT_K_PARTS) -> bool:
+    """Show ``wgmma_split_k``'s device functions and its consumers' loop (the whole module if
+    a marker is not found); print a line instead when the rung is not there.  True if shown."""
+    return _show_parts(split_k_module(), "wgmma_split_k", parts)
 
 
 def skinny_blocks(M: int, N: int, K: int, sms: int = 132, precision: str = "fp16"):
@@ -501,13 +545,17 @@ def show_functions(module, names) -> list:
 # Committed measurements
 
 
-def models_files(directory=None):
-    """The newest ``models-<gpu>-<date>.json`` per GPU: [(file name, data)] (one or more)."""
+def _newest_files(pattern: str, directory=None):
     from gemmcourse.notebook import _newest_per_gpu, committed_json
 
-    files = [(n, d) for n, d in committed_json("models-*.json", directory)
-             if isinstance(d, dict) and "rows" in d]
+    files = [(n, d) for n, d in committed_json(pattern, directory)
+             if isinstance(d, dict) and isinstance(d.get("rows"), list)]
     return _newest_per_gpu(files)
+
+
+def models_files(directory=None):
+    """The newest ``models-<gpu>-<date>.json`` per GPU: [(file name, data)] (one or more)."""
+    return _newest_files("models-*.json", directory)
 
 
 def error_rows(data: dict):
@@ -616,8 +664,14 @@ def bandwidth_vs_tiles(data: dict, precision: str = "fp16", kernel: str = "wgmma
                  for d in measured_records(data, precision, input)
                  if d["phase"] == "decode" and d["kernel"].startswith(kernel)
                  and d["dram_pct"] is not None)
+    return pts, rank_correlation(pts)
+
+
+def rank_correlation(pts):
+    """Spearman's rank correlation of the pairs ``pts`` (ties share their mean rank); None
+    under 3 pairs or when one side is constant."""
     if len(pts) < 3:
-        return pts, None
+        return None
 
     def ranks(xs):
         order = sorted(range(len(xs)), key=lambda i: xs[i])
@@ -633,7 +687,9 @@ def bandwidth_vs_tiles(data: dict, precision: str = "fp16", kernel: str = "wgmma
         return r
 
     a, b = ranks([p[0] for p in pts]), ranks([p[1] for p in pts])
-    return pts, float(np.corrcoef(a, b)[0, 1])
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
 
 
 def pct_summary(data: dict, precision: str, input=None) -> dict:
@@ -713,7 +769,7 @@ def plot_pct_heat(data: dict, input=None, precisions=None, title=None):
     input = input or (inputs_of(data) or [None])[0]
     rows = data.get("rows", []) if isinstance(data, dict) else []
     precisions = precisions or sorted({r.get("precision") for r in rows if r.get("precision")},
-                                      key=lambda p: (p != "fp16", p))
+                                      key=_prec_key)
     models = [m for m in MODELS if any(r.get("model") == m for r in rows)] or list(MODELS)
     toks = sorted({int(r.get("tokens") or 0) for r in rows if r.get("model") in MODELS}
                   | set(TOKENS))
@@ -774,12 +830,363 @@ def sweep_table(data: dict, input=None, name: str = ""):
 
 
 # --------------------------------------------------------------------------
+# Which kernel ran, and the suite's summary (measured)
+
+
+@lru_cache(maxsize=None)
+def _rung_modules() -> tuple:
+    import pkgutil
+
+    import gemmlib.kernels
+
+    return tuple(sorted((m.name for m in pkgutil.iter_modules(gemmlib.kernels.__path__)),
+                        key=len, reverse=True))
+
+
+def kernel_family(name: str) -> str:
+    """The rung a kernel name belongs to: the longest module of ``gemmlib.kernels`` that
+    starts it ("wgmma_split_k_64x256_s3" -> "wgmma_split_k"); the name itself otherwise."""
+    name = str(name)
+    return next((m for m in _rung_modules() if name == m or name.startswith(m + "_")), name)
+
+
+def kernels_by_tokens(data: dict, input=None) -> dict:
+    """{precision: {tokens: {rung: rows}}} of a models file's measured rows (tokens 0: the
+    suite's extra shapes), from each row's ``kernel``: which rung ``auto`` ran where."""
+    out = {}
+    for d in measured_records(data, None, input):
+        fam = kernel_family(d["kernel"])
+        by = out.setdefault(d["precision"], {}).setdefault(d["tokens"], {})
+        by[fam] = by.get(fam, 0) + 1
+    return out
+
+
+def kernel_table(data: dict, input=None, name: str = ""):
+    """A :class:`gemmcourse.notebook.Table` of :func:`kernels_by_tokens`: per precision and
+    token count, how many of the suite's shapes each rung ran."""
+    from gemmcourse.notebook import Table
+
+    by = kernels_by_tokens(data, input)
+    toks = sorted({t for v in by.values() for t in v}, key=lambda t: (t == 0, t))
+    body = [[prec] + [", ".join(f"{n} {k}" for k, n in sorted(by[prec].get(t, {}).items(),
+                                                               key=lambda kv: (-kv[1], kv[0])))
+                      or "-" for t in toks]
+            for prec in sorted(by, key=_prec_key)]
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    return Table(["precision"] + [f"T={t}" if t else "extra shapes" for t in toks], body,
+                 caption=f"The rung auto ran (the rows' kernel column), shapes per cell: "
+                         f"{meta.get('gpu', '?')}, {str(meta.get('date', ''))[:10]}"
+                         + (f" ({name})" if name else ""))
+
+
+def suite_summary(data: dict, threshold: float = 60.0) -> list:
+    """Per input and precision of a models file (``gemmlib.bench_models.summary``'s view):
+    dicts of input, precision, reference, shapes, gmean (geometric mean % of the
+    framework), lowest (its %), lowest_shape (model layer M x N x K), below (shapes under
+    ``threshold`` %) and failed (rows with an error)."""
+    out = []
+    recs = [d for d in measured_records(data) if d["pct"]]
+    errs = error_rows(data) if isinstance(data, dict) else []
+    for inp in sorted({d["input"] for d in recs}):
+        for prec in sorted({d["precision"] for d in recs if d["input"] == inp},
+                           key=_prec_key):
+            ds = [d for d in recs if d["input"] == inp and d["precision"] == prec]
+            low = min(ds, key=lambda d: d["pct"])
+            out.append(dict(input=inp, precision=prec, reference=ds[0]["reference"],
+                            shapes=len(ds),
+                            gmean=math.exp(sum(math.log(d["pct"]) for d in ds) / len(ds)),
+                            lowest=low["pct"],
+                            lowest_shape=f"{low['model']} {low['layer']} {_label(low)}".replace(
+                                "  ", " "),
+                            below=sum(d["pct"] < threshold for d in ds),
+                            failed=sum(r.get("input", inp) == inp and r.get("precision") == prec
+                                       for r in errs)))
+    return out
+
+
+def suite_summary_table(files, threshold: float = 60.0):
+    """A :class:`gemmcourse.notebook.Table` of :func:`suite_summary` for every (name, data)."""
+    from gemmcourse.notebook import Table
+
+    body = []
+    for name, data in files:
+        meta = data.get("meta", {})
+        for s in suite_summary(data, threshold):
+            body.append((f"{meta.get('gpu', '?')}, {str(meta.get('date', ''))[:10]}", s["input"],
+                         s["precision"], s["shapes"], f"{s['gmean']:.1f}%",
+                         f"{s['lowest']:.1f}% ({s['lowest_shape']})", s["below"], s["failed"]))
+    return Table(("GPU, date", "inputs", "precision", "shapes", "geometric mean % of the "
+                  "framework", "lowest", f"shapes under {threshold:g}%", "rows failed"), body,
+                 caption="The models suite (gemmlib.matmul against the framework's matmul, "
+                         "loop timing), newest file per GPU: "
+                         + (", ".join(n for n, _ in files) or "none committed"))
+
+
+# --------------------------------------------------------------------------
+# Split-K on Hopper: the per-shape sweep of the tensor-core paths, and the slice model
+
+#: the candidates the sweep times (scripts/tc_shapes_gpu.py) that the figure draws
+TC_CANDIDATES = {"ws": ("wgmma_ws (128x256 tiles, no split)", "#888888", "s", "-"),
+                 "skinny": ("skinny", "#e6550d", "^", "--"),
+                 "auto": ("auto (what gemmlib.matmul ran)", "#2171b5", "o", "-")}
+#: DRAM bus width (bits) of the GPUs the committed files come from (NVIDIA's datasheets:
+#: five and six 1024-bit HBM stacks); with a file's memory clock it gives the DRAM peak
+MEMORY_BUS_BITS = {"H200": 6144, "H100": 5120}
+
+
+def tc_shapes_files(directory=None):
+    """The newest ``tc-shapes-<gpu>-<date>.json`` per GPU (``scripts/tc_shapes_gpu.py``: per
+    shape, precision and candidate kernel its time as % of torch.matmul): [(name, data)]."""
+    return _newest_files("tc-shapes-*.json", directory)
+
+
+def tc_records(data: dict, precision=None, candidate=None):
+    """The measured rows of a tc-shapes file, normalised: precision, model ("sweep" for the
+    extra shapes), layer, M, N, K, candidate, kernel, pct (% of torch.matmul), us, torch_us,
+    splits, grid."""
+    out = []
+    for r in data.get("rows", []) if isinstance(data, dict) else []:
+        if not isinstance(r, dict) or "error" in r \
+                or (precision and r.get("precision") != precision) \
+                or (candidate and r.get("candidate") != candidate):
+            continue
+        model, _, layer = str(r.get("shape", "sweep")).rpartition(".")   # "llama-3.1-8b.o"
+        model = model or layer
+        layer = "" if model == layer else layer
+        out.append(dict(precision=r.get("precision", "?"), model=model, layer=layer,
+                        M=int(r["M"]), N=int(r["N"]), K=int(r["K"]),
+                        candidate=r.get("candidate", "?"), kernel=str(r.get("kernel", "?")),
+                        pct=_num(r.get("pct_of_torch")), us=_num(r.get("median_us")),
+                        torch_us=_num(r.get("torch_us")), splits=int(r.get("splits") or 1),
+                        grid=r.get("grid")))
+    return out
+
+
+def _gmean(v):
+    return math.exp(sum(map(math.log, v)) / len(v)) if v else None
+
+
+def tc_summary(data: dict) -> dict:
+    """{precision: dict(shapes, ws, auto, faster, split, skinny)} of a tc-shapes file: the
+    shapes timed with both ``ws`` and ``auto``, their geometric mean % of torch.matmul, the
+    shapes where auto was faster than ws, and the auto rows that ran split-K with more than
+    one slice or the skinny rung."""
+    out = {}
+    for prec in sorted({d["precision"] for d in tc_records(data)}, key=_prec_key):
+        by = {}
+        for d in tc_records(data, prec):
+            if d["pct"]:
+                by.setdefault((d["M"], d["N"], d["K"]), {})[d["candidate"]] = d
+        both = [c for c in by.values() if "ws" in c and "auto" in c]
+        out[prec] = dict(shapes=len(both), ws=_gmean([c["ws"]["pct"] for c in both]),
+                         auto=_gmean([c["auto"]["pct"] for c in both]),
+                         faster=sum(c["auto"]["pct"] > c["ws"]["pct"] for c in both),
+                         split=sum(c["auto"]["splits"] > 1
+                                   and kernel_family(c["auto"]["kernel"]) == "wgmma_split_k"
+                                   for c in both),
+                         skinny=sum(kernel_family(c["auto"]["kernel"]) == "skinny"
+                                    for c in both))
+    return out
+
+
+def plot_tc_shapes(data: dict, precision: str = "fp16", candidates=tuple(TC_CANDIDATES),
+                   title=None):
+    """Per projection of the suite (one panel each) the % of torch.matmul against M of the
+    candidates of a tc-shapes file (kernel timing); auto's points say what it ran (hollow:
+    one slice; filled, with S: split-K; triangle: skinny).  A last panel: the extra shapes
+    as bars.  A note on empty axes when the file has no rows for ``precision``."""
+    plt = _plt()
+    recs = [d for d in tc_records(data, precision) if d["candidate"] in candidates and d["pct"]]
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    panels = [(m, layer) for m in MODELS for layer in LAYERS
+              if any(d["model"] == m and d["layer"] == layer for d in recs)]
+    sweep = sorted({(d["M"], d["N"], d["K"]) for d in recs if d["model"] not in MODELS},
+                   key=lambda s: (s[0] * s[1], s))
+    n = len(panels) + (1 if sweep else 0)
+    if not n:
+        fig, ax = plt.subplots(figsize=(6, 2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"no {precision} rows in this file", ha="center", va="center")
+        return fig
+    cols = 3
+    fig, axes = plt.subplots(cdiv(n, cols), cols, figsize=(12, 3.0 * cdiv(n, cols) + 0.8),
+                             squeeze=False)
+    flat = list(axes.flat)
+    top = max([d["pct"] for d in recs] + [100.0]) * 1.15
+    for ax, (m, layer) in zip(flat, panels):
+        ds = [d for d in recs if d["model"] == m and d["layer"] == layer]
+        ms = sorted({d["M"] for d in ds})
+        for cand in candidates:
+            pts = sorted((ms.index(d["M"]), d) for d in ds if d["candidate"] == cand)
+            if not pts:
+                continue
+            label, colour, marker, ls = TC_CANDIDATES.get(cand, (cand, "k", "o", "-"))
+            ax.plot([x for x, _ in pts], [d["pct"] for _, d in pts], ls, color=colour, lw=1.2,
+                    label=label)
+            for x, d in pts:
+                fam = kernel_family(d["kernel"])
+                mk = "^" if fam == "skinny" else marker
+                filled = cand != "auto" or (fam == "wgmma_split_k" and d["splits"] > 1)
+                ax.plot([x], [d["pct"]], mk, color=colour, mfc=colour if filled else "white",
+                        ms=5)
+                if cand == "auto" and d["splits"] > 1:
+                    ax.annotate(f"S={d['splits']}", (x, d["pct"]), textcoords="offset points",
+                                xytext=(0, 5), ha="center", fontsize=6, color=colour)
+        N, K = ds[0]["N"], ds[0]["K"]
+        ax.set_xticks(range(len(ms)), [str(v) for v in ms], fontsize=7)
+        ax.set_title(f"{m} {layer}: N={N}, K={K}", fontsize=8)
+        ax.set_xlabel("M (tokens)", fontsize=7)
+    if sweep:
+        ax = flat[len(panels)]
+        there = [c for c in candidates if any(d["candidate"] == c and d["model"] not in MODELS
+                                              for d in recs)]
+        w = 0.8 / max(len(there), 1)
+        for i, cand in enumerate(there):
+            label, colour, _, _ = TC_CANDIDATES.get(cand, (cand, "k", "o", "-"))
+            for j, shp in enumerate(sweep):
+                d = next((d for d in recs if d["candidate"] == cand
+                          and (d["M"], d["N"], d["K"]) == shp and d["model"] not in MODELS), None)
+                if d is None:
+                    continue
+                x = j + (i - (len(there) - 1) / 2) * w
+                ax.bar(x, d["pct"], w, color=colour)
+                if cand == "auto" and d["splits"] > 1:
+                    ax.text(x, d["pct"] + 1,
+                            f"S={d['splits']}", ha="center", fontsize=6, color=colour)
+        ax.set_xticks(range(len(sweep)), ["x".join(map(str, s)) for s in sweep], fontsize=6,
+                      rotation=15)
+        ax.set_title("extra shapes (M x N x K)", fontsize=8)
+    for ax in flat[:n]:
+        ax.axhline(100, color="k", ls=":", lw=0.8)
+        ax.set_ylim(0, top)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(True, axis="y", alpha=0.25)
+    for ax in flat[n:]:
+        ax.axis("off")
+    for row in axes:
+        row[0].set_ylabel("% of torch.matmul", fontsize=7)
+    handles, labels = flat[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+                   frameon=False)
+    fig.suptitle(title or f"{precision}: each kernel alone against torch.matmul (kernel loops), "
+                 f"{meta.get('gpu', '?')}, {str(meta.get('date', ''))[:10]}\n(auto: hollow = "
+                 "one slice, filled = split-K with S slices, triangle = skinny)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
+def ws_decode_points(data: dict, copy_gbps: float, precision: str = "fp16",
+                     candidate: str = "ws"):
+    """[(tiles of 128 x 256, % of ``copy_gbps``)] of the decode rows (M <= DECODE_M) of a
+    tc-shapes file's ``candidate``, sorted: its bandwidth is the fewest bytes (fp32 C)
+    over its time."""
+    if not copy_gbps:
+        return []
+    in_b = 4 if precision in ("fp32", "tf32", "3xtf32") else 2
+    return sorted((tiles(d["M"], d["N"]),
+                   100 * min_bytes(d["M"], d["N"], d["K"], in_b, 4) / (d["us"] * 1e3) / copy_gbps)
+                  for d in tc_records(data, precision, candidate)
+                  if d["M"] <= DECODE_M and d["model"] in MODELS and d["us"])
+
+
+def copy_gbps_for(data: dict, files) -> float | None:
+    """The copy bandwidth (``dram_copy_gbps``) that one of ``files`` (name, data) measured on
+    the GPU of ``data`` (matched by gpu_slug, else by name); None when none did."""
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    for _, d in files:
+        m = d.get("meta", {})
+        same = (m.get("gpu_slug") and m.get("gpu_slug") == meta.get("gpu_slug")) \
+            or (m.get("gpu") and m.get("gpu") == meta.get("gpu"))
+        if same and _num(m.get("dram_copy_gbps")):
+            return _num(m["dram_copy_gbps"])
+    return None
+
+
+def file_device(meta: dict):
+    """A :class:`gemmlib.backend.DeviceInfo` for the GPU a committed file was measured on --
+    what a kernel's cost model reads (``wgmma_split_k.splits_for``: SMs, fp32 peak, DRAM
+    peak): the simulator's, with the file's name, SM count, SM clock, compute capability
+    and L2, and the DRAM peak from its memory clock (``smi_clocks_mem``, MHz) and
+    :data:`MEMORY_BUS_BITS` (0 when either is unknown)."""
+    import dataclasses
+
+    from gemmlib import backend
+
+    name = str(meta.get("gpu", "?"))
+    try:
+        cc = tuple(int(v) for v in str(meta.get("compute_capability", "9.0")).split("."))[:2]
+    except ValueError:
+        cc = (9, 0)
+    bits = next((v for k, v in MEMORY_BUS_BITS.items() if k in name.upper()), 0)
+    mem = _num(meta.get("smi_clocks_mem")) or 0.0
+    return dataclasses.replace(backend._SIM_DEVICE, name=name, compute_capability=cc,
+                               sm_count=int(meta.get("sm_count") or 132),
+                               max_sm_clock_mhz=float(_num(meta.get("max_sm_clock_mhz")) or 0.0),
+                               l2_bytes=int(meta.get("l2_bytes") or 0), simulated=False,
+                               memory_clock_khz=int(mem * 1000) if bits else 0,
+                               memory_bus_bits=bits if mem else 0)
+
+
+def split_shapes():
+    """A few suite shapes for the slice table: two projections per model at T = 16 and 128,
+    and the extra shapes with a small output and a deep K."""
+    pick = {("llama-3.1-8b", "o"), ("llama-3.1-8b", "down"), ("qwen2.5-72b", "qkv"),
+            ("qwen2.5-72b", "gate_up")}
+    out = [(d["model"], d["layer"], d["M"], d["N"], d["K"])
+           for d in shape_records(tokens=(16, 128), extra=False)
+           if (d["model"], d["layer"]) in pick]
+    out += [("sweep", "", M, N, K) for M, N, K in EXTRA_SHAPES if 4 * M * N <= K * K]
+    return out
+
+
+def split_choice_table(data: dict, precision: str = "fp16", shapes=None, name: str = ""):
+    """A :class:`gemmcourse.notebook.Table`: per shape (:func:`split_shapes`) the slices
+    ``wgmma_split_k.splits_for`` of this gemmlib chooses on the GPU of a tc-shapes file
+    (:func:`file_device`) for 64- and 128-row tiles, beside the kernel ``auto`` ran in
+    the file and the slices it recorded.  None when the rung is not there."""
+    from gemmcourse.notebook import Table
+
+    W = split_k_module()
+    if W is None:
+        return None
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    dev = file_device(meta)
+    ran = {(d["M"], d["N"], d["K"]): d for d in tc_records(data, precision, "auto")}
+    body = []
+    for model, layer, M, N, K in shapes or split_shapes():
+        row = [f"{model} {layer}".strip(), f"{M}x{N}x{K}", cdiv(K, W.BK)]
+        for BM in (64, 128):
+            S = W.effective_splits(W.splits_for(M, N, K, BM, 256, dev), K)
+            row += [tiles(M, N, BM, 256), S]
+        d = ran.get((M, N, K))
+        row += [d["kernel"], d["splits"]] if d else ["-", "-"]
+        body.append(row)
+    return Table(("shape", "M x N x K", "k-tiles", "64x256 tiles", "S", "128x256 tiles", "S",
+                  "auto in the file", "its S"), body,
+                 caption=f"Slices from this gemmlib's wgmma_split_k.splits_for on "
+                         f"{dev.name} ({dev.sm_count} SMs, {dev.fp32_peak_tflops:.1f} TFLOP/s "
+                         f"fp32, {dev.peak_bandwidth_gbs:.0f} GB/s DRAM peak), and what the "
+                         f"sweep ran ({precision}" + (f", {name}" if name else "") + ")")
+
+
+def split_k_workspace_bytes(M: int, N: int, K: int, S: int, BM: int = 64, BN: int = 256,
+                            precision: str = "fp16") -> int:
+    """Bytes of the workspace arrays (partials W and tickets L) that ``wgmma_split_k`` with
+    BM x BN tiles and S slices takes for (M, N, K): from the rung's own ``workspace``."""
+    W = split_k_module()
+    spec = W.build(precision, BM=BM, BN=BN, SPLITS=S)
+    return sum(r * c * np.dtype(t).itemsize for r, c, t in spec.workspace(M, N, K))
+
+
+# --------------------------------------------------------------------------
 # The host cost of a call
 
 
 def host_cost_sources(directory=None):
     """[(label, file, data)]: the newest ``results/host-cost-<gpu>-<date>.json`` per GPU that
-    has a ``frameworks`` list, then every early ``results/models-*/host-cost-*.json``."""
+    has a ``frameworks`` list, then every early ``results/models-*/host-cost-*.json`` (not
+    the ``*-before-*`` copies of files that a newer run replaced)."""
     from gemmcourse.notebook import _newest_per_gpu, committed_json, repo_root
 
     if directory is None:
@@ -793,6 +1200,8 @@ def host_cost_sources(directory=None):
     out = [(f"{d.get('meta', {}).get('gpu', '?')}, {str(d.get('meta', {}).get('date', ''))[:10]}",
             n, d) for n, d in _newest_per_gpu(withfw)]
     for p in sorted(directory.glob("models-*/host-cost-*.json")):
+        if "-before-" in p.name:
+            continue
         try:
             d = json.loads(p.read_text())
         except (OSError, ValueError) as e:
@@ -960,7 +1369,11 @@ __all__ = ["REFERENCE_GPU", "WS_TILE", "CANDIDATE_TILES", "intensity", "shape_re
            "tile_table", "one_wave_splits", "split_k_table", "streamk_segments",
            "streamk_steps", "streamk_fixups", "data_parallel_segments", "plot_work_split",
            "plot_wave_heat", "skinny_module", "show_skinny_source", "skinny_blocks",
-           "show_functions",
+           "split_k_module", "show_split_k_source", "show_functions", "kernel_family",
+           "kernels_by_tokens", "kernel_table", "suite_summary", "suite_summary_table",
+           "tc_shapes_files", "tc_records", "tc_summary", "plot_tc_shapes", "ws_decode_points",
+           "copy_gbps_for", "file_device", "split_shapes", "split_choice_table",
+           "split_k_workspace_bytes", "rank_correlation",
            "models_files", "error_rows", "inputs_of", "measured_records", "file_summary",
            "decode_table", "bandwidth_vs_tiles", "pct_summary", "plot_models_roofline",
            "plot_pct_heat", "sweep_table", "host_cost_sources", "frameworks_table",

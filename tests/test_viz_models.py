@@ -317,6 +317,188 @@ def test_measured_figures():
     assert "1 failed" in vm.file_summary("f.json", data)
 
 
+def test_kernel_family_and_table():
+    assert vm.kernel_family("wgmma_split_k_bf16_64x256_s3") == "wgmma_split_k"
+    assert vm.kernel_family("wgmma_ws_bf16") == "wgmma_ws"
+    assert vm.kernel_family("mma_split_k_3xtf32_128x128x32_w64x32_s3_splits2") == "mma_split_k"
+    assert vm.kernel_family("skinny_m1_u8") == "skinny" and vm.kernel_family("x") == "x"
+    data = _models_data()
+    by = vm.kernels_by_tokens(data)
+    assert by["fp16"][1] == {"wgmma_ws": 8} and by["3xtf32"][16] == {"mma_pipeline": 8}
+    assert by["fp16"][0] == {"wgmma_ws": 1}                       # the extra shape
+    t = vm.kernel_table(data, name="f.json")
+    assert t.header[-1] == "extra shapes" and [r[0] for r in t.rows] == ["fp16", "3xtf32"]
+    assert t.rows[0][1] == "8 wgmma_ws" and "f.json" in t.caption
+
+
+def _summary_numbers(line):
+    gm, low = re.search(r"geometric mean ([\d.]+)%.* lowest ([\d.]+)%", line).groups()
+    return float(gm), float(low)
+
+
+def test_suite_summary_is_bench_models_summary():
+    files = [("m.json", _models_data())] + vm.models_files()
+    for name, data in files:
+        mine = vm.suite_summary(data)
+        theirs = [ln for ln in bm.summary(data) if "geometric mean" in ln]
+        assert len(mine) == len(theirs), name
+        for s in mine:
+            line = next(ln for ln in theirs if ln.startswith(f"{s['input']} {s['precision']}:"))
+            assert (round(s["gmean"], 1), round(s["lowest"], 1)) == _summary_numbers(line)
+            pct = [d["pct"] for d in vm.measured_records(data, s["precision"], s["input"])]
+            assert s["shapes"] == len(pct) and s["below"] == sum(p < 60 for p in pct)
+    s = {d["precision"]: d for d in vm.suite_summary(_models_data())}
+    assert s["fp16"]["failed"] == 1 and s["3xtf32"]["failed"] == 0
+    assert s["3xtf32"]["below"] == len(bm.MODELS) * 4 * 3           # all at 20%
+    assert s["fp16"]["lowest_shape"] == "sweep 1024x1024x8192"      # no layer: one space
+    t = vm.suite_summary_table(files)
+    assert len(t.rows) == sum(len(vm.suite_summary(d)) for _, d in files)
+    assert "m.json" in t.caption
+    assert vm.suite_summary_table([]).rows == []
+
+
+# --------------------------------------------------------------------------
+# the per-shape sweep of the Hopper tensor-core paths (synthetic, then committed)
+
+
+def _tc_row(shape, M, N, K, cand, pct, kernel=None, splits=1, prec="fp16"):
+    us = 10.0 + M * N * K / 1e9
+    return dict(precision=prec, shape=shape, M=M, N=N, K=K, candidate=cand,
+                kernel=kernel or {"ws": "wgmma_ws", "skinny": "skinny_m1"}.get(cand, cand),
+                torch_us=us * pct / 100, splits=splits, grid=24, registers=168, local_bytes=0,
+                median_us=us, pct_of_torch=pct, rel_error=1e-6)
+
+
+def _tc_data(gpu="NVIDIA H100 80GB HBM3", date="2026-01-01T00:00:00"):
+    rows = []
+    for M in (1, 16, 128):
+        rows.append(_tc_row("llama-3.1-8b.o", M, 4096, 4096, "ws", 35.0))
+        kern = "skinny_m1_u8" if M == 1 else "wgmma_split_k_64x256_s3"
+        rows.append(_tc_row("llama-3.1-8b.o", M, 4096, 4096, "auto", 70.0 if M == 1 else 30.0,
+                            kern, 1 if M == 1 else 8))
+        if M <= 16:
+            rows.append(_tc_row("llama-3.1-8b.o", M, 4096, 4096, "skinny", 70.0 - M))
+        rows.append(_tc_row("qwen2.5-72b.down", M, 8192, 29568, "ws", 60.0))
+        rows.append(_tc_row("qwen2.5-72b.down", M, 8192, 29568, "auto", 90.0,
+                            "wgmma_split_k_64x256_s3", 4))
+    rows.append(_tc_row("sweep", 1024, 1024, 8192, "ws", 38.0))
+    rows.append(_tc_row("sweep", 1024, 1024, 8192, "auto", 57.0, "wgmma_split_k", 4))
+    rows.append(dict(_tc_row("sweep", 1024, 1024, 8192, "ws", 38.0, prec="bf16"),
+                     error="ConstraintError: test"))
+    return dict(meta=_meta(gpu, date, smi_clocks_mem="2619", max_sm_clock_mhz=1980.0,
+                           compute_capability="9.0"), rows=rows)
+
+
+def test_tc_shapes_files_and_records(tmp_path):
+    _write(tmp_path, "tc-shapes-h100-2026-01-01.json", _tc_data(date="2026-01-01"))
+    _write(tmp_path, "tc-shapes-h100-2026-02-01.json", _tc_data(date="2026-02-01"))
+    _write(tmp_path, "tc-shapes-h200-2026-01-01.json", _tc_data("NVIDIA H200"))
+    _write(tmp_path, "tc-shapes-broken.json", {"meta": {}})
+    assert [n for n, _ in vm.tc_shapes_files(tmp_path)] == ["tc-shapes-h100-2026-02-01.json",
+                                                            "tc-shapes-h200-2026-01-01.json"]
+    assert vm.tc_shapes_files(tmp_path / "nowhere") == []
+    recs = vm.tc_records(_tc_data())
+    assert len(recs) == len(_tc_data()["rows"]) - 1                  # the error row left out
+    d = recs[0]
+    assert (d["model"], d["layer"], d["M"], d["candidate"]) == ("llama-3.1-8b", "o", 1, "ws")
+    assert {(d["model"], d["layer"]) for d in recs if d["M"] == 1024} == {("sweep", "")}
+    assert all(d["candidate"] == "auto" for d in vm.tc_records(_tc_data(), "fp16", "auto"))
+    assert vm.tc_records({}) == []
+
+
+def test_tc_summary():
+    s = vm.tc_summary(_tc_data())
+    assert list(s) == ["fp16"]
+    f = s["fp16"]
+    assert f["shapes"] == 7 and f["skinny"] == 1 and f["split"] == 6
+    assert f["faster"] == 5                          # all but llama o at M = 16 and 128
+    ws = [35.0] * 3 + [60.0] * 3 + [38.0]
+    assert f["ws"] == pytest.approx(math.exp(sum(map(math.log, ws)) / 7))
+
+
+def test_plot_tc_shapes():
+    fig = vm.plot_tc_shapes(_tc_data())
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["llama-3.1-8b o: N=4096, K=4096", "qwen2.5-72b down: N=8192, K=29568",
+                      "extra shapes (M x N x K)"]
+    assert "S=8" in [t.get_text() for t in fig.axes[0].texts]
+    assert "NVIDIA H100" in fig._suptitle.get_text()
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(lb.startswith("wgmma_ws") for lb in labels) and "skinny" in labels
+    assert len(fig.axes[2].patches) == 2                             # ws and auto bars
+    empty = vm.plot_tc_shapes(_tc_data(), "tf32")
+    assert "no tf32 rows" in empty.axes[0].texts[0].get_text()
+
+
+def test_ws_decode_points_and_copy_bandwidth():
+    data = _tc_data()
+    assert vm.copy_gbps_for(data, [("m.json", _models_data())]) == 3000.0
+    assert vm.copy_gbps_for(data, [("m.json", _models_data("NVIDIA H200"))]) is None
+    pts = vm.ws_decode_points(data, 3000.0)
+    assert len(pts) == 4                                             # M = 1 and 16, two layers
+    d = next(d for d in vm.tc_records(data, "fp16", "ws") if d["M"] == 1
+             and d["N"] == 4096)
+    want = 100 * bm.min_bytes(1, 4096, 4096, 2, 4) / (d["us"] * 1e-6) / 1e9 / 3000.0
+    assert (16, pytest.approx(want)) in pts
+    assert vm.ws_decode_points(data, None) == []
+    assert vm.rank_correlation([(1, 2), (2, 3), (3, 5)]) == pytest.approx(1.0)
+    assert vm.rank_correlation([(1, 2), (1, 3), (1, 5)]) is None
+    assert vm.rank_correlation([(1, 2)]) is None
+
+
+def test_file_device_and_split_choice_table():
+    W = vm.split_k_module()
+    meta = _tc_data()["meta"]
+    dev = vm.file_device(meta)
+    assert dev.sm_count == 132 and dev.compute_capability == (9, 0) and not dev.simulated
+    assert dev.peak_bandwidth_gbs == pytest.approx(2 * 2619e6 * 5120 / 8 / 1e9)
+    assert dev.fp32_peak_tflops == pytest.approx(132 * 128 * 2 * 1980e6 / 1e12)
+    assert vm.file_device(dict(gpu="Some GPU", sm_count=10)).peak_bandwidth_gbs == 0
+    if W is None:
+        assert vm.split_choice_table(_tc_data()) is None
+        return
+    shapes = vm.split_shapes()
+    assert ("sweep", "", 1024, 1024, 8192) in shapes and ("sweep", "", 8192, 256, 8192) in shapes
+    t = vm.split_choice_table(_tc_data())
+    assert len(t.rows) == len(shapes) and "132 SMs" in t.caption
+    for (model, layer, M, N, K), row in zip(shapes, t.rows):
+        assert row[1] == f"{M}x{N}x{K}" and row[2] == -(-K // 64)
+        assert row[4] == W.effective_splits(W.splits_for(M, N, K, 64, 256, dev), K)
+        assert row[6] == W.effective_splits(W.splits_for(M, N, K, 128, 256, dev), K)
+        assert row[3] == vm.tiles(M, N, 64, 256) and row[5] == vm.tiles(M, N, 128, 256)
+    sweep = next(r for r in t.rows if r[1] == "1024x1024x8192")
+    assert sweep[-2:] == ["wgmma_split_k", 4]
+    assert next(r for r in t.rows if r[1] == "8192x256x8192")[-2:] == ["-", "-"]
+
+
+@pytest.mark.parametrize("M,N,K,S,BM", [(16, 4096, 4096, 4, 64), (1024, 1024, 8192, 4, 128),
+                                         (100, 1000, 8192, 3, 64)])
+def test_split_k_workspace_bytes(M, N, K, S, BM):
+    if vm.split_k_module() is None:
+        pytest.skip("no wgmma_split_k in this gemmlib")
+    tiles = vm.tiles(M, N, BM, 256)
+    # a slice's partials: a whole BM x 256 tile per tile (BN / 2 per consumer thread); one
+    # int32 ticket counter per tile and consumer thread (2 BM of them)
+    assert vm.split_k_workspace_bytes(M, N, K, S, BM) == 4 * S * tiles * BM * 256 \
+        + 4 * tiles * 2 * BM
+
+
+def test_committed_tc_shapes_files_parse():
+    files = vm.tc_shapes_files()
+    for name, data in files:
+        s = vm.tc_summary(data)
+        assert s, name
+        for prec, v in s.items():
+            assert v["shapes"] > 0 and 0 < v["ws"] and 0 < v["auto"], (name, prec)
+            vm.plot_tc_shapes(data, prec)
+            plt.close("all")
+        if vm.split_k_module() is not None:
+            t = vm.split_choice_table(data)
+            assert len(t.rows) == len(vm.split_shapes())
+        pts = vm.ws_decode_points(data, vm.copy_gbps_for(data, vm.models_files()) or 3000.0)
+        assert all(n >= 1 and p > 0 for n, p in pts)
+
+
 # --------------------------------------------------------------------------
 # host cost
 
@@ -335,6 +517,7 @@ def test_host_cost_sources(tmp_path):
                                                             frameworks=[]))   # none: skipped
     (tmp_path / "models-2026-01-01").mkdir()
     _write(tmp_path / "models-2026-01-01", "host-cost-h100-first.json", _host_data())
+    _write(tmp_path / "models-2026-01-01", "host-cost-h100-before-split-k.json", _host_data())
     src = vm.host_cost_sources(tmp_path)
     assert [n for _, n, _ in src] == ["host-cost-h100-2026-01-01.json",
                                       "models-2026-01-01/host-cost-h100-first.json"]
@@ -450,3 +633,22 @@ def test_chapter_18_exercise_solutions_pass_their_checks(capsys):
     closed = lambda N, K, r: math.ceil(2 * r * K * N / (2 * N * K - 2 * r * K - 4 * r * N))  # noqa: E731
     assert all(closed(*c) == vm.ridge_tokens(*c) for c in cases)
     assert capsys.readouterr().out.count("[correct]") == 7
+    if vm.split_k_module() is None:
+        return
+
+    def my_workspace_bytes(M, N, K, S, BM):
+        tiles = -(-M // BM) * -(-N // 256)
+        return 4 * S * tiles * BM * 256 + 4 * tiles * 2 * BM
+
+    cells = json.loads((ROOT / "chapters" / "18-models.ipynb").read_text())["cells"]
+    cell = next("".join(c["source"]) for c in cells
+                if "def my_workspace_bytes" in "".join(c["source"]))
+    ns = {}
+    exec(cell[cell.index("cases = "):cell.index("if vm.")], ns)   # the chapter's own cases
+    assert nb.check_function(my_workspace_bytes, vm.split_k_workspace_bytes, ns["cases"],
+                             "my_workspace_bytes")
+    W = vm.split_k_module()
+    assert all(W.effective_splits(S, K) == S for M, N, K, S, BM in ns["cases"])   # as given
+    # the solution's example: 16 x 4096 x 4096, 8 slices: 8 MiB of partials, 8 KiB of counters
+    assert vm.split_k_workspace_bytes(16, 4096, 4096, 8) == 8 * 2**20 + 8 * 2**10
+    assert capsys.readouterr().out.count("[correct]") == 1
