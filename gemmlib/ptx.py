@@ -146,7 +146,8 @@ def gate(names=None, targets=TARGETS) -> list[dict]:
         for cc in targets:
             spec = for_target(get_kernel(name), cc)
             t0 = time.perf_counter()
-            rec = {"kernel": spec.name, "cc": f"sm_{cc[0]}{cc[1]}"}
+            # "rung": the registered name (a rung's spec name may differ by mode and target)
+            rec = {"rung": name, "kernel": spec.name, "cc": f"sm_{cc[0]}{cc[1]}"}
             if tuple(cc) < tuple(spec.min_cc):
                 rec.update(skipped=f"needs sm_{spec.min_cc[0]}{spec.min_cc[1]}+", problems=[])
             else:

@@ -83,16 +83,18 @@ def elementwise_bound(A64, B64t, K: int) -> np.ndarray:
     return 2.0 * max(K, 1) * EPS32 * (np.abs(A64) @ np.abs(B64t)) + 1e-30
 
 
-def assert_close(C, ref, K: int, spec=None) -> None:
+def assert_close(C, ref, K: int, spec=None, scale=None) -> None:
     """C is finite and within gemmlib's tolerance of the float64 ``ref`` (relative Frobenius
     error, ``verify.tolerance``; the precision's bound when ``spec`` is given), as in
-    ``gemmlib.verify``."""
+    ``gemmlib.verify``.  ``scale``: the norm to divide by instead of ``||ref||`` -- that of
+    ``|A| @ |B|`` where every element is one dot product that may cancel (a rank-1 product
+    of broadcast operands), since rounding error is bounded relative to it, not to C."""
     C = np.asarray(backend.to_host(C), dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     assert C.shape == ref.shape, (C.shape, ref.shape)
     bad = int((~np.isfinite(C)).sum())
     assert bad == 0, f"{bad} non-finite element(s) in C"
-    scale = float(np.linalg.norm(ref))
+    scale = float(np.linalg.norm(ref)) if scale is None else float(scale)
     err = float(np.linalg.norm(C - ref)) / (scale if scale > 0 else 1.0)
     tol = spec_tolerance(spec, K) if spec is not None else tolerance("float32", K)
     assert err <= tol, f"relative error {err:.2e} > {tol:.1e}"

@@ -24,6 +24,8 @@ COVERED = {
     "vector.load4": "test_vector_load4_store4_gpu",
     "vector.store4": "test_vector_load4_store4_gpu",
     "vector.aligned16": "test_vector_aligned16_gpu",
+    "vector.store2": "test_vector_store2_aligned8_gpu",
+    "vector.aligned8": "test_vector_store2_aligned8_gpu",
     "async_copy.cp_async4": "test_async_copy_gpu",
     "async_copy.cp_async16": "test_async_copy_gpu",
     "async_copy.cp_async_commit": "test_async_copy_gpu",
@@ -94,6 +96,21 @@ if vector is not None:
         out[r, c + 2] = cc
         out[r, c + 3] = d
 
+    store2, aligned8 = vector.store2, vector.aligned8
+
+    @cuda.jit
+    def _k_store2_global(dst, idx, vals):
+        t = cuda.grid(1)
+        if t < idx.shape[0]:
+            store2(dst, idx[t, 0], idx[t, 1], vals[t, 0], vals[t, 1])
+
+    @cuda.jit
+    def _k_aligned8(a0, a1, a2, a3, out):
+        out[0] = aligned8(a0)
+        out[1] = aligned8(a1)
+        out[2] = aligned8(a2)
+        out[3] = aligned8(a3)
+
     @cuda.jit
     def _k_aligned16(a0, a1, a2, a3, out):
         out[0] = aligned16(a0)
@@ -163,6 +180,32 @@ def test_vector_aligned16_gpu():
     got = cp.asnumpy(out).tolist()
     want = [bool(vector.aligned16_py(h)) for h in host]
     assert got == want == [True, False, False, False]
+
+
+@pytest.mark.gpu
+def test_vector_store2_aligned8_gpu():
+    if vector is None:
+        pytest.skip("gemmlib.intrinsics.vector does not exist")
+    cp = backend.array_module()
+    rng = np.random.default_rng(1)
+    # 9 x 6 floats: 24-byte rows, so every even column of every row is 8-byte aligned
+    idx_h = np.array([(i, j) for i in range(9) for j in range(0, 6, 2)], np.int64)
+    vals_h = rng.uniform(-1, 1, (len(idx_h), 2)).astype(np.float32)
+    dst = cp.full((9, 6), -7.0, np.float32)
+    _k_store2_global[1, len(idx_h)](dst, cp.asarray(idx_h), cp.asarray(vals_h))
+    dst_h = np.full((9, 6), -7.0, np.float32)
+    for (i, j), v in zip(idx_h, vals_h):
+        vector.store2_py(dst_h, i, j, *v)
+    np.testing.assert_array_equal(cp.asnumpy(dst), dst_h)
+
+    fill = np.ones((3, 5), np.float32)
+    dev = [_offset_view(cp, (3, 5), off, fill) for off in (0, 4, 8, 12)]
+    host = [_offset_view(np, (3, 5), off, fill) for off in (0, 4, 8, 12)]
+    out = cp.zeros(4, np.bool_)
+    _k_aligned8[1, 1](*dev, out)
+    got = cp.asnumpy(out).tolist()
+    want = [bool(vector.aligned8_py(h)) for h in host]
+    assert got == want == [True, False, True, False]
 
 
 # --------------------------------------------------------------------------- cp.async
