@@ -34,6 +34,10 @@ if SIMULATOR:  # numba's block scheduler spins between syncthreads; gemmlib's wa
     from gemmlib import _simulator
 
     _simulator.install()
+else:  # a third of a cold compile was one quadratic step of numba-cuda's lowering
+    from gemmlib import _lowering
+
+    _lowering.install()
 
 # Small verification shapes launch few blocks on purpose; numba's
 # "low occupancy" warning would only bury real messages.
