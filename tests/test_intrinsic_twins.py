@@ -104,19 +104,17 @@ if vector is not None:
         if t < idx.shape[0]:
             store2(dst, idx[t, 0], idx[t, 1], vals[t, 0], vals[t, 1])
 
-    @cuda.jit
-    def _k_aligned8(a0, a1, a2, a3, out):
-        out[0] = aligned8(a0)
-        out[1] = aligned8(a1)
-        out[2] = aligned8(a2)
-        out[3] = aligned8(a3)
+    def _aligned_kernel(aligned):
+        @cuda.jit
+        def k(a0, a1, a2, a3, out):
+            out[0] = aligned(a0)
+            out[1] = aligned(a1)
+            out[2] = aligned(a2)
+            out[3] = aligned(a3)
 
-    @cuda.jit
-    def _k_aligned16(a0, a1, a2, a3, out):
-        out[0] = aligned16(a0)
-        out[1] = aligned16(a1)
-        out[2] = aligned16(a2)
-        out[3] = aligned16(a3)
+        return k
+
+    _k_aligned16, _k_aligned8 = _aligned_kernel(aligned16), _aligned_kernel(aligned8)
 
 
 def _offset_view(xp, shape, offset_bytes, fill):
@@ -171,15 +169,19 @@ def test_vector_load4_store4_gpu():
 def test_vector_aligned16_gpu():
     if vector is None:
         pytest.skip("gemmlib.intrinsics.vector does not exist")
+    _check_aligned(_k_aligned16, vector.aligned16_py, [True, False, False, False])
+
+
+def _check_aligned(kernel, twin, want):
+    """The intrinsic (in ``kernel``) and its twin on views 0, 4, 8 and 12 bytes past a
+    16-byte boundary."""
     cp = backend.array_module()
     fill = np.ones((3, 5), np.float32)
     dev = [_offset_view(cp, (3, 5), off, fill) for off in (0, 4, 8, 12)]
     host = [_offset_view(np, (3, 5), off, fill) for off in (0, 4, 8, 12)]
     out = cp.zeros(4, np.bool_)
-    _k_aligned16[1, 1](*dev, out)
-    got = cp.asnumpy(out).tolist()
-    want = [bool(vector.aligned16_py(h)) for h in host]
-    assert got == want == [True, False, False, False]
+    kernel[1, 1](*dev, out)
+    assert cp.asnumpy(out).tolist() == [bool(twin(h)) for h in host] == want
 
 
 @pytest.mark.gpu
@@ -197,15 +199,7 @@ def test_vector_store2_aligned8_gpu():
     for (i, j), v in zip(idx_h, vals_h):
         vector.store2_py(dst_h, i, j, *v)
     np.testing.assert_array_equal(cp.asnumpy(dst), dst_h)
-
-    fill = np.ones((3, 5), np.float32)
-    dev = [_offset_view(cp, (3, 5), off, fill) for off in (0, 4, 8, 12)]
-    host = [_offset_view(np, (3, 5), off, fill) for off in (0, 4, 8, 12)]
-    out = cp.zeros(4, np.bool_)
-    _k_aligned8[1, 1](*dev, out)
-    got = cp.asnumpy(out).tolist()
-    want = [bool(vector.aligned8_py(h)) for h in host]
-    assert got == want == [True, False, True, False]
+    _check_aligned(_k_aligned8, vector.aligned8_py, [True, False, True, False])
 
 
 # --------------------------------------------------------------------------- cp.async
