@@ -11,8 +11,9 @@ copy inside numba-cuda still has the old loop.
 
 :func:`install` swaps in the one-pass version, with the same result: the set of
 variables not needing a stack slot, defined in one block only, used in no other
-block, and assigned once there.  It does nothing when numba-cuda's lowering does
-not look as expected (another version), and ``GEMMLIB_NUMBA_LOWERING=original``
+block, and assigned once there.  It does nothing on a numba-cuda other than the
+0.30 series it was checked against (a later one may change or fix the step), or
+when the lowering does not look as expected; ``GEMMLIB_NUMBA_LOWERING=original``
 turns it off.  ``tests/test_lowering.py`` checks that both versions agree on every
 function the rungs compile.
 """
@@ -56,6 +57,10 @@ def install() -> bool:
     if os.environ.get("GEMMLIB_NUMBA_LOWERING", "") == "original":
         return False
     try:
+        import numba_cuda
+
+        if not numba_cuda.__version__.startswith("0.30."):
+            return False
         from numba.cuda import lowering as mod
         Lower = mod.Lower
         parts = (mod.compute_use_defs, mod.must_use_alloca, mod.ir.assign_types)
