@@ -34,7 +34,7 @@ if SIMULATOR:  # numba's block scheduler spins between syncthreads; gemmlib's wa
     from gemmlib import _simulator
 
     _simulator.install()
-else:  # a third of a cold compile was one quadratic step of numba-cuda's lowering
+else:  # one quadratic step of numba-cuda's lowering, in one pass (gemmlib/_lowering.py)
     from gemmlib import _lowering
 
     _lowering.install()

@@ -7,9 +7,12 @@ Not a test module (no ``test_`` prefix): imported by the ``test_*`` files.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +67,20 @@ def host_operands(spec, M, N, K, rng):
     return A, B
 
 
+def precision_operands(precision: str, M: int, N: int, K: int, rng):
+    """Random (M, K) and (K, N) host inputs in [-1, 1) for a call in ``precision``:
+    float16 for fp16, gemmlib's bf16 arrays for bf16, float32 otherwise."""
+    from gemmlib import precision as P
+
+    A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+    if precision == "fp16":
+        return A.astype(np.float16), B.astype(np.float16)
+    if precision == "bf16":
+        return P.to_bf16(A), P.to_bf16(B)
+    return A, B
+
+
 def run(spec, A, B, **kw):
     """gemmlib.matmul with ``spec``, passing transpose_b as the spec requires."""
     import gemmlib
@@ -98,6 +115,42 @@ def assert_close(C, ref, K: int, spec=None, scale=None) -> None:
     err = float(np.linalg.norm(C - ref)) / (scale if scale > 0 else 1.0)
     tol = spec_tolerance(spec, K) if spec is not None else tolerance("float32", K)
     assert err <= tol, f"relative error {err:.2e} > {tol:.1e}"
+
+
+def load_script(relpath: str):
+    """A script of the repository (e.g. ``scripts/nonfinite_gpu.py``) as a module."""
+    path = Path(__file__).resolve().parents[1] / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # (dataclasses look their module up)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_offline(code: str, timeout: int = 900):
+    """Run ``code`` with numba's real compiler, in a subprocess (this session runs the
+    simulator, which accepts code the compiler rejects); the JSON its last line prints."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compile_offline(imports: str, pairs: str) -> list[dict]:
+    """One record per (spec, cc) of ``pairs`` (source of that list, after ``imports``):
+    the PTX assembled by ptxas -- registers, spills -- and ``gemmlib.ptx.problems``."""
+    return run_offline(
+        "import json\n"
+        "from gemmlib import ptx\n"
+        f"{imports}\n"
+        "out = []\n"
+        f"for spec, cc in {pairs}:\n"
+        "    p = ptx.compile_ptx(spec, cc)\n"
+        "    r = ptx.resources(p, cc, None, arch=ptx.arch_of(spec, cc))\n"
+        "    out.append(dict(r, kernel=spec.name, cc=list(cc),\n"
+        "                    problems=ptx.problems(spec, p, r)))\n"
+        "print(json.dumps(out))\n")
 
 
 def report(name: str, data) -> None:

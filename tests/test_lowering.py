@@ -6,16 +6,11 @@ does not lower anything): each lowered function is answered by both versions,
 and the sets must be equal.
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from _reliability import run_offline
 
 CODE = """
-import json
+import json, os
+os.environ.pop("GEMMLIB_NUMBA_LOWERING", None)   # (the switch that keeps numba's own)
 from gemmlib import _lowering, ptx
 from gemmlib.kernels import get
 from numba.cuda import lowering as mod
@@ -38,12 +33,7 @@ print(json.dumps(seen))
 
 
 def test_one_pass_step_agrees_with_numba_cuda():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    env.pop("GEMMLIB_NUMBA_LOWERING", None)
-    proc = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = run_offline(CODE, timeout=600)
     assert len(seen) >= 10, seen                     # the kernels and their device functions
     assert sum(n for _, _, n in seen) > 100          # ... with many singly assigned names
     assert [q for q, same, _ in seen if not same] == []

@@ -10,13 +10,7 @@ rung free of the split's branch) offline, with the real compiler.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +20,8 @@ from gemmlib import backend, dispatch
 from gemmlib import precision as P
 from gemmlib.kernels import mma_pipeline, mma_split_k, split_k
 
-ROOT = Path(__file__).resolve().parent.parent
+from _reliability import compile_offline, load_script, precision_operands
+
 PRECISIONS = ("fp16", "bf16", "tf32", "3xtf32")
 sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="simulator sizes")
 
@@ -36,17 +31,6 @@ def small(precision: str, SPLITS: int, stages: int = 2, BK: int | None = None):
     bk = BK or (32 if precision in ("fp16", "bf16") else 16)
     return mma_split_k.build(precision, SPLITS=SPLITS, BM=32, BN=32, BK=bk, WM=32, WN=32,
                              STAGES=stages)
-
-
-def operands(precision: str, M: int, N: int, K: int, seed: int):
-    rng = np.random.default_rng(seed)
-    A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
-    if precision == "fp16":
-        return A.astype(np.float16), B.astype(np.float16)
-    if precision == "bf16":
-        return P.to_bf16(A), P.to_bf16(B)
-    return A, B
 
 
 # --------------------------------------------------------------------------- correctness
@@ -65,7 +49,7 @@ def test_split_is_right_and_bit_identical(precision):
     assert gemmlib.verify(spec, [(1, 1, 1), (M, N, K)], seed=0).ok
     plan = dispatch.plan(spec, M, 16, 5 * BK)              # (the padded shape matmul runs)
     assert plan.splits == split_k.effective_splits(4, 5 * BK, BK) == plan.grid[2] == 3
-    A, B = operands(precision, M, N, K, seed=1)
+    A, B = precision_operands(precision, M, N, K, np.random.default_rng(1))
     C1 = gemmlib.matmul(A, B, kernel=spec)
     C2 = gemmlib.matmul(A, B, kernel=spec)
     assert backend.relative_error(C1, backend.reference(A, B)) <= P.tolerance(precision, K)
@@ -80,7 +64,7 @@ def test_split_is_the_fixed_order_sum_of_the_slices():
     spec = small("3xtf32", SPLITS=3, BK=8)
     BK = spec.params["BK"]
     M, N, K = 9, 8, 7 * BK                                 # 7 k-tiles: slices 3 + 3 + 1
-    A, B = operands("3xtf32", M, N, K, seed=2)
+    A, B = precision_operands("3xtf32", M, N, K, np.random.default_rng(2))
     C = gemmlib.matmul(A, B, kernel=spec)
     plain = mma_pipeline.build("3xtf32", BM=32, BN=32, BK=BK, WM=32, WN=32, STAGES=2)
     want = np.zeros((M, N), np.float32)
@@ -98,22 +82,14 @@ def test_an_empty_slice_writes_zeros_to_its_rows():
     of the workspace -- zeros, not the NaN the workspace held."""
     spec = small("fp16", SPLITS=4)
     M, N, K = 5, 8, 3 * spec.params["BK"]                  # 3 k-tiles, 4 slices of 1
-    A, B = (x.view(np.uint16) for x in operands("fp16", M, N, K, seed=3))
+    rng = np.random.default_rng(3)
+    A, B = (x.view(np.uint16) for x in precision_operands("fp16", M, N, K, rng))
     W = np.full((4 * M, N), np.nan, np.float32)
     spec.kernel[(1, 1, 4), spec.block, 0, spec.shared_bytes](A, B, W)
     assert np.isfinite(W).all() and not W[3 * M:].any()
     R = A.view(np.float16).astype(np.float64) @ B.view(np.float16).astype(np.float64)
     total = W.reshape(4, M, N).sum(axis=0, dtype=np.float64)
     assert backend.relative_error(total, R) <= P.tolerance("fp16", K)
-
-
-def _nonfinite_script():
-    path = ROOT / "scripts" / "nonfinite_gpu.py"
-    spec = importlib.util.spec_from_file_location("nonfinite_gpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod          # (dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @sim_only
@@ -123,7 +99,7 @@ def test_3xtf32_split_keeps_the_nonfinite_pattern():
     slices: C's NaN/+Inf/-Inf positions are fp32 SGEMM's (the float64 product of the
     float32 inputs), finite elements within the 3xtf32 bound.  The slices' partials are
     added in fp32, where Inf + finite = Inf and Inf - Inf = NaN, as in one accumulator."""
-    NF = _nonfinite_script()
+    NF = load_script("scripts/nonfinite_gpu.py")
     spec = small("3xtf32", SPLITS=3, BK=8)
     problems = []
     for name, build, shape in [("issue", NF.issue, (20, 24, 24)),
@@ -228,25 +204,11 @@ def test_split_compiles_without_spills():
     """The split form of 3xtf32's tiles (the default, and BK = 32 as tuned for the
     H100/H200: 254 registers) assembles for sm_80 and sm_90 without spills, shows its
     claims (it reads gridDim.z), and the plain rung has no trace of the branch."""
-    code = (
-        "import json\n"
-        "from gemmlib import ptx\n"
-        "from gemmlib.kernels import mma_pipeline, mma_split_k\n"
-        "out = []\n"
-        "for spec, ccs in ((mma_split_k.build('3xtf32', BK=32), ((8, 0), (9, 0))),\n"
-        "                  (mma_split_k.build('3xtf32'), ((9, 0),)),\n"
-        "                  (mma_pipeline.build('3xtf32'), ((8, 0),))):\n"
-        "    for cc in ccs:\n"
-        "        p = ptx.compile_ptx(spec, cc)\n"
-        "        r = ptx.resources(p, cc, None, arch=ptx.arch_of(spec, cc))\n"
-        "        out.append(dict(r, kernel=spec.name, cc=list(cc),\n"
-        "                        problems=ptx.problems(spec, p, r)))\n"
-        "print(json.dumps(out))\n")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    recs = json.loads(proc.stdout.strip().splitlines()[-1])
+    recs = compile_offline(
+        "from gemmlib.kernels import mma_pipeline, mma_split_k",
+        "[(mma_split_k.build('3xtf32', BK=32), (8, 0)),"
+        " (mma_split_k.build('3xtf32', BK=32), (9, 0)),"
+        " (mma_split_k.build('3xtf32'), (9, 0)), (mma_pipeline.build('3xtf32'), (8, 0))]")
     assert len(recs) == 4
     for r in recs:
         assert not r["problems"] and r["spill_stores"] == 0, r

@@ -24,13 +24,7 @@ puts Inf and NaN in the last real row and column of A and B to check it.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,22 +33,14 @@ import gemmlib
 from gemmlib import backend
 from gemmlib.intrinsics import mma as I
 
-ROOT = Path(__file__).resolve().parent.parent
+from _reliability import compile_offline, load_script
+
 
 # Kernels compute with NaN/Inf on purpose here; the simulator's NumPy scalars warn.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
-def _load_script():
-    path = ROOT / "scripts" / "nonfinite_gpu.py"
-    spec = importlib.util.spec_from_file_location("nonfinite_gpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod          # (dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-NF = _load_script()
+NF = load_script("scripts/nonfinite_gpu.py")
 
 # --------------------------------------------------------------------------- the split
 
@@ -249,24 +235,11 @@ def test_3xtf32_compiles_without_spills():
     """The split's extra instructions fit: mma_pipeline's 3xtf32 tile (the default, and
     BK = 32 as tuned for the H100/H200) assembles for sm_80 and sm_90 with no spill (real
     compiler, offline; the compile gate itself builds the fp16 default only)."""
-    code = (
-        "import json\n"
-        "from gemmlib import ptx\n"
-        "from gemmlib.kernels import mma_pipeline, mma_swizzle\n"
-        "out = []\n"
-        "for spec in (mma_pipeline.build('3xtf32'), mma_pipeline.build('3xtf32', BK=32),\n"
-        "             mma_swizzle.build('3xtf32')):\n"
-        "    for cc in ((8, 0), (9, 0)):\n"
-        "        p = ptx.compile_ptx(spec, cc)\n"
-        "        r = ptx.resources(p, cc, None, arch=ptx.arch_of(spec, cc))\n"
-        "        out.append(dict(r, kernel=spec.name, cc=list(cc),\n"
-        "                        problems=ptx.problems(spec, p, r)))\n"
-        "print(json.dumps(out))\n")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=900, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    recs = json.loads(proc.stdout.strip().splitlines()[-1])
+    recs = compile_offline(
+        "from gemmlib.kernels import mma_pipeline, mma_swizzle",
+        "[(spec, cc) for spec in (mma_pipeline.build('3xtf32'),"
+        " mma_pipeline.build('3xtf32', BK=32), mma_swizzle.build('3xtf32'))"
+        " for cc in ((8, 0), (9, 0))]")
     for r in recs:
         assert not r["problems"] and r["spill_stores"] == 0, r
         assert r["registers"] <= 255, r

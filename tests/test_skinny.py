@@ -21,6 +21,8 @@ from gemmlib.intrinsics import convert
 from gemmlib.intrinsics.vector import MisalignedAccess
 from gemmlib.kernels import skinny
 
+from _reliability import precision_operands
+
 PRECISIONS = ("fp32", "fp16", "bf16")
 MS, NS, KS = (1, 2, 5, 16), (1, 7, 33, 130), (1, 3, 37, 260)
 #: every M with every N, K rotating through its values (16 shapes a configuration)
@@ -39,16 +41,6 @@ def small(precision, **kw):
     """Few threads (the simulator runs each as a Python thread); MT=4 with M up to 16
     also runs several row blocks."""
     return skinny.build(precision, **{**dict(MT=4, CT=4, NT=8, U=2), **kw})
-
-
-def _operands(precision, M, N, K, rng):
-    A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
-    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
-    if precision == "fp16":
-        return A.astype(np.float16), B.astype(np.float16)
-    if precision == "bf16":
-        return P.to_bf16(A), P.to_bf16(B)
-    return A, B
 
 
 def _f64(x):
@@ -106,7 +98,7 @@ def test_misaligned_B_takes_the_scalar_path(monkeypatch):
     monkeypatch.setattr(skinny, "aligned16", aligned16)
     spec = small("fp16")
     rng = np.random.default_rng(3)
-    A, B = _operands("fp16", 3, 64, 20, rng)
+    A, B = precision_operands("fp16", 3, 64, 20, rng)
     C = gemmlib.matmul(A, B, kernel=spec)
     np.testing.assert_allclose(C, _f64(A) @ _f64(B), rtol=1e-5, atol=1e-5)
     assert seen
@@ -166,7 +158,7 @@ def test_split_k_is_right_and_bit_identical(precision):
     KG = (spec.threads // spec.params["CT"]) * spec.params["U"]
     assert p.splits == 3 == skinny.effective_splits(3, K, KG) and p.grid[2] == 3
     rng = np.random.default_rng(1)
-    A, B = _operands(precision, M, N, K, rng)
+    A, B = precision_operands(precision, M, N, K, rng)
     C1 = gemmlib.matmul(A, B, kernel=spec)
     C2 = gemmlib.matmul(A, B, kernel=spec)
     assert C1.tobytes() == C2.tobytes()
@@ -244,7 +236,7 @@ def test_matmul_auto_runs_skinny_at_decode(monkeypatch, precision):
     monkeypatch.setattr(dispatch, "launch", spy)
     rng = np.random.default_rng(4)
     dname = {"fp16": "fp16", "bf16": "bf16"}.get(precision, "fp32")
-    A, B = _operands(dname, 3, 40, 50, rng)
+    A, B = precision_operands(dname, 3, 40, 50, rng)
     C = gemmlib.matmul(A, B, precision=precision if precision in ("tf32", "3xtf32") else None)
     assert ran[-1].module == skinny.__name__
     err = backend.relative_error(C, _f64(A) @ _f64(B))

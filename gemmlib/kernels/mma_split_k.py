@@ -26,7 +26,7 @@ kernel.
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 from functools import lru_cache
 
 from gemmlib import backend
@@ -42,9 +42,6 @@ TC_FACTOR = {"fp16": 16.0, "bf16": 16.0, "tf32": 8.0, "3xtf32": 8.0 / 3.0}
 #: A slice is at least this many k-tiles deep: the ring keeps STAGES - 1 (1..7) tiles in
 #: flight, and a slice much shorter than two rings spends its time filling and draining.
 MIN_TILES_PER_SLICE = 8
-MAX_SPLITS = split_k.MAX_SPLITS
-#: The second launch (the reduction), whatever its size, as split_k's model has it.
-LAUNCH_S = 5e-6
 
 
 def blocks_per_sm(spec: KernelSpec, dev) -> int:
@@ -72,34 +69,13 @@ def splits_for_tc(precision: str, M: int, N: int, K: int, BM: int, BN: int, BK: 
                   dev=None, blocks_per_sm: int = 1) -> int:
     """The slice count with the least modelled time (1 = no split).
 
-    split_k's model, with the k-tile priced at the tensor cores' rate:
-
-        main(S)   = ceil(blocks * S / resident) * ceil(ktiles / S) * step
-        reduce(S) = (2S + 1) * M * N * 4 bytes of workspace traffic at the DRAM
-                    bandwidth, plus LAUNCH_S for the second launch
-
-    ``step`` is one wave of ``resident`` blocks (SMs x ``blocks_per_sm``) doing one
-    BM x BN x BK k-tile at 70% of fp32 peak x TC_FACTOR[precision], the bandwidth 70%
-    of DRAM peak.  A slice keeps at least MIN_TILES_PER_SLICE k-tiles.
+    ``split_k.splits_for``'s model, with the k-tile priced at the tensor cores' rate
+    (fp32 peak x TC_FACTOR[precision]) and slices of at least MIN_TILES_PER_SLICE
+    k-tiles.
     """
-    dev = dev or backend.device_info()
-    ktiles = cdiv(max(K, 1), BK)
-    blocks = cdiv(M, BM) * cdiv(N, BN)
-    resident = max(dev.sm_count * max(blocks_per_sm, 1), 1)
-    smax = max(1, min(MAX_SPLITS, ktiles // MIN_TILES_PER_SLICE))
-    if smax == 1 or blocks == 0:
-        return 1
-    flops = max(dev.fp32_peak_tflops, 1.0) * 1e12 * TC_FACTOR[precision] * 0.7
-    bandwidth = max(dev.peak_bandwidth_gbs, 100.0) * 1e9 * 0.7
-    step_s = resident * 2.0 * BM * BN * BK / flops
-
-    def cost(s):
-        main = math.ceil(blocks * s / resident) * cdiv(ktiles, s) * step_s
-        if s == 1:
-            return main
-        return main + (2 * s + 1) * M * N * 4 / bandwidth + LAUNCH_S
-
-    return min(range(1, smax + 1), key=lambda s: (cost(s), s))
+    return split_k.splits_for(M, N, K, BM, BN, BK, dev or backend.device_info(),
+                              blocks_per_sm, rate=TC_FACTOR[precision],
+                              min_tiles=MIN_TILES_PER_SLICE)
 
 
 _MAINS: dict = {}   # full params -> the one SPLIT_K pipeline spec of that configuration
@@ -136,28 +112,18 @@ def build(precision: str = "fp16", SPLITS: int = 0, **tile) -> KernelSpec:
     name = main.name.replace("mma_pipeline", "mma_split_k").replace("_splitk", "")
     if SPLITS:
         name += f"_splits{SPLITS}"
-    return KernelSpec(
+    # the pipeline's spec (kernel, tile, precision, constraints, PTX claims), launched
+    # with S slices along z and split_k's fixed-order reduction
+    return replace(
+        main,
         name=name,
         chapter="16-tensor-core-pipeline",
         idea="the tensor-core pipeline with K cut into slices, so that small-output, deep-K "
              "problems fill the GPU; the slices' fp32 partial tiles are added in a fixed "
              "order (bit-identical results)",
-        kernel=main.kernel,
-        block=main.block,
-        tile=main.tile,
         grid=grid,
         params=params,
-        shared_bytes=main.shared_bytes,
-        dynamic_shared=main.dynamic_shared,
-        min_cc=main.min_cc,
-        dtype=main.dtype,
-        arg_dtypes=main.arg_dtypes,
-        precision=precision,
-        operand_align=main.operand_align,
         constraints=main.constraints + split_k.CONSTRAINTS,
-        ptx_must=main.ptx_must,
-        ptx_must_not=main.ptx_must_not,
-        index=main.index,
         module=__name__,
         reduce_kernel=split_k.reduce_slices,
         reduce_block=split_k.REDUCE_BLOCK,

@@ -36,6 +36,8 @@ REDUCE_BLOCK = (32, 8, 1)
 #: A slice is at least this many k-tiles deep (shorter slices are mostly prologue/epilogue).
 MIN_TILES_PER_SLICE = 4
 MAX_SPLITS = 16
+#: The second launch (the reduction) in the cost model, whatever its size.
+LAUNCH_S = 5e-6
 
 
 @cuda.jit
@@ -57,7 +59,8 @@ def reduce_grid(M: int, N: int) -> tuple[int, int, int]:
 
 
 def splits_for(M: int, N: int, K: int, BM: int, BN: int, BK: int, dev=None,
-               blocks_per_sm: int = 1) -> int:
+               blocks_per_sm: int = 1, rate: float = 1.0,
+               min_tiles: int = MIN_TILES_PER_SLICE) -> int:
     """The slice count with the least modelled time (1 = no split).
 
     Model, in units of one k-tile step of one wave of blocks:
@@ -66,28 +69,28 @@ def splits_for(M: int, N: int, K: int, BM: int, BN: int, BK: int, dev=None,
         reduce(S) = (2S + 1) * M * N * 4 bytes of workspace traffic at the DRAM
                     bandwidth, plus a fixed cost for the second launch
 
-    ``resident`` = SMs x blocks per SM.  A slice keeps at least
-    MIN_TILES_PER_SLICE k-tiles.  The fp32 rate and the bandwidth come from
-    the device (at 70% of peak, the order of what the kernels reach), so the
-    same rule serves an H100, an H200 or a T4.
+    ``resident`` = SMs x blocks per SM.  A slice keeps at least ``min_tiles``
+    k-tiles.  The fp32 rate and the bandwidth come from the device (at 70% of
+    peak, the order of what the kernels reach), so the same rule serves an H100,
+    an H200 or a T4; ``rate`` prices the k-tile at that multiple of the fp32
+    rate (the tensor-core rungs' ``mma_split_k.splits_for_tc``).
     """
     dev = dev or backend.device_info()
     ktiles = cdiv(max(K, 1), BK)
     blocks = cdiv(M, BM) * cdiv(N, BN)
     resident = max(dev.sm_count * max(blocks_per_sm, 1), 1)
-    smax = max(1, min(MAX_SPLITS, ktiles // MIN_TILES_PER_SLICE))
+    smax = max(1, min(MAX_SPLITS, ktiles // min_tiles))
     if smax == 1 or blocks == 0:
         return 1
-    flops = max(dev.fp32_peak_tflops, 1.0) * 1e12 * 0.7
+    flops = max(dev.fp32_peak_tflops, 1.0) * 1e12 * rate * 0.7
     bandwidth = max(dev.peak_bandwidth_gbs, 100.0) * 1e9 * 0.7
     step_s = resident * 2.0 * BM * BN * BK / flops  # one wave, one k-tile
-    launch_s = 5e-6
 
     def cost(s):
         main = math.ceil(blocks * s / resident) * cdiv(ktiles, s) * step_s
         if s == 1:
             return main
-        return main + (2 * s + 1) * M * N * 4 / bandwidth + launch_s
+        return main + (2 * s + 1) * M * N * 4 / bandwidth + LAUNCH_S
 
     return min(range(1, smax + 1), key=lambda s: (cost(s), s))
 

@@ -88,29 +88,25 @@ def store_source(BN: int, halves: int) -> str:
     an 8-byte-aligned C (checked once, a uniform branch; else element-wise stores).
     The columns here are even, so a pair is either wholly inside C or wholly outside."""
     R = BN // 2
+    pairs = [(64 * h + 8 * half, 8 * j, h * R + 4 * j + 2 * half)   # row, column, acc index
+             for h in range(halves) for j in range(BN // 8) for half in range(2)]
     lines = ["def store_acc(C, acc, t, m0, n0, M, N):",
              "    w, lane = t // 32, t % 32",
              "    r0 = m0 + 16 * w + lane // 4",
              "    c0 = n0 + 2 * (lane % 4)",
              "    if N % 2 == 0 and aligned8(C):"]
-    for h in range(halves):
-        for j in range(BN // 8):
-            for half in range(2):
-                i = h * R + 4 * j + 2 * half
-                lines += [f"        r = r0 + {64 * h + 8 * half}",
-                          f"        c = c0 + {8 * j}",
-                          "        if r < M and c < N:",
-                          f"            store2(C, uidx(r), uidx(c), acc[{i}], acc[{i + 1}])"]
+    for dr, dc, i in pairs:
+        lines += [f"        r = r0 + {dr}",
+                  f"        c = c0 + {dc}",
+                  "        if r < M and c < N:",
+                  f"            store2(C, uidx(r), uidx(c), acc[{i}], acc[{i + 1}])"]
     lines.append("    else:")
-    for h in range(halves):
-        for j in range(BN // 8):
-            for half in range(2):
-                i = h * R + 4 * j + 2 * half
-                lines += [f"        r = r0 + {64 * h + 8 * half}",
-                          f"        c = c0 + {8 * j}",
-                          "        if r < M:",
-                          f"            if c < N: C[uidx(r), uidx(c)] = acc[{i}]",
-                          f"            if c + 1 < N: C[uidx(r), uidx(c + 1)] = acc[{i + 1}]"]
+    for dr, dc, i in pairs:
+        lines += [f"        r = r0 + {dr}",
+                  f"        c = c0 + {dc}",
+                  "        if r < M:",
+                  f"            if c < N: C[uidx(r), uidx(c)] = acc[{i}]",
+                  f"            if c + 1 < N: C[uidx(r), uidx(c + 1)] = acc[{i + 1}]"]
     return "\n".join(lines) + "\n"
 
 
