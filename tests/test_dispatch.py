@@ -105,7 +105,10 @@ def test_split_k_is_right_and_bit_identical(S, shape, rng):
     B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
     C = np.full((M, N), np.nan, dtype=np.float32)
     gemmlib.matmul(A, B, out=C, kernel=spec)
-    assert rel_err(C, ref64(A, B)) < 1e-5
+    # against ||A|·|B||, the scale of float32 rounding: a 1 x 1 output is one dot product,
+    # and one whose terms cancel has a large error relative to itself (~0.6% of draws)
+    scale = np.linalg.norm(ref64(np.abs(A), np.abs(B)))
+    assert np.linalg.norm(C - ref64(A, B)) / scale < 1e-5
     assert np.array_equal(C, gemmlib.matmul(A, B, kernel=spec))  # same bits on a repeat
     p = dispatch.plan(spec, M, N, K)
     assert p.splits == split_k.effective_splits(S, K, spec.k_tile) == p.grid[2]
