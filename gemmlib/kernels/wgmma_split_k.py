@@ -104,27 +104,41 @@ def effective_splits(S: int, K: int) -> int:
     return cdiv(ktiles, cdiv(ktiles, S))
 
 
-def sum_source(quads: int, nc: int) -> str:
+#: 16-byte groups summed together: their loads of one slice are all in flight at once
+#: (32 registers of loads beside 32 running sums: 16 groups took the kernel past the
+#: consumers' 232 registers)
+SUM_GROUPS = 4
+
+
+def sum_source(quads: int, nc: int, groups: int = SUM_GROUPS) -> str:
     """Source of ``sum_slices(W, acc, base, S)``: acc[e] = W[0][e] + W[1][e] + ... in slice
-    order, one 16-byte group at a time, written out so that every accumulator index is a
-    constant (a loop over groups around the loop over slices would not be unrolled, and
-    ``acc`` would leave the registers)."""
+    order, written out so that every accumulator index is a constant (``acc`` stays in
+    registers).
+
+    The loop over slices is outermost within a chunk of ``groups`` 16-byte groups, and the
+    chunk's loads of one slice come before their adds: a slice costs one trip to L2 per
+    chunk, not one per group.  (Loads and adds per group, slice by slice, left a single
+    load in flight: at S = 8 and 32 groups that was 256 round trips for the last thread
+    of a tile, measured as most of the kernel at 16 tokens.)  The order of each element's
+    additions, and so every bit of the result, is the same either way."""
     lines = ["def sum_slices(W, acc, base, S):"]
-    for q in range(quads):
-        off = f"4 * (base + {q * nc})"
-        lines += [f"    a0, a1, a2, a3 = load4(W, 0, {off})",
-                  "    for s in range(1, S):",
-                  f"        b0, b1, b2, b3 = load4(W, s, {off})",
-                  "        a0 += b0",
-                  "        a1 += b1",
-                  "        a2 += b2",
-                  "        a3 += b3"]
-        lines += [f"    acc[{4 * q + i}] = a{i}" for i in range(4)]
+    for c0 in range(0, quads, groups):
+        qs = range(c0, min(quads, c0 + groups))
+        off = {q: f"4 * (base + {q * nc})" for q in qs}
+        for q in qs:
+            lines.append(f"    a{q}_0, a{q}_1, a{q}_2, a{q}_3 = load4(W, 0, {off[q]})")
+        lines.append("    for s in range(1, S):")
+        for q in qs:
+            lines.append(f"        b{q}_0, b{q}_1, b{q}_2, b{q}_3 = load4(W, s, {off[q]})")
+        for q in qs:
+            lines += [f"        a{q}_{i} += b{q}_{i}" for i in range(4)]
+        for q in qs:
+            lines += [f"    acc[{4 * q + i}] = a{q}_{i}" for i in range(4)]
     return "\n".join(lines) + "\n"
 
 
-def _sum_slices(quads: int, nc: int):
-    src = sum_source(quads, nc)
+def _sum_slices(quads: int, nc: int, groups: int = SUM_GROUPS):
+    src = sum_source(quads, nc, groups)
     ns = {"load4": load4}
     exec(compile(src, "<gemmlib.wgmma_split_k sum_slices>", "exec"), ns)  # noqa: S102
     f = ns["sum_slices"] if SIMULATOR else cuda.jit(device=True)(ns["sum_slices"])
@@ -133,7 +147,8 @@ def _sum_slices(quads: int, nc: int):
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0) -> KernelSpec:
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
+          SUM: int = SUM_GROUPS) -> KernelSpec:
     if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
         raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
                          f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
@@ -148,7 +163,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
     ACC = BN // 2
     QUADS = ACC // 4                          # 16-byte groups of a thread's accumulators
-    sum_slices = _sum_slices(QUADS, NC)
+    sum_slices = _sum_slices(QUADS, NC, SUM)
     SHARED = STAGES * STAGE_BYTES + 1024
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
@@ -268,6 +283,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         name += "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
     if SPLITS:
         name += f"_k{SPLITS}"
+    if SUM != SUM_GROUPS:
+        name += f"_g{SUM}"
     return KernelSpec(
         name=name,
         idea="wgmma_ws's persistent blocks walk (tile, slice of K) units; each consumer "
@@ -278,7 +295,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, SPLITS=SPLITS),
+                    REGS=REGS, SPLITS=SPLITS, SUM=SUM),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM),
         tma_swizzle=128,

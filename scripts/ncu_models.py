@@ -1,0 +1,163 @@
+"""Nsight Compute on the models-suite shapes that missed issue 18's targets.
+
+Each case runs ``gemmlib.matmul`` on torch tensors (as the suite does), then
+``torch.matmul`` (cuBLAS, TF32 off), one call each, inside a
+cudaProfilerStart/Stop region, so that ncu sees exactly what a caller's call
+launches and what cuBLAS launches for the same product:
+
+    python3 scripts/ncu_models.py warm            # compile every kernel first (no ncu)
+    ncu --profile-from-start off --csv ... python3 scripts/ncu_models.py profile > ncu.csv
+    python3 scripts/ncu_models.py summarize ncu.csv cases.json > table.md
+
+``summarize`` (no GPU) groups the kernels by case -- a case's first kernels
+are gemmlib's (numba names carry ``[abi:``), the rest cuBLAS's -- and prints one
+line per kernel: duration, SM and DRAM throughput, achieved occupancy, waves,
+and the two largest warp stall reasons.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections import OrderedDict
+
+#: (precision, M, N, K): every kernel family behind a missed target of issue 18
+CASES = [
+    ("fp16", 1, 4096, 4096), ("fp16", 1, 6144, 4096),
+    ("fp16", 16, 4096, 4096), ("fp16", 16, 6144, 4096), ("fp16", 16, 4096, 14336),
+    ("fp16", 128, 4096, 4096), ("fp16", 128, 6144, 4096), ("fp16", 128, 4096, 14336),
+    ("fp16", 128, 8192, 8192), ("fp16", 1024, 1024, 8192),
+    ("bf16", 1, 4096, 4096), ("bf16", 1, 6144, 4096), ("bf16", 128, 4096, 4096),
+    ("3xtf32", 4096, 4096, 4096), ("3xtf32", 2048, 2048, 2048), ("3xtf32", 128, 6144, 4096),
+    ("3xtf32", 1024, 4096, 14336), ("3xtf32", 8192, 256, 8192),
+]
+
+
+def _operands(torch, prec, M, N, K, seed=0):
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(prec, torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    A = (torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(dt)
+    B = (torch.rand(K, N, device="cuda", generator=g) * 2 - 1).to(dt)
+    return A, B
+
+
+def run(profile: bool) -> None:
+    import torch
+    import gemmlib
+    from gemmlib import dispatch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    meta = []
+    for prec, M, N, K in CASES:
+        A, B = _operands(torch, prec, M, N, K)
+        call_prec = prec if prec == "3xtf32" else None
+        C = gemmlib.matmul(A, B, precision=call_prec)      # compiles; then a checked result
+        ref = torch.matmul(A.double(), B.double())
+        err = float((C.double() - ref).norm() / ref.norm())
+        torch.cuda.synchronize()
+        name = dispatch.select_tc(prec, M, N, K).name
+        meta.append(dict(precision=prec, M=M, N=N, K=K, kernel=name, rel_error=err))
+        print(f"{prec:6s} {M:5d}x{N:5d}x{K:5d} {name} err {err:.1e}", flush=True)
+        if profile:
+            torch.cuda.profiler.start()
+            gemmlib.matmul(A, B, precision=call_prec)
+            torch.matmul(A, B)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        del A, B, C, ref
+    if len(sys.argv) > 2:
+        json.dump(meta, open(sys.argv[2], "w"), indent=1)
+
+
+# --------------------------------------------------------------------------
+# summarize (no GPU)
+
+SOL, LAUNCH = "GPU Speed Of Light Throughput", "Launch Statistics"
+FIELDS = {  # column -> (section, metric) as ncu's details page names them
+    "us": (SOL, "Duration"),
+    "sm%": (SOL, "Compute (SM) Throughput"),
+    "mem%": (SOL, "Memory Throughput"),
+    "dram%": (SOL, "DRAM Throughput"),
+    "occ%": ("Occupancy", "Achieved Occupancy"),
+    "waves": (LAUNCH, "Waves Per SM"),
+    "grid": (LAUNCH, "Grid Size"),
+    "block": (LAUNCH, "Block Size"),
+    "regs": (LAUNCH, "Registers Per Thread"),
+}
+
+
+def _kernels(path):
+    """ID -> {name, metrics{(section, name): value}, raw{name: value}} in launch order."""
+    ks: "OrderedDict[str, dict]" = OrderedDict()
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]   # skip ==PROF== and print lines
+    for row in csv.DictReader(lines):
+        k = ks.setdefault(row["ID"], dict(name=row["Kernel Name"], metrics={}, raw={}))
+        value = row["Metric Value"]
+        if row["Metric Unit"] == "ns" and row["Metric Name"] == "Duration":
+            value = f"{_num(value) / 1e3:.1f}"
+        k["metrics"][(row["Section Name"], row["Metric Name"])] = value
+        k["raw"][row["Metric Name"]] = value
+    return ks
+
+
+def _num(s):
+    try:
+        return float(str(s).replace(",", ""))
+    except ValueError:
+        return float("nan")
+
+
+def _stalls(metrics, top=2):
+    """The largest 'Stall ...' style entries of WarpStateStats, if ncu printed them raw."""
+    out = [(n.replace("smsp__average_warps_issue_stalled_", "").replace(
+        "_per_issue_active.ratio", ""), _num(v)) for n, v in metrics.items()
+           if n.startswith("smsp__average_warps_issue_stalled_")]
+    return sorted(out, key=lambda t: -t[1])[:top]
+
+
+def _tensor(metrics):
+    """The busiest tensor pipe, % of peak over active cycles (mma.sync: hmma; wgmma: gmma)."""
+    v = [_num(val) for n, val in metrics.items()
+         if n.startswith("sm__pipe_tensor") and n.endswith("pct_of_peak_sustained_active")]
+    return max(v) if v else float("nan")
+
+
+def summarize(csv_path, cases_path=None):
+    ks = list(_kernels(csv_path).values())
+    cases = json.load(open(cases_path)) if cases_path else [
+        dict(precision=p, M=M, N=N, K=K) for p, M, N, K in CASES]
+    groups, cur = [], None
+    for k in ks:
+        ours = "[abi:" in k["name"] or "abi:v" in k["name"]
+        if ours and (cur is None or cur["theirs"]):
+            cur = dict(ours=[], theirs=[])
+            groups.append(cur)
+        if cur is None:
+            continue
+        (cur["ours"] if ours else cur["theirs"]).append(k)
+    print("| case | who | kernel | " + " | ".join(FIELDS) + " | DRAM MB | tensor% | top stalls |")
+    print("|" + "---|" * (len(FIELDS) + 6))
+    for case, g in zip(cases, groups):
+        label = f"{case['precision']} {case['M']}x{case['N']}x{case['K']}"
+        for who in ("ours", "theirs"):
+            for k in g[who]:
+                vals = [k["metrics"].get(m, "") for m in FIELDS.values()]
+                mb = (_num(k["raw"].get("dram__bytes_read.sum", "nan"))
+                      + _num(k["raw"].get("dram__bytes_write.sum", "nan"))) / 1e6
+                name = k["name"].split("[")[0].split("(")[0][:48]
+                print(f"| {label} | {'gemmlib' if who == 'ours' else 'cuBLAS'} | {name} | "
+                      + " | ".join(vals) + f" | {mb:.1f} | {_tensor(k['raw']):.1f} | "
+                      + ", ".join(f"{n} {v:.1f}" for n, v in _stalls(k["raw"])) + " |")
+    if len(groups) != len(cases):
+        print(f"\n(note: {len(groups)} kernel groups for {len(cases)} cases)")
+
+
+if __name__ == "__main__":
+    step = sys.argv[1]
+    if step in ("warm", "profile"):
+        run(step == "profile")
+    elif step == "summarize":
+        summarize(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    else:
+        sys.exit(f"unknown step {step}")
