@@ -76,3 +76,30 @@ def test_script_paths_in_docs_exist():
             if not (ROOT / m.group(0)).is_file():
                 missing.add(f"{f.relative_to(ROOT)}: {m.group(0)}")
     assert not missing, "\n".join(sorted(missing))
+
+
+def test_ncu_models_summary_groups_each_case():
+    """The committed H100 profile splits into one kernel group per case, gemmlib first."""
+    import contextlib
+    import io
+
+    nm = _load("scripts/ncu_models.py")
+    d = ROOT / "results" / "ncu-models-2026-11-25"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        nm.summarize(d / "h100-ncu-models.csv", d / "h100-ncu-cases.json")
+    text = buf.getvalue()
+    assert "note:" not in text, text[-300:]   # as many groups as cases
+    rows = [ln for ln in text.splitlines() if ln.startswith("| fp16") or ln.startswith("| bf16")
+            or ln.startswith("| 3xtf32")]
+    assert len(rows) >= 2 * len(nm.CASES)
+    assert all(r.split(" | ")[1] in ("gemmlib", "cuBLAS") for r in rows)
+
+
+def test_models_table_reads_the_committed_suite():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "models_table.py"),
+                          str(ROOT / "results" / "models-nvidia-h200-2026-11-25.json"), "--before",
+                          str(ROOT / "results" / "models-nvidia-h200-2026-11-24.json")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "## fp16: 52 shapes, geometric mean" in out.stdout

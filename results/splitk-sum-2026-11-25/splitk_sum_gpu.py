@@ -5,12 +5,15 @@ BN = 256); larger SUM keeps SUM loads of one slice in flight at once.  Kernel ti
 (CUDA events, L2 flushed, median of 20) against cuBLAS in the same run, registers and
 local memory (spills) as the driver reports them:
 
-    python3 scripts/splitk_sum_gpu.py OUT.json
+    python3 results/splitk-sum-2026-11-25/splitk_sum_gpu.py OUT.json
 """
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository
 
 from gemmlib import backend, bench, dispatch
 from gemmlib.kernels import wgmma_split_k

@@ -10,7 +10,7 @@ reports neither.  This script times the same PTX three ways on the GPU:
   ptxas    the ptxas of the machine's CUDA toolkit, whole program
   driver   the PTX handed to cuModuleLoadData (the driver's JIT, whole program)
 
-    python3 scripts/wholeprogram_gpu.py OUT.json
+    python3 results/wholeprogram-2026-11-25/wholeprogram_gpu.py OUT.json
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository
 
 from gemmlib import backend, bench, dispatch
 from gemmlib.kernels import wgmma_split_k, wgmma_ws
