@@ -575,7 +575,9 @@ def measured_records(data: dict, precision=None, input=None):
     """The rows of a models file that were measured (no ``error``), normalised: model, layer,
     tokens, M, N, K, precision, input, kernel, ms / ref_ms, tflops / ref_tflops, pct,
     dram_gbps / ref_dram_gbps and their % of the copy bandwidth (all rows: computed from
-    the time and the fewest bytes; the reference writes its own output dtype), host_us /
+    the time and the fewest bytes; the reference writes its own output dtype; the copy
+    bandwidth is the row's own ``dram_copy_gbps`` where a merged file carries rows of an
+    earlier run, else the file's), host_us /
     ref_host_us, reference."""
     copy = _num(data.get("meta", {}).get("dram_copy_gbps"))
     out = []
@@ -589,6 +591,7 @@ def measured_records(data: dict, precision=None, input=None):
         ms, ref_ms = _num(r.get("median_ms")), _num(r.get("cublas_median_ms"))
         gb = None if not ms else min_bytes(M, N, K, in_b, 4) / (ms * 1e-3) / 1e9
         ref_gb = None if not ref_ms else min_bytes(M, N, K, in_b, in_b) / (ref_ms * 1e-3) / 1e9
+        bw = _num(r.get("dram_copy_gbps")) or copy   # a row carried from another run has its own
         out.append(dict(model=r.get("model", "?"), layer=r.get("layer", ""),
                         tokens=int(r.get("tokens") or 0), M=M, N=N, K=K, precision=prec,
                         input=r.get("input", "?"), kernel=str(r.get("kernel", "?")),
@@ -597,8 +600,8 @@ def measured_records(data: dict, precision=None, input=None):
                         pct=_num(r.get("pct_of_cublas")),
                         pct_fp32=_num(r.get("pct_of_cublas_fp32")), dram_gbps=gb,
                         ref_dram_gbps=ref_gb,
-                        dram_pct=None if gb is None or not copy else 100 * gb / copy,
-                        ref_dram_pct=None if ref_gb is None or not copy else 100 * ref_gb / copy,
+                        dram_pct=None if gb is None or not bw else 100 * gb / bw,
+                        ref_dram_pct=None if ref_gb is None or not bw else 100 * ref_gb / bw,
                         host_us=_num(r.get("host_us")), ref_host_us=_num(r.get("cublas_host_us")),
                         phase=phase(M, r.get("model", ""))))
     return out
