@@ -106,7 +106,7 @@ def effective_splits(S: int, K: int) -> int:
 
 #: 16-byte groups summed together: their loads of one slice are all in flight at once.
 #: Measured on an H100 (results/splitk-sum-2026-11-25/h100.json): kernel time at 16x4096x4096 was
-#: 44.7/32.4/29.6/29.1 us for 1/4/8/16 groups (cuBLAS 21.7 us); registers stay 232
+#: 44.7/32.4/29.6/29.1 us for 1/4/8/16 groups (cuBLAS 21.6 us); registers stay 232
 SUM_GROUPS = 16
 
 
