@@ -548,6 +548,31 @@ def tune_files(directory=None):
     return _committed("tune-wgmma-ws-*.json", directory)
 
 
+def wholeprogram_files(directory=None):
+    """The committed runs of the assembly experiment (``wholeprogram-*/<gpu>.json``)."""
+    from gemmcourse.notebook import committed_json
+
+    return committed_json("wholeprogram-*/*.json", directory)
+
+
+def wholeprogram_table(data: dict, name: str = ""):
+    """Per kernel and shape: the same PTX assembled by numba-cuda's link, by ``ptxas`` as
+    a whole program, and by the driver's JIT, each as % of cuBLAS (kernel timing)."""
+    from gemmcourse.notebook import Table
+
+    variants = ("numba", "ptxas", "driver")
+    cells = {}
+    for r in data.get("rows", []):
+        key = (r["case"], f"{r['M']}x{r['N']}x{r['K']}")
+        pct = r.get("pct_of_cublas")
+        cells.setdefault(key, {})[r["variant"]] = "error" if pct is None else f"{pct:.1f}%"
+    body = [(case, shape, *(v.get(x, "-") for x in variants)) for (case, shape), v in cells.items()]
+    meta = data.get("meta", {})
+    return Table(("kernel", "M x N x K", *(f"{x}: % of cuBLAS" for x in variants)), body,
+                 caption=f"One PTX, three assemblers: {meta.get('gpu', '?')}"
+                         + (f" ({name})" if name else ""))
+
+
 _RUNG_NAMES = sorted(RUNGS + ("mma_swizzle", "mma_atom"), key=len, reverse=True)
 
 

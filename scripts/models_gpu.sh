@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 18 on a GPU machine: framework tests, host cost against torch/CuPy, the models suite.
 #   bash scripts/models_gpu.sh [stage ...]
-# stages: test host models nonfinite skinny profile, splitk (the split-K rung's GPU tests),
+# stages: test host models nonfinite skinny profile, ncu (scripts/ncu_models.sh: Nsight Compute
+# on the shapes behind missed targets, beside cuBLAS), splitk (the split-K rung's GPU tests),
 # tc-shapes (scripts/tc_shapes_gpu.py: the candidates per shape behind dispatch.select_hopper), gpu-tests-1 / gpu-tests-2 (the whole GPU
 # suite, `pytest -m gpu`, in two halves that each fit a 10-minute call), notebooks (every
 # chapter executed in place; the stored notebooks come back as notebooks-<n>.tar.gz)
@@ -29,6 +30,7 @@ for st in "${stages[@]}"; do
               ${MS:+--ms $MS} ${BUDGET:+--budget $BUDGET} 2>&1 | tee "$OUT/tc-shapes.log" ;;
     nonfinite) $PY scripts/nonfinite_gpu.py "$OUT/nonfinite.json" 2>&1 | tee "$OUT/nonfinite.log" ;;
     skinny) $PY scripts/skinny_gpu.py "$OUT/skinny.json" 2>&1 | tee "$OUT/skinny.log" ;;
+    ncu)    bash scripts/ncu_models.sh 2>&1 | tee "$OUT/ncu.log" | tail -60 ;;
     profile) $PY scripts/host_profile.py "$OUT/host-profile.json" 2>&1 | tee "$OUT/host-profile.log" ;;
     gpu-tests-1|gpu-tests-2)
             files=(tests/test_*.py); half=$(( ${#files[@]} / 2 ))

@@ -430,3 +430,12 @@ def test_ptx_evidence_in_the_simulator(capsys):
         pytest.skip("simulator-only expectation")
     assert vh.ptx_evidence(wgmma_ws.build("fp16", BM=128, BN=64, STAGES=2)) is None
     assert "compiles nothing" in capsys.readouterr().out
+
+
+def test_wholeprogram_table_reads_the_committed_run():
+    files = vh.wholeprogram_files()
+    assert files
+    for name, data in files:
+        t = vh.wholeprogram_table(data, name)
+        assert len(t.rows) >= 4 and all(len(r) == 5 for r in t.rows)
+        assert all(c.endswith("%") or c in ("-", "error") for r in t.rows for c in r[2:])
