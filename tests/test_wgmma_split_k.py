@@ -147,3 +147,26 @@ def test_epilogue_falls_back_to_element_stores_on_a_misaligned_out():
     assert C.ctypes.data % 8 == 4
     gemmlib.matmul(A, B, kernel=spec, precision="fp16", out=C)
     assert np.abs(C - ref).max() <= tolerance("fp16", 24) * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("groups", [1, 3, 16])
+def test_sum_source_adds_in_slice_order_for_any_chunking(groups):
+    """The generated sum, run as Python on float32 scalars, gives the bits of adding the
+    slices one by one in order (0, 1, ..., S-1) for every element, whatever the chunk size:
+    the loads of a chunk are issued together but each element's additions keep their order.
+    Five groups with chunks of 3 also cover a short last chunk."""
+    from gemmlib.intrinsics.vector import load4_py
+
+    quads, nc, base, S = 5, 3, 2, 6
+    rng = np.random.default_rng(groups)
+    Wk = (rng.standard_normal((S, 4 * (base + quads * nc + 1))) * 1e3).astype(np.float32)
+    ns = {"load4": load4_py}
+    exec(W.sum_source(quads, nc, groups), ns)   # noqa: S102
+    acc = np.full(4 * quads, np.nan, dtype=np.float32)
+    ns["sum_slices"](Wk, acc, base, S)
+    for q in range(quads):
+        for i in range(4):
+            want = Wk[0, 4 * (base + q * nc) + i]
+            for s in range(1, S):
+                want = np.float32(want + Wk[s, 4 * (base + q * nc) + i])
+            assert acc[4 * q + i].tobytes() == np.float32(want).tobytes(), (q, i)
