@@ -33,28 +33,18 @@ CASES = [
 ]
 
 
-def _operands(torch, prec, M, N, K, seed=0):
-    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(prec, torch.float32)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    A = (torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(dt)
-    B = (torch.rand(K, N, device="cuda", generator=g) * 2 - 1).to(dt)
-    return A, B
-
-
 def run(profile: bool) -> None:
     import torch
     import gemmlib
-    from gemmlib import dispatch
+    from gemmlib import bench_models, dispatch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
+    fw = bench_models.framework("torch")   # the suite's operands (and TF32 off for fp32)
     meta = []
     for prec, M, N, K in CASES:
-        A, B = _operands(torch, prec, M, N, K)
+        A, B = fw.operands(prec, M, N, K, 0)
         call_prec = prec if prec == "3xtf32" else None
         C = gemmlib.matmul(A, B, precision=call_prec)      # compiles; then a checked result
-        ref = torch.matmul(A.double(), B.double())
-        err = float((C.double() - ref).norm() / ref.norm())
-        torch.cuda.synchronize()
+        err = fw.rel_error(C, A, B, M)
         name = dispatch.select_tc(prec, M, N, K).name
         meta.append(dict(precision=prec, M=M, N=N, K=K, kernel=name, rel_error=err))
         print(f"{prec:6s} {M:5d}x{N:5d}x{K:5d} {name} err {err:.1e}", flush=True)
@@ -64,7 +54,7 @@ def run(profile: bool) -> None:
             torch.matmul(A, B)
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
-        del A, B, C, ref
+        del A, B, C
     if len(sys.argv) > 2:
         json.dump(meta, open(sys.argv[2], "w"), indent=1)
 
@@ -109,7 +99,7 @@ def _num(s):
 
 
 def _stalls(metrics, top=2):
-    """The largest 'Stall ...' style entries of WarpStateStats, if ncu printed them raw."""
+    """The largest warp stall ratios (smsp__average_warps_issue_stalled_*), short names."""
     out = [(n.replace("smsp__average_warps_issue_stalled_", "").replace(
         "_per_issue_active.ratio", ""), _num(v)) for n, v in metrics.items()
            if n.startswith("smsp__average_warps_issue_stalled_")]
@@ -129,7 +119,7 @@ def summarize(csv_path, cases_path=None):
         dict(precision=p, M=M, N=N, K=K) for p, M, N, K in CASES]
     groups, cur = [], None
     for k in ks:
-        ours = "[abi:" in k["name"] or "abi:v" in k["name"]
+        ours = "[abi:" in k["name"]     # numba's names carry their ABI tag; cuBLAS's do not
         if ours and (cur is None or cur["theirs"]):
             cur = dict(ours=[], theirs=[])
             groups.append(cur)

@@ -16,6 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository
 
 from gemmlib import backend, bench, dispatch
+from gemmlib.autotune import compiled_resources
 from gemmlib.kernels import wgmma_split_k
 
 SHAPES = [(16, 4096, 4096), (128, 4096, 4096), (16, 6144, 4096), (128, 6144, 4096),
@@ -26,31 +27,31 @@ def main(path):
     import cupy as cp
 
     out = dict(meta=bench.environment(), rows=[])
-    timer = bench._Timer(True)
     specs = {}
     for M, N, K in SHAPES:
         BM = 64 if M <= 128 else 128
         A, B = bench.precision_operands("fp16", M, N, K, 0)
         C = cp.empty((M, N), dtype=np.float32)
-        cub = timer(lambda: backend.cublas_gemm(A, B, C, "fp16"), 20, 3)
+        cub = bench.time_fn(lambda: backend.cublas_gemm(A, B, C, "fp16"), 20, 3)
         ref = C.copy()
         for g in (1, 4, 8, 16):
             spec = specs.setdefault((BM, g), wgmma_split_k.build("fp16", BM=BM, SUM=g))
             try:
                 p = dispatch.warm(spec, M, N, K)
-                comp = dispatch.compiled_spec(spec)
                 C.fill(np.nan)
                 run = lambda: dispatch.run(p, A.data.ptr, B.data.ptr, C.data.ptr,
                                            cp.cuda.get_current_stream().ptr)
                 run()
                 cp.cuda.runtime.deviceSynchronize()
                 err = float(cp.linalg.norm(C - ref) / cp.linalg.norm(ref))
-                t = timer(run, 20, 3)
-                row = dict(kernel=spec.name, SUM=g, M=M, N=N, K=K, splits=wgmma_split_k.effective_splits(
-                               wgmma_split_k.splits_for(M, N, K, BM, 256), K),
-                           median_ms=t.median, cublas_ms=cub.median,
+                t = bench.time_fn(run, 20, 3)
+                S = wgmma_split_k.splits_for(M, N, K, BM, 256)
+                res = compiled_resources(spec)
+                row = dict(kernel=spec.name, SUM=g, M=M, N=N, K=K,
+                           splits=wgmma_split_k.effective_splits(S, K), median_ms=t.median,
+                           cublas_ms=cub.median,
                            pct_of_cublas=100 * cub.median / t.median, err_vs_cublas=err,
-                           registers=comp.registers, local_bytes=comp.local_bytes)
+                           registers=res["registers"], local_bytes=res["local_bytes"])
             except Exception as e:
                 row = dict(kernel=spec.name, SUM=g, M=M, N=N, K=K,
                            error=f"{type(e).__name__}: {str(e)[:300]}")

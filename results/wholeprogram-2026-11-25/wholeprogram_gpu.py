@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository
 
-from gemmlib import backend, bench, dispatch
+from gemmlib import backend, bench, dispatch, ptx
 from gemmlib.kernels import wgmma_split_k, wgmma_ws
 
 CASES = [  # (label, builder, shapes)
@@ -39,11 +39,9 @@ CASES = [  # (label, builder, shapes)
 
 
 def ptx_of(spec) -> tuple[str, str]:
-    c = dispatch.compiled_spec(spec)                 # numba compiles (or the disk cache)
-    k = next(iter(spec.kernel.overloads.values()), None)
-    if k is None:                                    # a disk-cache hit: compile for the PTX
-        k = spec.kernel.compile(dispatch._signature(spec.array_dtypes[0], len(spec.array_dtypes),
-                                                    spec.scalar_args))
+    """numba's PTX of ``spec`` for sm_90a and its entry name (compiling if not yet)."""
+    c = dispatch.compiled_spec(spec)
+    k = spec.kernel.compile(ptx.signature(spec))     # the overload compiled_spec used, or new
     return k._codelibrary.get_asm_str(cc=(9, 0, "a")), c.entry
 
 
@@ -83,13 +81,12 @@ def main(path):
     import cupy as cp
 
     out = dict(meta=bench.environment(), rows=[], logs={})
-    timer = bench._Timer(True)
     for label, build, shapes in CASES:
         base = build()
-        ptx, entry = ptx_of(base)
+        code, entry = ptx_of(base)
         log: list = []
         variants = {"numba": dispatch.compiled_spec(base).cubin,
-                    "ptxas": ptxas_cubin(ptx, log), "driver": driver_ptx(ptx)}
+                    "ptxas": ptxas_cubin(code, log), "driver": driver_ptx(code)}
         out["logs"][label] = log
         print(label, "ptxas log:", " | ".join(l.strip().replace("\n", " / ")[-600:] for l in log),
               flush=True)
@@ -98,13 +95,13 @@ def main(path):
             A, B = bench.precision_operands(prec, M, N, K, 0)
             a, b = getattr(A, "bits", A), getattr(B, "bits", B)
             C = cp.empty((M, N), dtype=np.float32)
-            cub = timer(lambda: backend.cublas_gemm(A, B, C, prec), 20, 3)
+            cub = bench.time_fn(lambda: backend.cublas_gemm(A, B, C, prec), 20, 3)
             ref = C.copy()
-            for name, code in variants.items():
-                if code is None:
+            for name, cubin in variants.items():
+                if cubin is None:
                     continue
                 spec = build()                            # a fresh kernel object per variant
-                comp = dispatch.Compiled(code, entry)
+                comp = dispatch.Compiled(cubin, entry)
                 comp.kernel = spec.kernel
                 dispatch._COMPILED[id(spec.kernel)] = comp
                 try:
@@ -115,7 +112,7 @@ def main(path):
                     run()
                     cp.cuda.runtime.deviceSynchronize()
                     err = float(cp.linalg.norm(C - ref) / cp.linalg.norm(ref))
-                    t = timer(run, 20, 3)
+                    t = bench.time_fn(run, 20, 3)
                     row = dict(case=label, variant=name, M=M, N=N, K=K, median_ms=t.median,
                                cublas_ms=cub.median, pct_of_cublas=100 * cub.median / t.median,
                                tflops=2 * M * N * K / t.median / 1e9, err_vs_cublas=err,
