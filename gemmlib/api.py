@@ -337,7 +337,8 @@ def _staging_stream(stream):
 
 
 def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=None,
-           transpose_b: bool = False, precision: str | None = None):
+           transpose_b: bool = False, precision: str | None = None, scale_a=None,
+           scale_b=None, out_dtype=None):
     """C = A @ B (or A @ B.T with ``transpose_b=True``) with one of gemmlib's kernels.
 
     Parameters
@@ -395,11 +396,20 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         two TF32 parts and issues three tensor-core products: fp32-level
         accuracy at tensor-core speed.  Tensor-core products return float32
         (``out`` must be float32) and compute A @ B (``transpose_b=False``);
-        they need sm_80 or newer (``ConstraintError`` otherwise).  The default
+        they need sm_80 or newer (``ConstraintError`` otherwise).  On an
+        H100/H200 tf32 runs ``wgmma_tf32`` where its tiles fill the GPU.
+        ``"e4m3"`` / ``"e5m2"``: FP8 (torch float8 tensors need no ``precision``;
+        CuPy/NumPy pass uint8 bit patterns), see ``scale_a``.  The default
         kernel is the autotuned ``mma_pipeline``, and on an H100/H200 for fp16
         and bf16 inputs ``wgmma_ws`` (Hopper's warpgroup MMA fed by TMA, chapter
         17); ``"mma_atom"``, ``"mma_swizzle"``, ``"wgmma_async"`` and
         ``"wgmma_tma"`` are teaching rungs.
+
+    scale_a, scale_b, out_dtype : FP8 inputs only (``gemmlib.fp8``):
+        C = (scale_a * scale_b) * (A @ B) with float32 per-tensor scales (one-element
+        float32 CUDA tensors as for ``torch._scaled_mm``, or floats), written as
+        ``out_dtype`` bfloat16 (default) or float32.  A torch B may be column-major
+        (``w.t()``: read without a copy) or row-major (transposed first).
 
     Any M, N, K >= 0 is accepted; nothing needs padding, and indices are
     64-bit (matrices past 2**31 elements work where the grid allows).  A kernel that
@@ -412,6 +422,17 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     if stream is not None:
         _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
+    if (precision in _FP8 or a.dname.startswith("float8") or kernel == "wgmma_fp8"
+            or getattr(kernel, "precision", None) in _FP8):
+        from gemmlib import fp8
+
+        fmt = fp8.fp8_format(a.dname, precision) or (
+            kernel.precision if isinstance(kernel, KernelSpec) else "e4m3")
+        return fp8.matmul_fp8(A, B, a, b, fmt,
+                              scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, out=out,
+                              kernel=kernel, stream=stream, transpose_b=transpose_b)
+    if scale_a is not None or scale_b is not None or out_dtype is not None:
+        raise ValueError("scale_a, scale_b and out_dtype apply to FP8 inputs only")
     c = _describe(out, "out") if out is not None else None
     if a.kind == "torch" and stream is None:
         stream = _torch_current_stream(a.device)
@@ -427,6 +448,9 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     if out is None and a.kind in ("numpy", "dlpack") and not isinstance(A, np.ndarray):
         C = _like_input(C, A)
     return C
+
+
+_FP8 = ("e4m3", "e5m2")
 
 
 def _like_input(C, A):
@@ -536,6 +560,9 @@ def _matmul(a, b, c, out, kernel, stream, transpose_b, precision):
     """matmul's long path: every check, with its message."""
     if precision is None and isinstance(kernel, KernelSpec):
         precision = kernel.precision
+    elif precision is None and isinstance(kernel, str) and kernel != dispatch.AUTO:
+        named = dispatch.get_spec(kernel).precision   # a tf32-only rung (wgmma_tf32) by name
+        precision = named if named in ("tf32", "3xtf32") else None
     if precision not in (None, "fp32") or _sixteen_bit_default(a, kernel):
         from gemmlib.precision import check_precision
 

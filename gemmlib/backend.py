@@ -26,7 +26,7 @@ from gemmlib import _compat  # noqa: F401  (must run before numba is imported)
 import numba
 import numpy as np
 from numba import cuda
-from numba import float32, float64, int32, uint16, uint32, uint64  # noqa: F401  (re-exported)
+from numba import float32, float64, int32, uint8, uint16, uint32, uint64  # noqa: F401  (re-exported)
 
 SIMULATOR: bool = bool(numba.config.ENABLE_CUDASIM)
 

@@ -216,7 +216,7 @@ def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
 
 #: the tensor-core rungs (gemmlib.intrinsics.mma); "auto" picks the last, tuned
 TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline", "mma_split_k", "wgmma_async", "wgmma_tma",
-            "wgmma_ws", "wgmma_split_k")
+            "wgmma_ws", "wgmma_split_k", "wgmma_tf32", "wgmma_fp8")
 TC_AUTO = "mma_pipeline"
 
 
@@ -297,6 +297,10 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -
     skinny = select_skinny(precision if precision in ("fp16", "bf16") else "fp32", M, N, K)
     if skinny is not None:
         return _CHOICES.put(key, skinny)
+    if (precision == "tf32" and not SIMULATOR and slug is None
+            and tuple(backend.device_info().compute_capability) == (9, 0)
+            and cdiv(M, 128) * cdiv(N, 256) >= backend.device_info().sm_count * HOPPER_TF32_FILL):
+        return _CHOICES.put(key, build(HOPPER_TF32, {}))
     if _tc_arch(precision) == "sm75":   # e.g. a T4: no cp.async for mma_pipeline's ring
         return _CHOICES.put(key, build(SM75_AUTO, {"precision": precision, "arch": "sm75"}))
     entry = tuning.best_entry(M, N, K, tc_tuning_key(precision), slug)
@@ -310,6 +314,13 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -
     split = mma_split_k.choose(precision, M, N, K, backend.device_info(), tile=spec.params)
     return _CHOICES.put(key, split if split is not None else spec)
 
+
+#: tf32 on Hopper: wgmma on K-major tiles (B transposed by a pre-pass), where its
+#: 128 x 256 tiles cover at least this fraction of the SMs (else mma_pipeline / split-K).
+#: Measured on an H100 (results/tf32-2026-11-25/): 64 tiles (512x4096x4096) 55% of cuBLAS
+#: against mma_pipeline's 44%; 32 tiles at K = 8192 61% against mma_split_k's 68%
+HOPPER_TF32 = "wgmma_tf32"
+HOPPER_TF32_FILL = 0.25
 
 #: Hopper, fp16/bf16: the split-K form of wgmma_ws (gemmlib.kernels.wgmma_split_k), which
 #: is wgmma_ws itself when its cost model keeps one slice
@@ -601,6 +612,11 @@ def compiled_spec(spec: KernelSpec) -> Compiled:
                     scalars=spec.scalar_args)
 
 
+def _compiled_prep(spec: KernelSpec) -> Compiled:
+    return compiled(spec.b_prep, module=spec.module, params={}, dtype=spec.kernel_dtypes[1],
+                    nargs=2)
+
+
 def _compiled_reduce(spec: KernelSpec) -> Compiled:
     # the workspace and C are the kernel's output type (float32 also for 16-bit inputs)
     return compiled(spec.reduce_kernel, module=spec.module, params={}, dtype=spec.out_dtype,
@@ -655,7 +671,7 @@ class _Bound:
         spec, M, N, K = p.spec, p.M, p.N, p.K
         ia, ib, ic = (np.dtype(d).itemsize for d in spec.kernel_dtypes)
         item = ic
-        b_rows, b_cols = (N, K) if spec.b_operand == "NK" else (K, N)
+        b_rows, b_cols = (N, K) if spec.b_kmajor else (K, N)
         c_rows = M * p.splits  # the workspace when K is split
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
         self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
@@ -669,6 +685,10 @@ class _Bound:
         self.red = self.red_words = None
         self.maps = None  # (a_ptr, b_ptr, tma generation, address): see _maps_of
         self._local = threading.local()
+        self.prep = self.prep_words = None
+        if spec.b_prep is not None:   # B.T first, into a buffer kept per stream (_prepared_b)
+            self.prep = _compiled_prep(spec).function(ctx)
+            self.prep_words = _array_words(0, K, N, ib) + _array_words(0, N, K, ib)
         if p.splits > 1:
             self.red = _compiled_reduce(spec).function(ctx)
             self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, N, item)
@@ -711,7 +731,8 @@ def _bound(p: Plan) -> _Bound:
     return b
 
 
-def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None) -> None:
+def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None,
+        scales: tuple = ()) -> None:
     """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
 
     B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
@@ -720,8 +741,11 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     """
     b = bound or _bound(p)
     if p.spec.tma_boxes and p.K == 0:   # no map of an empty matrix: C = 0 without the kernel
-        backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, 4 * p.M * p.N, stream)
+        isz = np.dtype(p.spec.out_dtype).itemsize   # float32, or bf16 bits (FP8 rungs)
+        backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, isz * p.M * p.N, stream)
         return
+    if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
+        b_ptr = _prepared_b(b, p, b_ptr, stream)
     if p.splits <= 1:   # the common case: three (or four) words into a block packed once
         values, pointers = b.parameters()
         values[_A_WORD] = a_ptr
@@ -732,7 +756,7 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
             for i, ptr in enumerate(ws[1]):
                 values[_C_WORD + _WORDS * (i + 1)] = ptr
         if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
-            values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream)
+            values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales)
         drv = driver()
         rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers, None)
         if rc:
@@ -771,28 +795,55 @@ def _scratch(b: "_Bound", p: Plan, stream: int):
     return ws
 
 
-def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int) -> int:
+def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int) -> int:
+    """Launch ``p.spec.b_prep`` on ``stream``: B (K x N at ``b_ptr``) transposed into this
+    stream's (N, K) buffer, allocated once per bound plan and stream; its address."""
+    key = ("bt", stream)
+    kept = b.scratch.get(key)
+    if kept is None:
+        bt = _workspace(p.N, p.K, p.spec.kernel_dtypes[1], stream)
+        kept = b.scratch[key] = (bt, int(bt.data.ptr))
+        with _LOCK:
+            _SCRATCH[(id(b), key)] = (b, bt.nbytes)
+    words = b.prep_words.copy()
+    words[_DATA[0]], words[_DATA[1]] = b_ptr, kept[1]
+    _launch(b.prep, p.spec.b_prep_grid(p.K, p.N), p.spec.b_prep_block, 0, stream, words)
+    return kept[1]
+
+
+def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
+             scales: tuple = ()) -> int:
     """The maps' address, remembered for the last operands of this bound plan: a loop over
     the same A and B (a model's layer, a benchmark) skips building the lookup key."""
     last = b.maps
-    if last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == tma.GENERATION:
+    if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == tma.GENERATION
+            and last[4] == scales):
         return last[3]
-    addr = _tensor_maps(p, a_ptr, b_ptr, stream)
-    b.maps = (a_ptr, b_ptr, tma.GENERATION, addr)
+    addr = _tensor_maps(p, a_ptr, b_ptr, stream, scales)
+    b.maps = (a_ptr, b_ptr, tma.GENERATION, addr, scales)
     return addr
 
 
-def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int) -> int:
+def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = ()) -> int:
     """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``."""
     from gemmlib import tma
 
     spec, M, N, K = p.spec, p.M, p.N, p.K
     ia, ib, _ = spec.kernel_dtypes
-    name = "bfloat16" if spec.precision == "bf16" else "float16"
+    name = TMA_DTYPE[spec.precision]
     (box_a, box_b), sw = spec.tma_boxes, spec.tma_swizzle
     isz = np.dtype(ia).itemsize
+    b_shape = (N, K) if spec.b_kmajor else (K, N)
+    if spec.scale_words and len(scales) != 2:
+        raise ValueError(f"{spec.name} needs the device addresses of its two scales")
     return tma.operand_maps(((a_ptr, (M, K), K * isz, name, box_a, sw),
-                             (b_ptr, (K, N), N * isz, name, box_b, sw)), stream)
+                             (b_ptr, b_shape, b_shape[1] * isz, name, box_b, sw)), stream,
+                            tuple(scales) if spec.scale_words else ())
+
+
+#: the element type a tensor map of each precision's operands names
+TMA_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "3xtf32": "float32",
+             "e4m3": "uint8", "e5m2": "uint8"}
 
 
 def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
@@ -810,7 +861,7 @@ def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
 # Launching on arrays (the simulator, and callers that hold arrays)
 
 
-def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None) -> None:
+def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()) -> None:
     """Launch on arrays the kernel can take as they are (no checks).
 
     On a GPU: any arrays with ``__cuda_array_interface__`` (CuPy, numba), through
@@ -820,7 +871,7 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None) -> None:
     p = spec_or_plan if isinstance(spec_or_plan, Plan) else plan(spec_or_plan, M, N, K)
     if not SIMULATOR:
         ptr = [x.__cuda_array_interface__["data"][0] for x in (A, B, C)]
-        run(p, *ptr, stream=stream_handle(stream))
+        run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales))
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
@@ -830,7 +881,12 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None) -> None:
         if K == 0:   # as on the GPU (run): C = 0 without the kernel
             C[...] = 0
             return
-        maps = tma.simulated_maps((A, B), spec.tma_boxes, spec.tma_swizzle)
+        if spec.b_prep is not None:   # as on the GPU (run): the kernel reads B.T
+            Bt = np.empty((N, K), dtype=B.dtype)
+            spec.b_prep[spec.b_prep_grid(K, N), spec.b_prep_block, s](B, Bt)
+            B = Bt
+        maps = tma.simulated_maps((A, B), spec.tma_boxes, spec.tma_swizzle,
+                                  tuple(scales) if spec.scale_words else ())
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *work, np.uint64(maps))
         return

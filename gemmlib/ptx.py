@@ -60,6 +60,18 @@ def compile_ptx(spec, cc=(9, 0)) -> str:
     return ptx
 
 
+def compile_prep_ptx(spec, cc=(9, 0)) -> str:
+    """PTX of ``spec.b_prep`` (the pre-pass that transposes B), "" for rungs without one."""
+    if spec.b_prep is None:
+        return ""
+    from numba import cuda, types
+
+    t = getattr(types, spec.kernel_dtypes[1])[:, ::1]
+    with _offline_device(cc):
+        ptx, _ = cuda.compile_ptx(spec.b_prep.py_func, (t, t), cc=cc)
+    return ptx
+
+
 @contextlib.contextmanager
 def _offline_device(cc):
     """Let device functions compile with no GPU.
@@ -153,6 +165,7 @@ def gate(names=None, targets=TARGETS) -> list[dict]:
             else:
                 try:
                     ptx = compile_ptx(spec, cc)
+                    compile_prep_ptx(spec, cc)   # its pre-pass must compile too
                     rec.update(resources(ptx, cc, spec.kernel.targetoptions.get("max_registers"),
                                          arch=arch_of(spec, cc)))
                     rec["problems"] = problems(spec, ptx, rec)

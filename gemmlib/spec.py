@@ -151,6 +151,21 @@ class KernelSpec:
     #: allocates them once per plan and stream
     workspace: Callable | None = None
     workspace_dtypes: tuple[str, ...] = ()
+    #: rungs whose kernel reads B K-major, (N, K), while the caller gives (K, N): a kernel
+    #: ``b_prep(B, Bt)`` that writes B's transpose, launched first with ``b_prep_block``
+    #: threads and ``b_prep_grid(K, N)`` blocks into a buffer ``gemmlib.dispatch`` keeps
+    #: per plan and stream; the main kernel then takes Bt as its B
+    b_prep: object = None
+    b_prep_block: tuple[int, int, int] = (32, 8, 1)
+    b_prep_grid: Callable | None = None
+    #: FP8 rungs: the maps block carries two more 64-bit words after the maps, the device
+    #: addresses of the float32 scales of A and B (``gemmlib.dispatch.run``'s ``scales``)
+    scale_words: bool = False
+
+    @property
+    def b_kmajor(self) -> bool:
+        """The main kernel takes B as (N, K): given so (``b_operand == "NK"``) or made so."""
+        return self.b_operand == "NK" or self.b_prep is not None
 
     @property
     def code_params(self) -> dict:

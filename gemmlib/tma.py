@@ -20,7 +20,8 @@ import numpy as np
 
 #: swizzle modes of TMA (bytes of the swizzled span) and the box's inner-row limit
 SWIZZLES = (0, 32, 64, 128)
-_DTYPES = {"float16": "FLOAT16", "uint16": "UINT16", "float32": "FLOAT32", "bfloat16": "BFLOAT16"}
+_DTYPES = {"float16": "FLOAT16", "uint16": "UINT16", "float32": "FLOAT32", "bfloat16": "BFLOAT16",
+           "uint8": "UINT8"}
 
 
 class TensorMap:
@@ -125,6 +126,8 @@ def _next_simulated() -> int:
     n = next(_COUNT)
     _SIMULATED.pop(0x7E000000 + 256 * (n - 4096), None)
     _SIMULATED.pop(0x7E000000 + 256 * (n - 4096) + 128, None)
+    for w in range(4):   # the words after a pair of maps (FP8 scales' addresses)
+        _WORDS.pop(0x7E000000 + 256 * (n - 4096) + 256 + 8 * w, None)
     return 0x7E000000 + 256 * n
 
 
@@ -145,16 +148,18 @@ _KEPT: dict = {}
 GENERATION = 0
 
 
-def operand_maps(operands, stream: int = 0) -> int:
+def operand_maps(operands, stream: int = 0, words: tuple = ()) -> int:
     """Device address of the maps of ``operands``, each ``(ptr, (rows, cols), row_bytes,
-    dtype_name, box, swizzle)``, 128 bytes apart; copied on ``stream`` the first time."""
-    key = tuple(operands)
+    dtype_name, box, swizzle)``, 128 bytes apart, then the 64-bit ``words`` (e.g. the
+    addresses of FP8 scales); copied on ``stream`` the first time."""
+    key = tuple(operands) + tuple(words)
     hit = _KEPT.get(key)
     if hit is not None:
         return hit[1]
     import cupy as cp
 
-    raw = np.concatenate([encode_2d(*op) for op in operands])
+    raw = np.concatenate([encode_2d(*op) for op in operands]
+                         + [np.array(words, dtype=np.uint64)])
     if len(_KEPT) >= MAX_KEPT:
         global GENERATION
         cp.cuda.Device().synchronize()
@@ -167,13 +172,34 @@ def operand_maps(operands, stream: int = 0) -> int:
     return _KEPT[key][1]
 
 
-def simulated_maps(arrays, boxes, swizzle: int) -> int:
-    """The simulator's :func:`operand_maps`: maps of NumPy ``arrays`` 128 bytes apart."""
+def simulated_maps(arrays, boxes, swizzle: int, words: tuple = ()) -> int:
+    """The simulator's :func:`operand_maps`: maps of NumPy ``arrays`` 128 bytes apart, then
+    ``words`` (read back by the ``ld_global`` twins through :func:`simulated_word`)."""
     base = _next_simulated()
     for i, (x, box) in enumerate(zip(arrays, boxes)):
         check_box(x.shape, x.strides, x.dtype.itemsize, box, swizzle, 0)
         _SIMULATED[base + 128 * i] = TensorMap(None, x, tuple(box), swizzle, ptr=base + 128 * i)
+    for i, w in enumerate(words):
+        _WORDS[base + 128 * len(arrays) + 8 * i] = w
     return base
+
+
+_WORDS: dict = {}
+
+
+def simulated_scalar(value) -> int:
+    """A simulated device address holding ``value`` (the simulator's FP8 scale tensors)."""
+    addr = 0x7D000000 + 8 * next(_COUNT)
+    _WORDS[addr] = value
+    return addr
+
+
+def simulated_word(addr: int):
+    """What a simulated global load at ``addr`` reads (a maps block's words, a scale)."""
+    try:
+        return _WORDS[int(addr)]
+    except KeyError:
+        raise ValueError(f"{int(addr):#x} holds no simulated word") from None
 
 
 def swizzled_offset(r: int, c: int, row_elems: int, elem_bytes: int, swizzle: int) -> int:

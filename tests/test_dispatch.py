@@ -365,6 +365,8 @@ def test_gpu_driver_launch_matches_numba_launch():
     cp = backend.array_module()
     dev = backend.device_info()
     for name in gemmlib.LADDER:
+        if name in gemmlib.kernels.SCALED:
+            continue  # FP8: tests/test_wgmma_lowp.py
         spec = gemmlib.get_kernel(name)
         # tensor-core rungs read 16-byte pieces: keep N and K aligned so the
         # call stages no padded copy and both launches see the same operands

@@ -610,7 +610,8 @@ def test_auto_in_a_tensor_core_precision_is_the_pipeline():
     assert dispatch.get_spec("mma_swizzle", "bf16").precision == "bf16"
     assert dispatch.get_spec(dispatch.TC_AUTO, "tf32").name == "mma_pipeline_tf32"
     assert set(dispatch.TC_RUNGS) == {"mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async",
-                                      "wgmma_tma", "wgmma_ws", "wgmma_split_k", "mma_split_k"}
+                                      "wgmma_tma", "wgmma_ws", "wgmma_split_k", "mma_split_k",
+                                      "wgmma_tf32", "wgmma_fp8"}
 
 
 # --------------------------------------------------------------------------- the mma.sync ceiling

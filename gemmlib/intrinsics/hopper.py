@@ -179,6 +179,20 @@ def _make():
             return context.get_dummy_value()
         return types.void(dst, tmap, x, y, bar), codegen
 
+    @intrinsic
+    def ld_global_u64(typingctx, addr):
+        def codegen(context, builder, sig, args):
+            a = _u(context, builder, args[0], sig.args[0], types.uint64)
+            return _asm(builder, i64, [a], [i64], "ld.global.u64 $0, [$1];", "=l,l,~{memory}")
+        return types.uint64(addr), codegen
+
+    @intrinsic
+    def ld_global_f32(typingctx, addr):
+        def codegen(context, builder, sig, args):
+            a = _u(context, builder, args[0], sig.args[0], types.uint64)
+            return _asm(builder, f32, [a], [i64], "ld.global.f32 $0, [$1];", "=f,l,~{memory}")
+        return types.float32(addr), codegen
+
     _WGMMA = {}
 
     def _wgmma(n: int, ab: str, trans_b: bool = False):
@@ -187,11 +201,14 @@ def _make():
             return _WGMMA[key]
         R = n // 2
         regs = ",".join(f"${e}" for e in range(R))
-        # immediates: scale-a, scale-b (1: no negation), trans-a (0: K-major A),
-        # trans-b (1: B is MN-major, rows of N contiguous, as a row-major (K, N) matrix)
+        kk = WGMMA_K[ab]
+        # immediates: scale-a, scale-b (1: no negation); 16-bit types add trans-a (0: K-major
+        # A) and trans-b (1: B is MN-major, rows of N contiguous, as a row-major (K, N)
+        # matrix); tf32 and the 8-bit types have no trans immediates: both K-major
+        imm = ", 1, 1, 0, " + str(int(trans_b)) if ab in ("f16", "bf16") else ", 1, 1"
         ptx = ("{ .reg .pred p; setp.ne.b32 p, $" + str(R + 2) + ", 0; "
-               f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} "
-               f"{{{regs}}}, ${R}, ${R + 1}, p, 1, 1, 0, {int(trans_b)}; }}")
+               f"wgmma.mma_async.sync.aligned.m64n{n}k{kk}.f32.{ab}.{ab} "
+               f"{{{regs}}}, ${R}, ${R + 1}, p{imm}; }}")
         cons = ",".join(["=f"] * R + ["l", "l", "r"] + [str(e) for e in range(R)]) + ",~{memory}"
 
         def typer_body(da, db, scale_d, cs):
@@ -212,7 +229,7 @@ def _make():
         # numba's intrinsics take no *args: spell out the R accumulator parameters
         names = ", ".join(f"c{e}" for e in range(R))
         ns = {"body": typer_body}
-        fname = f"wgmma_m64n{n}k16_{ab}" + ("_tb" if trans_b else "")
+        fname = f"wgmma_m64n{n}k{kk}_{ab}" + ("_tb" if trans_b else "")
         exec(f"def {fname}(typingctx, da, db, scale_d, {names}):\n"
              f"    return body(da, db, scale_d, ({names},))\n", ns)  # noqa: S102
         _WGMMA[key] = intrinsic(ns[fname])
@@ -223,7 +240,8 @@ def _make():
                 wgmma_commit=wgmma_commit, waits=_WAITS, mbarrier_init=mbarrier_init,
                 mbarrier_expect_tx=mbarrier_expect_tx, mbarrier_try_wait=mbarrier_try_wait,
                 mbarrier_arrive=mbarrier_arrive, tensormap_acquire=tensormap_acquire,
-                tma_load_2d=tma_load_2d, wgmma=_wgmma, setmaxnreg=_setmaxnreg)
+                tma_load_2d=tma_load_2d, wgmma=_wgmma, setmaxnreg=_setmaxnreg,
+                ld_global_u64=ld_global_u64, ld_global_f32=ld_global_f32)
 
 
 # --------------------------------------------------------------------------
@@ -286,48 +304,85 @@ def _bytes_at(addr: int, nbytes: int = 0):
 
 
 def _operand(desc: int, rows: int, dtype, mn_major: bool = False) -> np.ndarray:
-    """The (rows, 16) operand a wgmma descriptor points at: K-major (each row's 16 k
-    contiguous), or ``mn_major`` (each k's rows contiguous: B of a row-major (K, N))."""
+    """The operand of one k-step a wgmma descriptor points at: (rows, 32 bytes of k) --
+    16 halves, 8 tf32 or 32 fp8 per row, as ``dtype`` says.  K-major (each row's k
+    contiguous), or ``mn_major`` (16-bit only: each k's rows contiguous, B of a row-major
+    (K, N))."""
+    eb = np.dtype(dtype).itemsize
     start = (desc & 0x3FFF) << 4
     lbo = ((desc >> 16) & 0x3FFF) << 4
     sbo = ((desc >> 32) & 0x3FFF) << 4
     mode = desc >> 62
     r = np.arange(rows)[:, None]
-    k = np.arange(16)[None, :]
+    kb = np.arange(0, 32, eb)[None, :]      # the byte of each k in the step's 32 bytes
+    k = kb // 2                             # (MN-major: 16-bit k)
     span = {0: 16, 1: 128, 2: 64, 3: 32}[mode]
     if mode == 0 and not mn_major:   # 8 x 16-byte core matrices: LBO along K, SBO along M/N
-        addr = start + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2
+        addr = start + (r // 8) * sbo + (kb // 16) * lbo + (r % 8) * 16 + kb % 16
     elif mode == 0:   # core matrices of 8 k x 8 rows: SBO along M/N, LBO along K
         addr = start + (r // 8) * sbo + (k // 8) * lbo + (k % 8) * 16 + (r % 8) * 2
     elif not mn_major:   # rows of S bytes (S = 128, 64, 32) along K; SBO: 8 rows further
-        addr = start + (r // 8) * sbo + (r % 8) * span + k * 2
+        addr = start + (r // 8) * sbo + (r % 8) * span + kb
     else:   # S-byte rows along M/N, one per k; LBO: the next S bytes of M/N, SBO: 8 k further
         per = span // 2
         addr = start + (r // per) * lbo + (k // 8) * sbo + (k % 8) * span + (r % per) * 2
     if mode:   # the swizzle: chunk bits (4..) XOR-ed with address bits 7..
         addr = addr ^ (((addr >> 7) & (span // 16 - 1)) << 4)
-    buf, off0 = _bytes_at(int(addr.min()), 2)
-    return buf[(addr - addr.min() + off0)[..., None] + np.arange(2)].copy().view(dtype)[..., 0]
+    buf, off0 = _bytes_at(int(addr.min()), eb)
+    return buf[(addr - addr.min() + off0)[..., None] + np.arange(eb)].copy().view(dtype)[..., 0]
+
+
+#: the low 13 mantissa bits of a float32, which a TF32 tensor-core input leaves out
+TF32_DROPPED = np.uint32(0x1FFF)
+
+
+def fp8_values(fmt: str) -> np.ndarray:
+    """The 256 float32 values of an 8-bit format by bit pattern: ``"e4m3"`` (OCP E4M3FN:
+    bias 7, no Inf, NaN = S.1111.111, max 448) or ``"e5m2"`` (bias 15, IEEE-like)."""
+    ebits, mbits = {"e4m3": (4, 3), "e5m2": (5, 2)}[fmt]
+    bias = 2 ** (ebits - 1) - 1
+    u = np.arange(256)
+    sign = np.where(u >> 7, -1.0, 1.0)
+    e = (u >> mbits) & (2 ** ebits - 1)
+    m = u & (2 ** mbits - 1)
+    val = np.where(e == 0, m / 2 ** mbits * 2.0 ** (1 - bias),
+                   (1 + m / 2 ** mbits) * 2.0 ** (e - bias))
+    val = sign * val
+    if fmt == "e4m3":
+        val[(u & 0x7F) == 0x7F] = np.nan
+    else:
+        top = e == 2 ** ebits - 1
+        val[top & (m == 0)] = sign[top & (m == 0)] * np.inf
+        val[top & (m != 0)] = np.nan
+    return val.astype(np.float32)
 
 
 def _wgmma_py(n: int, ab: str, trans_b: bool = False):
     from gemmlib.intrinsics.mma import _exchange
 
-    dtype = np.float16 if ab == "f16" else np.uint16
+    dtype = {"f16": np.float16, "bf16": np.uint16, "tf32": np.uint32}.get(ab, np.uint8)
+
+    def value(x):
+        if ab == "bf16":   # bit patterns -> float32
+            return (x.astype(np.uint32) << 16).view(np.float32)
+        if ab == "tf32":   # what the tensor core reads of a float32: its top 19 bits
+            return (x & ~TF32_DROPPED).view(np.float32)
+        if ab in ("e4m3", "e5m2"):
+            return fp8_values(ab)[x]
+        return x
 
     def wgmma(da, db, scale_d, *acc):
         vals, t = _exchange((int(da), int(db)), width=128)
         if any(v != vals[0] for v in vals):
             raise HopperOnly("the 128 threads of a warpgroup passed different descriptors")
-        A = _operand(vals[0][0], 64, dtype)
-        B = _operand(vals[0][1], n, dtype, mn_major=trans_b)
-        if ab == "bf16":   # bit patterns -> float32
-            A, B = ((x.astype(np.uint32) << 16).view(np.float32) for x in (A, B))
-        D = A.astype(np.float64) @ B.astype(np.float64).T
+        A = value(_operand(vals[0][0], 64, dtype))
+        B = value(_operand(vals[0][1], n, dtype, mn_major=trans_b))
+        # einsum, not @: 128 simulated threads at once in OpenBLAS overrun its buffer slots
+        D = np.einsum("mk,nk->mn", A.astype(np.float64), B.astype(np.float64))
         return tuple(np.float32((float(c) if int(scale_d) else 0.0) + D[rc])
                      for c, rc in zip(acc, accumulator_coords(t, n)))
 
-    wgmma.__name__ = f"wgmma_m64n{n}k16_{ab}_py"
+    wgmma.__name__ = f"wgmma_m64n{n}k{WGMMA_K[ab]}_{ab}_py"
     return wgmma
 
 
@@ -393,6 +448,18 @@ def tma_load_2d_py(dst, tmap, x, y, bar):
         _bar_step(_bar(bar), 0, -flat.nbytes)
 
 
+def ld_global_u64_py(addr):
+    from gemmlib import tma
+
+    return np.uint64(tma.simulated_word(int(addr)))
+
+
+def ld_global_f32_py(addr):
+    from gemmlib import tma
+
+    return np.float32(tma.simulated_word(int(addr)))
+
+
 def _nothing(*args):
     return None
 
@@ -401,7 +468,7 @@ _SIM_LOCK = __import__("threading").RLock()
 
 _NAMES = ("smem_addr", "fence_proxy_async", "fence_mbarrier_init", "wgmma_fence", "wgmma_commit",
           "mbarrier_init", "mbarrier_expect_tx", "mbarrier_try_wait", "mbarrier_arrive",
-          "tensormap_acquire", "tma_load_2d")
+          "tensormap_acquire", "tma_load_2d", "ld_global_u64", "ld_global_f32")
 
 if SIMULATOR:
     _impl = dict(smem_addr=smem_addr_py, fence_proxy_async=_nothing,
@@ -410,16 +477,19 @@ if SIMULATOR:
                  mbarrier_try_wait=mbarrier_try_wait_py, mbarrier_arrive=mbarrier_arrive_py,
                  tensormap_acquire=_nothing, tma_load_2d=tma_load_2d_py,
                  waits={n: _nothing for n in range(8)}, wgmma=_wgmma_py,
-                 setmaxnreg=lambda n, inc: _nothing)
+                 setmaxnreg=lambda n, inc: _nothing, ld_global_u64=ld_global_u64_py,
+                 ld_global_f32=ld_global_f32_py)
 else:
     _impl = _make()
 
 (smem_addr, fence_proxy_async, fence_mbarrier_init, wgmma_fence, wgmma_commit, mbarrier_init,
  mbarrier_expect_tx, mbarrier_try_wait, mbarrier_arrive, tensormap_acquire,
- tma_load_2d) = (_impl[n] for n in _NAMES)
+ tma_load_2d, ld_global_u64, ld_global_f32) = (_impl[n] for n in _NAMES)
 
 #: N of the m64nNk16 shapes wgmma offers with fp32 accumulators
 WGMMA_N = tuple(range(8, 257, 8))
+#: K of one wgmma per input type: always 32 bytes of each row of A and B
+WGMMA_K = {"f16": 16, "bf16": 16, "tf32": 8, "e4m3": 32, "e5m2": 32}
 
 
 def wgmma_wait(n: int):
@@ -445,6 +515,18 @@ def wgmma_bf16(n: int, trans_b: bool = False):
     if n not in WGMMA_N:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
     return _impl["wgmma"](n, "bf16", bool(trans_b))
+
+
+def wgmma_kmajor(n: int, ab: str):
+    """``wgmma.mma_async m64n{n}k{K}.f32.{ab}.{ab}`` for ``ab`` in tf32 (K = 8), e4m3 and
+    e5m2 (K = 32): types whose A and B must *both* be K-major in shared memory (no trans
+    immediates).  A k-step is 32 bytes of each row, as for 16-bit types; a tf32 input is a
+    float32 of which the tensor core reads the top 19 bits."""
+    if n not in WGMMA_N:
+        raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
+    if ab not in ("tf32", "e4m3", "e5m2"):
+        raise ValueError(f"wgmma_kmajor takes tf32, e4m3 or e5m2, got {ab!r}")
+    return _impl["wgmma"](n, ab, False)
 
 
 def setmaxnreg(n: int, increase: bool):

@@ -35,7 +35,14 @@ LADDER: tuple[str, ...] = (
     "wgmma_ws",
     "wgmma_split_k",
     "skinny",
+    "wgmma_tf32",
+    "wgmma_fp8",
 )
+
+
+#: rungs whose product takes per-tensor scales (FP8): the generic unscaled checks skip them
+#: (tests/test_wgmma_lowp.py checks them against dequantised references)
+SCALED: tuple[str, ...] = ("wgmma_fp8",)
 
 
 def get(name: str) -> KernelSpec:

@@ -128,20 +128,28 @@ def tile_order(BM: int, BN: int, GROUP_M: int):
 
 def warpgroup_code(precision: str, BN: int, halves: int):
     """The generated device functions (k_tile, store_acc) for ``halves`` slices of 64 x BN."""
-    from numba import int32
-
     if precision not in PRECISIONS:
         raise ValueError(f"the wgmma rungs compute in {PRECISIONS} (tf32 wgmma cannot read "
                          f"a row-major B), got {precision!r}")
     mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(BN, trans_b=True)
-    env = {"desc": H.smem_desc, "mma": mma, "one": int32(1), "uidx": uidx, "store2": store2,
+    env = {"desc": H.smem_desc, "mma": mma, "uidx": uidx, "store2": store2,
            "aligned8": aligned8}
+    return compile_sources((mma_source(BN, halves, precision), store_source(BN, halves)), env)
+
+
+def compile_sources(sources, env: dict) -> tuple:
+    """Each generated ``def f(...)`` source compiled as a device function (plain Python in
+    the simulator) over the names in ``env`` (plus ``one``, the int32 1 that tells wgmma to
+    add into its accumulators); ``f.__source__`` keeps the text for the chapters."""
+    from numba import int32
+
     dev = (lambda f: f) if SIMULATOR else cuda.jit(device=True)
     out = []
-    for src in (mma_source(BN, halves, precision), store_source(BN, halves)):
-        ns = dict(env)
-        exec(compile(src, f"<gemmlib.wgmma {src.split('(')[0][4:]}>", "exec"), ns)  # noqa: S102
-        f = dev(ns[src.split("(")[0][4:]])
+    for src in sources:
+        ns = dict(env, one=int32(1))
+        fname = src.split("(")[0][4:]
+        exec(compile(src, f"<gemmlib.wgmma {fname}>", "exec"), ns)  # noqa: S102
+        f = dev(ns[fname])
         f.__source__ = src
         out.append(f)
     return tuple(out)

@@ -49,21 +49,22 @@ def keep_registers():
     return
 
 
-def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
-    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
-        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
-                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+@cuda.jit(device=True)
+def as_accumulated(acc, maps):
+    """``finish=None``: the accumulators are the result."""
+    return
+
+
+def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, tile_origin,
+              load_stage, A_BYTES: int, STAGE_BYTES: int, finish=None):
+    """The warp-specialised persistent kernel around the per-rung pieces: ``k_tile`` (one
+    k-tile's wgmma on a stage), ``store_acc`` (the epilogue), ``tile_origin`` (the tile
+    order), ``load_stage`` (the producer's TMA copies of one k-tile; BK elements of K) and
+    ``finish(acc, maps)`` (applied to a tile's accumulators before the store: FP8 scales)."""
+    finish = finish or as_accumulated
     CONSUMERS = BM // 64
     NT = 128 * (1 + CONSUMERS)
-    if REGS is not None and 128 * (REGS[0] + CONSUMERS * REGS[1]) > 65536:
-        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
-                         "SM's 65536 registers")
-    k_tile, store_acc = warpgroup_code(precision, BN, 1)
-    tile_origin = tile_order(BM, BN, GROUP_M)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
-    ACC = BN // 2
-    SHARED = STAGES * STAGE_BYTES + 1024
+    ACC = BN // 2                            # fp32 accumulators per consumer thread
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
     fewer = H.setmaxnreg(REGS[0], False) if REGS else keep_registers
@@ -77,7 +78,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         t = cuda.threadIdx.x
         wg = t // 128
         M, K = A.shape
-        N = B.shape[1]
+        N = C.shape[1]
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
         tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
@@ -124,7 +125,24 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                 wait0()
                 if num_k > 0:
                     H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
+                finish(acc, maps)
                 store_acc(C, acc, t % 128, m0 + 64 * (wg - 1), n0, M, N)
+
+    return wgmma_ws_kernel, NT, STAGES * STAGE_BYTES + 1024
+
+
+def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
+    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
+        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
+                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    if REGS is not None and 128 * (REGS[0] + BM // 64 * REGS[1]) > 65536:
+        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
+                         "SM's 65536 registers")
+    k_tile, store_acc = warpgroup_code(precision, BN, 1)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
+    kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
+                                   tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
 
     def grid(M, N, K):
         return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
@@ -137,7 +155,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         name=name,
         idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
              "empty mbarriers per stage; one persistent block per SM walks the tiles",
-        kernel=wgmma_ws_kernel,
+        kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,

@@ -1,0 +1,182 @@
+"""TF32 on wgmma: both operands K-major, so B is transposed before the kernel reads it.
+
+``wgmma_ws`` reads B straight out of the caller's row-major (K, N) matrix: a
+tile row of B is 64 consecutive n of one k (*MN-major*), and the
+instruction's ``trans-b`` immediate says so.  That immediate exists for
+16-bit inputs only.  For tf32 (and the 8-bit types) the PTX ISA allows one
+layout: **both A and B K-major**, each row of a tile holding consecutive k
+of one m (A) or one n (B).  A row-major A already is; B is not.  So this
+rung changes one thing against ``wgmma_ws``, where B lives:
+
+* **A pre-pass transposes B** into a (N, K) copy (:func:`transpose_kernel`:
+  32 x 32 tiles through shared memory, a padded row against bank conflicts,
+  the bank-conflicts chapter's fix).  ``gemmlib.dispatch`` runs it on the
+  call's stream, into a buffer kept per plan and stream, before every launch
+  -- B may change between calls -- so the call pays one read and one write of
+  B: about 2 * 4KN bytes at DRAM speed.  The alternative, a producer that
+  transposes each tile in shared memory, would add 64 KB of shared-memory
+  traffic per k-tile to the 80 KB wgmma reads: the shared-memory port, not
+  DRAM, would bound the kernel.
+* **B's tile is then A's layout**: BN rows of 128 bytes (32 float32 of K),
+  128-byte swizzled, one TMA box of BN x 32.  Both descriptors step 32
+  bytes per k-step (m64nNk8: 8 tf32 = 32 bytes, the same bytes per step as
+  m64nNk16 of 16-bit inputs) and 1024 bytes per 8 rows.
+* **The rest is wgmma_ws**: producer warpgroup, consumer warpgroups, the
+  full/empty mbarrier ring, persistent tiles (:func:`wgmma_ws.ws_kernel`).
+
+TF32 keeps the float32 exponent and 10 of its 23 mantissa bits.  The tensor
+core reads the top 19 bits of each float32 in shared memory and ignores the
+other 13 (round toward zero; ``mma_pipeline``'s tf32 rounds to nearest with
+``cvt.rna`` first, cuBLAS's TF32 kernels also read float32 as it is):
+one input rounding of at most 2^-10 relative per factor.
+
+Shapes: TMA needs rows that are multiples of 16 bytes (K a multiple of 4;
+``gemmlib.matmul`` pads others).  Needs sm_90a (H100/H200).
+"""
+
+from gemmlib import backend
+from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.intrinsics import hopper as H
+from gemmlib.intrinsics.index import uidx
+from gemmlib.intrinsics.vector import aligned8, store2
+from gemmlib.kernels.mma_atom import ARG_DTYPES
+from gemmlib.kernels.wgmma_async import (GROUP_BYTES, HOPPER_ONLY, ROW_BYTES, SLICE_BYTES,
+                                         compile_sources, rung_name, store_source, tile_order)
+from gemmlib.kernels.wgmma_ws import ws_kernel
+from gemmlib.precision import INPUT_DTYPE
+from gemmlib.spec import Constraint, KernelSpec, cdiv
+
+#: what this rung computes: float32 inputs read as tf32
+PRECISIONS = ("tf32",)
+#: bytes of one element, and elements of K per k-tile (one 128-byte swizzled row)
+ELEM_BYTES = 4
+BK = ROW_BYTES // ELEM_BYTES
+#: one k-step of wgmma reads 32 bytes of each row (8 tf32)
+STEP_BYTES = 32
+#: the transpose pre-pass: TILE x TILE elements per block of TILE x ROWS threads
+TILE, ROWS = 32, 8
+#: the shared tile's row: one extra column against bank conflicts
+PADDED = TILE + 1
+
+
+def transpose_kernel(dtype):
+    """``transpose(B, Bt)``: Bt = B.T for a (K, N) ``B``.  Block (TILE, ROWS) reads a
+    TILE x TILE tile along B's rows (coalesced), writes it along Bt's rows (coalesced);
+    the shared tile has one extra column so that the column reads hit 32 different banks."""
+    @cuda.jit
+    def transpose(B, Bt):
+        tile = cuda.shared.array((TILE, PADDED), dtype)
+        K, N = B.shape
+        k0, n0 = cuda.blockIdx.x * TILE, cuda.blockIdx.y * TILE
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        for j in range(0, TILE, ROWS):
+            if k0 + ty + j < K and n0 + tx < N:
+                tile[ty + j, tx] = B[uidx(k0 + ty + j), uidx(n0 + tx)]
+        cuda.syncthreads()
+        for j in range(0, TILE, ROWS):
+            if n0 + ty + j < N and k0 + tx < K:
+                Bt[uidx(n0 + ty + j), uidx(k0 + tx)] = tile[tx, ty + j]
+
+    return transpose
+
+
+TRANSPOSE = {"float32": transpose_kernel(float32)}
+
+
+def transpose_grid(K: int, N: int) -> tuple[int, int, int]:
+    return (cdiv(K, TILE), cdiv(N, TILE), 1)
+
+
+def mma_source(BN: int) -> str:
+    """Source of ``k_tile(a, b, acc)``: the k-steps of one k-tile, A's 64-row slice at
+    shared address ``a`` and B's BN rows at ``b``, both K-major and 128-byte swizzled."""
+    R = BN // 2
+    args = ", ".join(f"acc[{e}]" for e in range(R))
+    lines = ["def k_tile(a, b, acc):"]
+    for kk in range(ROW_BYTES // STEP_BYTES):
+        lines.append(f"    r = mma(desc(a + {kk * STEP_BYTES}, 16, {GROUP_BYTES}, 1), "
+                     f"desc(b + {kk * STEP_BYTES}, 16, {GROUP_BYTES}, 1), one, {args})")
+        lines += [f"    acc[{e}] = r[{e}]" for e in range(R)]
+    return "\n".join(lines) + "\n"
+
+
+def kmajor_loader(BM: int, BN: int):
+    """``load_stage(ring, s, bar, maps, k0, m0, n0)``: A's BM x BK box and B's BN x BK box
+    (of the (N, K) copy) into stage ``s``, their bytes announced on ``bar``."""
+    from gemmlib.backend import uint64
+
+    A_BYTES = BM * ROW_BYTES
+    STAGE_BYTES = A_BYTES + BN * ROW_BYTES
+
+    @cuda.jit(device=True)
+    def load_stage(ring, s, bar, maps, k0, m0, n0):
+        base = ring + s * STAGE_BYTES
+        H.mbarrier_expect_tx(bar, STAGE_BYTES)
+        H.tma_load_2d(base, maps, k0, m0, bar)                        # (column, row)
+        H.tma_load_2d(base + A_BYTES, maps + uint64(128), k0, n0, bar)
+
+    return load_stage, A_BYTES, STAGE_BYTES
+
+
+def _rows16(spec, M, N, K, dev):
+    return K % 4 == 0
+
+
+SIXTEEN_BYTE_ROWS = Constraint(
+    "16-byte rows", _rows16,
+    "TMA copies rows of a multiple of 16 bytes: K must be a multiple of 4 float32 "
+    "(gemmlib.matmul pads other shapes)")
+
+
+def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
+    if precision not in PRECISIONS:
+        raise ValueError(f"wgmma_tf32 computes in {PRECISIONS}, got {precision!r}")
+    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
+        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
+                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    assert SLICE_BYTES == 64 * ROW_BYTES      # a consumer's 64 rows of A, as in wgmma_ws
+    env = {"mma": H.wgmma_kmajor(BN, "tf32"), "desc": H.smem_desc, "uidx": uidx,
+           "store2": store2, "aligned8": aligned8}
+    k_tile, store_acc = compile_sources((mma_source(BN), store_source(BN, 1)), env)
+    load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
+    kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
+                                   tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
+
+    def grid(M, N, K):
+        return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
+
+    default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
+    name = rung_name("wgmma_tf32", "fp16", default, BM, BN, STAGES, GROUP_M)
+    return KernelSpec(
+        name=name,
+        chapter="17-hopper",
+        idea="tf32 wgmma reads both operands K-major: a pre-pass transposes B, then "
+             "wgmma_ws's producer/consumer ring runs on (N, K) tiles",
+        kernel=kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=grid,
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
+                    REGS=REGS),
+        shared_bytes=SHARED,
+        dynamic_shared=True,
+        min_cc=H.MIN_CC,
+        dtype=INPUT_DTYPE[precision],
+        arg_dtypes=ARG_DTYPES[precision],
+        precision=precision,
+        operand_align=4,
+        constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
+        tma_boxes=((BM, BK), (BN, BK)),
+        tma_swizzle=128,
+        b_prep=TRANSPOSE["float32"],
+        b_prep_block=(TILE, ROWS, 1),
+        b_prep_grid=transpose_grid,
+        module=__name__,
+        ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k8\.f32\.tf32\.tf32",
+                  r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared") + (
+            (r"setmaxnreg\.inc",) if REGS else ()),
+    )
+
+
+SPEC = build()
