@@ -227,6 +227,18 @@ def _simulated(spec, A, Bk, M, N, K, scale_a, scale_b, okind, out):
     return BF16Array(raw) if okind == "bf16" else raw
 
 
+def tolerance(K: int, out: str = "fp32") -> float:
+    """Relative (Frobenius) error bound of an FP8 product against float64 of the dequantised
+    inputs.  The products are exact, but Hopper's FP8 tensor cores add them into the
+    accumulator with fewer than fp32's bits ("fast accumulation", as ``torch._scaled_mm``'s
+    ``use_fast_accum=True``): measured on an H100 (results/fp8-2026-11-25/) the error grows
+    about like sqrt(K), 3.7e-5 at K = 16 and 8.5e-4 at K = 2048.  The bound allows 2^-12
+    per sqrt(K), and a bf16 output one more rounding (2^-9, doubled)."""
+    import math
+
+    return 2.0 ** -12 * math.sqrt(max(K, 1)) + (2.0 ** -8 if out == "bf16" else 0.0)
+
+
 def reference(A8, B8, fmt: str, scale_a: float, scale_b: float, b_layout: str = "KN"):
     """float64 ``(s_a * s_b) * A @ B`` of the dequantised bit patterns (NumPy uint8 arrays)."""
     from gemmlib.intrinsics.hopper import fp8_values

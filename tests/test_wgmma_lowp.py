@@ -111,8 +111,9 @@ def test_fp8_product_against_dequantised_float64(fmt, layout, out, shape):
     assert isinstance(C, BF16Array) == (out == "bfloat16")
     ref = fp8.reference(A, B, fmt, 0.25, 3.0, layout)
     err = np.linalg.norm(as_float(C) - ref) / np.linalg.norm(ref)
-    # products of FP8 values are exact in fp32; a bf16 output rounds once more (2^-9)
+    # the twin sums exactly; a bf16 output rounds once more (2^-9)
     assert err <= (2.0 ** -8 if out == "bfloat16" else 1e-6), err
+    assert err <= fp8.tolerance(K, "bf16" if out == "bfloat16" else "fp32")
 
 
 def test_fp8_input_errors():
@@ -149,7 +150,7 @@ def test_fp8_matches_scaled_mm():
     g = torch.Generator(device="cuda").manual_seed(0)
     dts = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
     for fmt, (M, N, K), colmajor in (("e4m3", (129, 255, 48), True), ("e5m2", (300, 130, 200), False),
-                                     ("e4m3", (1000, 1000, 1024), True)):
+                                     ("e4m3", (1024, 1008, 1024), True)):
         a = (torch.randn(M, K, device="cuda", generator=g) * 2).to(dts[fmt])
         w = (torch.randn(N, K, device="cuda", generator=g) * 2).to(dts[fmt])
         b = w.t() if colmajor else w.t().contiguous()
@@ -158,11 +159,12 @@ def test_fp8_matches_scaled_mm():
         gemmlib.matmul(a, b, out=C, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
         R = (a.double() @ b.double()) * 0.75
         err = float(torch.linalg.norm(C.double() - R) / torch.linalg.norm(R))
-        assert torch.isfinite(C).all() and err < 1e-5, (fmt, M, N, K, err)
-        if K % 16 == 0 and N % 16 == 0:
-            T = torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.float32)
+        assert torch.isfinite(C).all() and err <= fp8.tolerance(K), (fmt, M, N, K, err)
+        if K % 16 == 0 and N % 16 == 0 and fmt == "e4m3":   # no e5m2 x e5m2 in cuBLASLt
+            T = torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.float32, use_fast_accum=True)
             terr = float(torch.linalg.norm(T.double() - R) / torch.linalg.norm(R))
-            assert err <= max(2 * terr, 1e-6), (err, terr)
+            assert err <= 2 * terr, (err, terr)   # the same accumulation class
         Cb = gemmlib.matmul(a, b, scale_a=sa, scale_b=sb)   # bf16, torch, on a's device
         assert Cb.dtype == torch.bfloat16 and Cb.device == a.device
-        assert float(torch.linalg.norm(Cb.double() - R) / torch.linalg.norm(R)) < 2.0 ** -8
+        berr = float(torch.linalg.norm(Cb.double() - R) / torch.linalg.norm(R))
+        assert berr <= fp8.tolerance(K, "bf16"), berr
