@@ -62,20 +62,25 @@ PADDED = TILE + 1
 def transpose_kernel(dtype):
     """``transpose(B, Bt)``: Bt = B.T for a (K, N) ``B``.  Block (TILE, ROWS) reads a
     TILE x TILE tile along B's rows (coalesced), writes it along Bt's rows (coalesced);
-    the shared tile has one extra column so that the column reads hit 32 different banks."""
+    the shared tile has one extra column so that the column reads hit 32 different banks.
+    Tiles along N are the grid's x (up to 2^31 - 1 blocks); along K its y, at most
+    65535, so blocks stride over K's tiles."""
     @cuda.jit
     def transpose(B, Bt):
         tile = cuda.shared.array((TILE, PADDED), dtype)
         K, N = B.shape
-        k0, n0 = cuda.blockIdx.x * TILE, cuda.blockIdx.y * TILE
+        n0 = cuda.blockIdx.x * TILE
         tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        for j in range(0, TILE, ROWS):
-            if k0 + ty + j < K and n0 + tx < N:
-                tile[ty + j, tx] = B[uidx(k0 + ty + j), uidx(n0 + tx)]
-        cuda.syncthreads()
-        for j in range(0, TILE, ROWS):
-            if n0 + ty + j < N and k0 + tx < K:
-                Bt[uidx(n0 + ty + j), uidx(k0 + tx)] = tile[tx, ty + j]
+        for kb in range(cuda.blockIdx.y, (K + TILE - 1) // TILE, cuda.gridDim.y):
+            k0 = kb * TILE
+            for j in range(0, TILE, ROWS):
+                if k0 + ty + j < K and n0 + tx < N:
+                    tile[ty + j, tx] = B[uidx(k0 + ty + j), uidx(n0 + tx)]
+            cuda.syncthreads()
+            for j in range(0, TILE, ROWS):
+                if n0 + ty + j < N and k0 + tx < K:
+                    Bt[uidx(n0 + ty + j), uidx(k0 + tx)] = tile[tx, ty + j]
+            cuda.syncthreads()            # the tile is read before the next k0 overwrites it
 
     return transpose
 
@@ -84,7 +89,7 @@ TRANSPOSE = {"float32": transpose_kernel(float32)}
 
 
 def transpose_grid(K: int, N: int) -> tuple[int, int, int]:
-    return (cdiv(K, TILE), cdiv(N, TILE), 1)
+    return (cdiv(N, TILE), min(cdiv(K, TILE), 65535), 1)
 
 
 def mma_source(BN: int) -> str:
