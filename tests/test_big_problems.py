@@ -33,7 +33,7 @@ from gemmlib import backend
 from gemmlib.spec import ConstraintError
 from gemmlib.verify import spec_tolerance
 
-from _reliability import input_dtype, kernel_names, nk, report, run, spec_or_skip
+from _reliability import as_read, input_dtype, kernel_names, nk, report, run, spec_or_skip
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(os.environ.get("GEMMLIB_SKIP_BIG") == "1",
@@ -174,8 +174,8 @@ def test_big_C_past_2_31_elements(name):
         assert "grid size" in str(e)
         return
     cp.cuda.Device().synchronize()
-    row = B.reshape(1, N).astype(np.float32)
-    A = A.astype(np.float32)  # 16-bit inputs: their product is exact in float32 too
+    row = as_read(spec, B.reshape(1, N).astype(np.float32))
+    A = as_read(spec, A.astype(np.float32))  # 16-bit inputs: their product is exact in float32 too
     wrong = 0
     for r0 in range(0, M, 4096):  # exact: one float32 product per element
         wrong += int((C[r0:r0 + 4096] != A[r0:r0 + 4096] * row).sum())

@@ -30,7 +30,7 @@ import pytest
 from gemmlib import backend
 from gemmlib.backend import cuda, float32
 
-from _reliability import (elementwise_bound, input_dtype, kernel_names, nk, report, run,
+from _reliability import (as_read, elementwise_bound, input_dtype, kernel_names, nk, report, run,
                           spec_or_skip)
 
 PATTERNS = ("structured", "scattered")
@@ -113,7 +113,7 @@ def gpu_shapes(spec):
 
 def _check(spec, M, N, K, pattern, seed, cublas=False):
     A, B, Bkn = planted(spec, M, N, K, pattern, seed)
-    ref, bound = reference_with_bound(A, Bkn)
+    ref, bound = reference_with_bound(as_read(spec, A), as_read(spec, Bkn))
     out = None
     if not backend.SIMULATOR:
         xp = backend.array_module()
