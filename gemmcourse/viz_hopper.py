@@ -573,6 +573,44 @@ def wholeprogram_table(data: dict, name: str = ""):
                          + (f" ({name})" if name else ""))
 
 
+def lowp_files(directory=None):
+    """The committed TF32 and FP8 wgmma runs (``tf32-*/<gpu>.json``, ``fp8-*/<gpu>.json``)."""
+    from gemmcourse.notebook import committed_json
+
+    return (committed_json("tf32-*/*.json", directory)
+            + committed_json("fp8-*/*.json", directory))
+
+
+def lowp_table(data: dict, name: str = ""):
+    """Call timing in a loop against the same-precision library call, from one committed
+    run: TF32 (``wgmma_tf32`` and ``mma_pipeline``'s tf32 against cuBLAS TF32) or FP8
+    (``wgmma_fp8`` e4m3 -> bf16 against ``torch._scaled_mm``, plain and fast accumulation)."""
+    from gemmcourse.notebook import Table
+
+    gpu = data.get("meta", {}).get("gpu", "?")
+    if "bench" in data:   # TF32
+        best = {}
+        for r in data["bench"].get("rows", []):
+            if r.get("timing") != "call" or r.get("kernel") == "cublas":
+                continue
+            rung = r["kernel"] if r["kernel"] in ("wgmma_tf32", "mma_pipeline") else None
+            if rung is None:   # the "auto" rows time one of the two again: not shown here
+                continue
+            best[(f"{r['M']}x{r['N']}x{r['K']}", rung)] = float(r["pct_of_cublas"])
+        shapes = list(dict.fromkeys(k[0] for k in best))
+        body = [(sh, *(f"{best[(sh, x)]:.1f}%" if (sh, x) in best else "-"
+                       for x in ("wgmma_tf32", "mma_pipeline"))) for sh in shapes]
+        return Table(("M x N x K", "wgmma_tf32: % of cuBLAS TF32", "mma_pipeline tf32"), body,
+                     caption=f"TF32, call timing, the rungs by name: {gpu}"
+                             + (f" ({name})" if name else ""))
+    body = [(f"{r['M']}x{r['N']}x{r['K']}", "w.t()" if r["b"] == "colmajor" else "row-major",
+             f"{r['ours_tflops']:.0f}", f"{r['pct_of_scaled_mm']:.1f}%",
+             f"{r['pct_of_scaled_mm_fast']:.1f}%") for r in data.get("speed", [])]
+    return Table(("M x N x K", "B", "wgmma_fp8 TFLOP/s", "% of _scaled_mm",
+                  "% of _scaled_mm (fast accum)"), body,
+                 caption=f"FP8 e4m3 -> bf16, call timing: {gpu}" + (f" ({name})" if name else ""))
+
+
 _RUNG_NAMES = sorted(RUNGS + ("mma_swizzle", "mma_atom"), key=len, reverse=True)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 
 from gemmlib import backend, dispatch
-from gemmlib.backend import SIMULATOR
 from gemmlib.spec import KernelSpec
 
 #: precision name of each torch FP8 dtype name

@@ -439,3 +439,15 @@ def test_wholeprogram_table_reads_the_committed_run():
         t = vh.wholeprogram_table(data, name)
         assert len(t.rows) >= 4 and all(len(r) == 5 for r in t.rows)
         assert all(c.endswith("%") or c in ("-", "error") for r in t.rows for c in r[2:])
+
+
+def test_lowp_tables_read_the_committed_runs():
+    """Chapter 17's TF32 / FP8 tables come from the committed runs of 2026-11-25."""
+    files = vh.lowp_files()
+    assert any("bench" in d for _, d in files) and any("speed" in d for _, d in files)
+    for name, data in files:
+        t = vh.lowp_table(data, name)
+        assert t.rows and all(len(r) == len(t.header) for r in t.rows)
+    tf = next(d for n, d in files if "bench" in d)
+    rows = {r[0]: r for r in vh.lowp_table(tf).rows}
+    assert rows["4096x4096x4096"][1].endswith("%") and rows["4096x4096x4096"][2].endswith("%")

@@ -29,8 +29,7 @@ Shapes: rows of 16 bytes, so K a multiple of 16 (``gemmlib.matmul`` pads).
 Needs sm_90a (H100/H200).
 """
 
-from gemmlib import backend
-from gemmlib.backend import cuda, float32, uint8, uint16
+from gemmlib.backend import cuda, uint8, uint16
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.mma import as_bits
@@ -38,8 +37,8 @@ from gemmlib.intrinsics.vector import aligned8, store2
 from gemmlib.kernels.wgmma_async import (HOPPER_ONLY, ROW_BYTES, compile_sources, rung_name,
                                          store_source, tile_order)
 from gemmlib.kernels.wgmma_tf32 import kmajor_loader, mma_source, transpose_grid, transpose_kernel
-from gemmlib.kernels.wgmma_ws import ws_kernel
-from gemmlib.spec import Constraint, KernelSpec, cdiv
+from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, ws_kernel
+from gemmlib.spec import Constraint, KernelSpec
 
 #: the two FP8 formats, by gemmlib's precision name
 PRECISIONS = ("e4m3", "e5m2")
@@ -112,9 +111,7 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
     if precision not in PRECISIONS or OUT not in OUTPUTS or B_LAYOUT not in ("KN", "NK"):
         raise ValueError(f"wgmma_fp8 computes in {PRECISIONS} with output {OUTPUTS} and B "
                          f"given as KN or NK; got {precision!r}, {OUT!r}, {B_LAYOUT!r}")
-    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
-        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
-                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    check_tile(BM, BN, STAGES)
     env = {"mma": H.wgmma_kmajor(BN, precision), "desc": H.smem_desc, "uidx": uidx,
            "store2": store2, "aligned8": aligned8, "bf16": bf16_bits}
     store = store_bf16_source(BN) if OUT == "bf16" else store_source(BN, 1)
@@ -123,9 +120,6 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES,
                                    finish=scale_code(BN))
-
-    def grid(M, N, K):
-        return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 4, 8, (40, 232))
     name = rung_name("wgmma_fp8", "fp16", default, BM, BN, STAGES, GROUP_M)
@@ -139,7 +133,7 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
-        grid=grid,
+        grid=persistent_grid(BM, BN),
         params=dict(precision=precision, OUT=OUT, B_LAYOUT=B_LAYOUT, BM=BM, BN=BN, BK=BK,
                     STAGES=STAGES, GROUP_M=GROUP_M, REGS=REGS),
         launch_only=("B_LAYOUT",),

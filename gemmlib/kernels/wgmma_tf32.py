@@ -34,15 +34,14 @@ Shapes: TMA needs rows that are multiples of 16 bytes (K a multiple of 4;
 ``gemmlib.matmul`` pads others).  Needs sm_90a (H100/H200).
 """
 
-from gemmlib import backend
-from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.backend import cuda, float32
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.vector import aligned8, store2
 from gemmlib.kernels.mma_atom import ARG_DTYPES
 from gemmlib.kernels.wgmma_async import (GROUP_BYTES, HOPPER_ONLY, ROW_BYTES, SLICE_BYTES,
                                          compile_sources, rung_name, store_source, tile_order)
-from gemmlib.kernels.wgmma_ws import ws_kernel
+from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, ws_kernel
 from gemmlib.precision import INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
@@ -137,9 +136,7 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
           GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
     if precision not in PRECISIONS:
         raise ValueError(f"wgmma_tf32 computes in {PRECISIONS}, got {precision!r}")
-    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
-        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
-                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    check_tile(BM, BN, STAGES)
     assert SLICE_BYTES == 64 * ROW_BYTES      # a consumer's 64 rows of A, as in wgmma_ws
     env = {"mma": H.wgmma_kmajor(BN, "tf32"), "desc": H.smem_desc, "uidx": uidx,
            "store2": store2, "aligned8": aligned8}
@@ -147,9 +144,6 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
-
-    def grid(M, N, K):
-        return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_tf32", "fp16", default, BM, BN, STAGES, GROUP_M)
@@ -161,7 +155,7 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
-        grid=grid,
+        grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS),
         shared_bytes=SHARED,

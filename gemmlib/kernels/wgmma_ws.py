@@ -131,11 +131,24 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     return wgmma_ws_kernel, NT, STAGES * STAGE_BYTES + 1024
 
 
-def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
+def check_tile(BM: int, BN: int, STAGES: int) -> None:
+    """The tiles and ring depths the warp-specialised rungs build."""
     if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
         raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
                          f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+
+
+def persistent_grid(BM: int, BN: int):
+    """``grid(M, N, K)``: one block per tile, at most one per SM (the blocks walk the rest)."""
+    def grid(M, N, K):
+        return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
+
+    return grid
+
+
+def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
+    check_tile(BM, BN, STAGES)
     if REGS is not None and 128 * (REGS[0] + BM // 64 * REGS[1]) > 65536:
         raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
                          "SM's 65536 registers")
@@ -143,9 +156,6 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
-
-    def grid(M, N, K):
-        return (min(cdiv(M, BM) * cdiv(N, BN), backend.device_info().sm_count), 1, 1)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_ws", precision, default, BM, BN, STAGES, GROUP_M)
@@ -158,7 +168,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
-        grid=grid,
+        grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS),
         shared_bytes=SHARED,
