@@ -428,6 +428,8 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
 
         fmt = fp8.fp8_format(a.dname, precision) or (
             kernel.precision if isinstance(kernel, KernelSpec) else "e4m3")
+        if a.kind == "torch" and stream is None:
+            stream = _torch_current_stream(a.device)
         return fp8.matmul_fp8(A, B, a, b, fmt,
                               scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, out=out,
                               kernel=kernel, stream=stream, transpose_b=transpose_b)

@@ -46,7 +46,7 @@ import numpy as np
 
 from gemmlib import backend, dispatch
 from gemmlib.api import matmul
-from gemmlib.kernels import LADDER, get as get_kernel
+from gemmlib.kernels import LADDER, SCALED, get as get_kernel
 from gemmlib.verify import tolerance
 
 SQUARES = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -282,7 +282,9 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
     modes = ("kernel", "call") if timing == "both" else (timing,)
     # By default every rung, then "auto": what matmul runs when no kernel is named (the
     # tuned configuration for each shape's class), so its row is the library's number.
-    names = list(LADDER) + ["auto"] if kernels is None else list(kernels)  # []: cuBLAS alone
+    # []: cuBLAS alone.  FP8 rungs (SCALED) compare with torch._scaled_mm, not here
+    names = ([n for n in LADDER if n not in SCALED] + ["auto"] if kernels is None
+             else list(kernels))
     shapes = [tuple(int(v) for v in s) for s in (shapes or default_shapes())]
     if backend.SIMULATOR:
         return _simulated(names, shapes, progress)

@@ -48,6 +48,15 @@ def _out_kind(out_dtype) -> str:
     return kind
 
 
+def _dtype_name_of(x) -> str:
+    """"bfloat16" or "float32" (or what else) for an ``out`` array: torch, BF16Array, CuPy."""
+    from gemmlib.precision import BF16Array
+
+    if isinstance(x, BF16Array):
+        return "bfloat16"
+    return str(x.dtype).replace("torch.", "")
+
+
 def spec_for(fmt: str, out: str, b_layout: str) -> KernelSpec:
     return dispatch.build(RUNG, {"precision": fmt, "OUT": out, "B_LAYOUT": b_layout})
 
@@ -96,8 +105,21 @@ def matmul_fp8(A, B, a, b, fmt: str, *, scale_a, scale_b, out_dtype, out, kernel
         (b.shape[1], b.shape[0]))
     if K != K2:
         raise ValueError(f"inner dimensions differ: A is {M}x{K}, B gives K = {K2}")
-    okind = _out_kind(out_dtype)
-    spec = kernel if isinstance(kernel, KernelSpec) else spec_for(fmt, okind, layout)
+    if isinstance(kernel, KernelSpec):   # its own output type and B layout
+        spec = kernel
+        okind = spec.params["OUT"]
+        if out_dtype is not None and _out_kind(out_dtype) != okind:
+            raise ValueError(f"kernel {spec.name!r} writes {okind}, not {out_dtype}")
+        if spec.b_operand != layout:
+            raise ValueError(f"kernel {spec.name!r} takes B as {spec.b_operand}; this B is "
+                             f"{layout} (pass kernel=None to choose)")
+    else:
+        okind = _out_kind(out_dtype if out is None or out_dtype is not None
+                          else _dtype_name_of(out))
+        spec = spec_for(fmt, okind, layout)
+    if out is not None and _dtype_name_of(out) != {"bf16": "bfloat16", "fp32": "float32"}[okind]:
+        raise TypeError(f"out holds {_dtype_name_of(out)}; this product writes "
+                        f"{'bfloat16' if okind == 'bf16' else 'float32'} (out_dtype=)")
     if isinstance(kernel, str) and kernel not in ("auto", RUNG):
         raise ValueError(f"FP8 products run on {RUNG!r}; got kernel={kernel!r}")
     if spec.precision != fmt:
@@ -121,9 +143,9 @@ def _padded_k(x, rows: int, k: int, kp: int, torch_mod):
 
 
 def _on_gpu(spec, A, Bk, a, M, N, K, scale_a, scale_b, okind, out, stream, torch):
-    from gemmlib import api
+    import sys
 
-    tmod = api._torch() if torch else None
+    tmod = sys.modules["torch"] if torch else None
     dev = a.device if a.device is not None else backend.array_module().cuda.runtime.getDevice()
     # scales: device addresses of float32 values
     keep = []
@@ -149,7 +171,8 @@ def _on_gpu(spec, A, Bk, a, M, N, K, scale_a, scale_b, okind, out, stream, torch
     odt = "bfloat16" if okind == "bf16" else "float32"
     if out is not None:
         C = out
-        cptr = C.data_ptr() if tmod else api._out_ptr(getattr(C, "bits", C))
+        raw = getattr(C, "bits", C)
+        cptr = C.data_ptr() if tmod else raw.__cuda_array_interface__["data"][0]
         shape = tuple(C.shape)
         if shape != (M, N):
             raise ValueError(f"out has shape {shape}, but the product has shape {(M, N)}")
@@ -175,8 +198,7 @@ def _on_gpu(spec, A, Bk, a, M, N, K, scale_a, scale_b, okind, out, stream, torch
             b_mem = _padded_k(Bk.t() if tmod else Bk.T, N, K, Kp, tmod)
             spec = spec_for(spec.precision, okind, "NK")
     ptr = (lambda x: x.data_ptr()) if tmod else (lambda x: x.data.ptr)
-    if stream is None:
-        stream = api._torch_current_stream(dev) if tmod else None
+    # ``stream``: gemmlib.matmul passes torch's current stream for torch tensors
     p = dispatch.plan(spec, M, N, Kp)
     dispatch.run(p, ptr(a_mem), ptr(b_mem), cptr, dispatch.stream_handle(stream),
                  scales=scales)

@@ -70,6 +70,8 @@ class Report:
 
 def check_once(spec, M: int, N: int, K: int, rng=None) -> Check:
     """One verification of ``spec`` at (M, N, K); never raises on a wrong result."""
+    if spec.precision in ("e4m3", "e5m2"):
+        return _check_fp8(spec, M, N, K, rng)
     nt = spec.b_operand == "NK"
     A = backend.random_matrix((M, K), spec.dtype, rng)
     B = backend.random_matrix((N, K) if nt else (K, N), spec.dtype, rng)
@@ -82,6 +84,39 @@ def check_once(spec, M: int, N: int, K: int, rng=None) -> Check:
     if unwritten:
         err = math.inf if math.isnan(err) else err
     return Check(spec.name, (M, N, K), err, spec_tolerance(spec, K), unwritten)
+
+
+def _check_fp8(spec, M: int, N: int, K: int, rng=None) -> Check:
+    """An FP8 rung: random finite values of its format (bit patterns), scales 0.5 and 2.0,
+    against float64 of the dequantised inputs (``gemmlib.fp8.reference``)."""
+    from gemmlib import fp8
+    from gemmlib.intrinsics.hopper import fp8_values
+    from gemmlib.precision import BF16Array, bf16_bits_to_float32
+
+    fmt, nt = spec.precision, spec.b_operand == "NK"
+    gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    vals = fp8_values(fmt)
+    finite = np.flatnonzero(np.isfinite(vals) & (np.abs(vals) <= 16))
+    A8 = gen.choice(finite, size=(M, K)).astype(np.uint8)
+    B8 = gen.choice(finite, size=(N, K) if nt else (K, N)).astype(np.uint8)
+    xp = backend.array_module()
+    bf16 = spec.out_dtype == "uint16"
+    raw = (xp.full((M, N), 0x7FC0, dtype=np.uint16) if bf16     # NaN in bfloat16
+           else backend.poisoned((M, N), np.float32))
+    A, B = (x if xp is np else xp.asarray(x) for x in (A8, B8))
+    matmul(A, B, out=BF16Array(raw) if bf16 else raw, kernel=spec, precision=fmt,
+           scale_a=0.5, scale_b=2.0, transpose_b=nt)
+    C = bf16_bits_to_float32(raw) if bf16 else raw
+    C = np.asarray(backend.to_host(C), dtype=np.float64)
+    ref = fp8.reference(A8, B8, fmt, 0.5, 2.0, "NK" if nt else "KN")
+    unwritten = int((~np.isfinite(C)).sum()) if M * N else 0
+    den = float(np.linalg.norm(ref))
+    err = (float(np.linalg.norm(C - ref)) / den if den else float(np.abs(C).max(initial=0.0))
+           ) if M * N else 0.0
+    if unwritten:
+        err = math.inf
+    return Check(spec.name, (M, N, K), err, fp8.tolerance(K, "bf16" if bf16 else "fp32"),
+                 unwritten)
 
 
 def spec_tolerance(spec, K: int) -> float:

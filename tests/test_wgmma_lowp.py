@@ -116,6 +116,12 @@ def test_fp8_product_against_dequantised_float64(fmt, layout, out, shape):
     assert err <= fp8.tolerance(K, "bf16" if out == "bfloat16" else "fp32")
 
 
+def test_verify_checks_fp8_rungs():
+    """gemmlib.verify (what ``make`` runs for every rung) draws FP8 bit patterns for them."""
+    r = gemmlib.verify(wgmma_fp8.build("e5m2", "fp32", "KN"), [(5, 7, 9), (0, 3, 2)], seed=2)
+    assert r.ok and r.checks[0].rel_error < 1e-6
+
+
 def test_fp8_input_errors():
     rng = np.random.default_rng(0)
     A = fp8_bits(rng, (4, 16), "e4m3")
@@ -125,6 +131,12 @@ def test_fp8_input_errors():
         gemmlib.matmul(A, A.T.copy(), precision="e4m3", out_dtype="float16")
     with pytest.raises(ValueError, match="inner dimensions"):
         gemmlib.matmul(A, A, precision="e4m3")
+    with pytest.raises(ValueError, match="writes fp32"):   # a spec's output type is its own
+        gemmlib.matmul(A, A.T.copy(), kernel=wgmma_fp8.build(OUT="fp32", B_LAYOUT="KN"),
+                       precision="e4m3", out_dtype="bfloat16")
+    with pytest.raises(TypeError, match="writes bfloat16"):
+        gemmlib.matmul(A, A.T.copy(), precision="e4m3", out_dtype="bfloat16",
+                       out=np.zeros((4, 4), np.float32))
     with pytest.raises(ValueError, match="FP8 inputs only"):
         gemmlib.matmul(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), scale_a=2.0)
 
