@@ -116,6 +116,21 @@ def store2_py(arr, i, j, a, b):
     arr[i, j + 1] = b
 
 
+def store2_u16_py(arr, i, j, a, b):
+    x = _ndarray(arr)
+    if x is not None and (x.ctypes.data + (i * x.shape[1] + j) * 2) % 4:
+        raise MisalignedAccess(f"store2_u16 at [{i}, {j}] is not 4-byte aligned")
+    if j + 2 > arr.shape[1]:
+        raise MisalignedAccess(f"store2_u16 at [{i}, {j}] leaves the row ({arr.shape[1]} columns)")
+    arr[i, j] = a
+    arr[i, j + 1] = b
+
+
+def aligned4_py(arr):
+    a = _ndarray(arr)
+    return True if a is None else a.ctypes.data % 4 == 0
+
+
 def aligned8_py(arr):
     a = _ndarray(arr)
     return True if a is None else a.ctypes.data % 8 == 0
@@ -195,6 +210,26 @@ def _make_intrinsics():
 
         return sig, codegen
 
+    u2 = ir.VectorType(ir.IntType(16), 2)
+
+    @intrinsic
+    def store2_u16(typingctx, arr, i, j, a, b):
+        """Two 16-bit values (bf16 bits) to ``arr[i, j:j+2]`` in one 4-byte store."""
+        if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint16
+                and arr.layout == "C"):
+            raise NumbaTypeError(f"store2_u16 needs a C-contiguous 2-D uint16 array, got {arr}")
+        sig = types.void(arr, i, j, types.uint16, types.uint16)
+
+        def codegen(context, builder, sig, args):
+            vec = ir.Constant(u2, ir.Undefined)
+            for e in range(2):
+                val = context.cast(builder, args[3 + e], sig.args[3 + e], types.uint16)
+                vec = builder.insert_element(vec, val, ir.Constant(ir.IntType(32), e))
+            builder.store(vec, _vector_pointer(context, builder, sig, args, u2), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
     def _aligned(nbytes):
         @intrinsic
         def aligned(typingctx, arr):
@@ -212,14 +247,15 @@ def _make_intrinsics():
 
         return aligned
 
-    return load4, store4, _aligned(16), store2, _aligned(8)
+    return load4, store4, _aligned(16), store2, _aligned(8), store2_u16, _aligned(4)
 
 
 if SIMULATOR:
     load4, store4, aligned16 = load4_py, store4_py, aligned16_py
     store2, aligned8 = store2_py, aligned8_py
+    store2_u16, aligned4 = store2_u16_py, aligned4_py
 else:
-    load4, store4, aligned16, store2, aligned8 = _make_intrinsics()
+    load4, store4, aligned16, store2, aligned8, store2_u16, aligned4 = _make_intrinsics()
 
 
 # --------------------------------------------------------------------------

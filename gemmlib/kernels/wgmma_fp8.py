@@ -19,7 +19,8 @@ tile row is still 128 bytes, now 128 values of K, and one k-step is still
   and every consumer thread reads them once per tile (four loads, L1 hits
   after the first warp).
 * **bf16 or fp32 out.**  bf16 (the default, what the next layer of a model
-  takes) is rounded to nearest even from the scaled fp32 value.
+  takes) is rounded to nearest even from the scaled fp32 value; a thread's two
+  adjacent columns leave as one 4-byte store.
 * **B's layout.**  ``torch._scaled_mm`` wants B column-major: a (K, N) view
   of a row-major (N, K) weight (``w.t()``), which is exactly K-major, so the
   kernel reads it with no pre-pass (``B_LAYOUT="NK"``).  A row-major (K, N)
@@ -33,7 +34,7 @@ from gemmlib.backend import cuda, uint8, uint16
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.mma import as_bits
-from gemmlib.intrinsics.vector import aligned8, store2
+from gemmlib.intrinsics.vector import aligned4, aligned8, store2, store2_u16
 from gemmlib.kernels.wgmma_async import (HOPPER_ONLY, ROW_BYTES, compile_sources, rung_name,
                                          store_source, tile_order)
 from gemmlib.kernels.wgmma_tf32 import kmajor_loader, mma_source, transpose_grid, transpose_kernel
@@ -76,22 +77,30 @@ def bf16_bits(x):
 
 
 def store_bf16_source(BN: int) -> str:
-    """Source of ``store_acc(C, acc, t, m0, n0, M, N)`` for a bf16 C (uint16 bits): the
-    accumulator map of ``wgmma_async.store_source``, one element at a time, inside C."""
-    R = BN // 2
+    """Source of ``store_acc(C, acc, t, m0, n0, M, N)`` for a bf16 C (uint16 bits), over
+    the accumulator map of ``wgmma_async.store_source``: a thread's pair of adjacent
+    columns goes out as one 4-byte store (``store2_u16``) when rows have an even length and
+    C is 4-byte aligned (a uniform branch), else one element at a time, inside C only."""
+    pairs = [(8 * half, 8 * j, 4 * j + 2 * half)                 # row, column, acc index
+             for j in range(BN // 8) for half in range(2)]
     lines = ["def store_acc(C, acc, t, m0, n0, M, N):",
              "    w, lane = t // 32, t % 32",
              "    r0 = m0 + 16 * w + lane // 4",
-             "    c0 = n0 + 2 * (lane % 4)"]
-    for j in range(BN // 8):
-        for half in range(2):
-            i = 4 * j + 2 * half
-            lines += [f"    r = r0 + {8 * half}",
-                      f"    c = c0 + {8 * j}",
-                      "    if r < M:",
-                      f"        if c < N: C[uidx(r), uidx(c)] = bf16(acc[{i}])",
-                      f"        if c + 1 < N: C[uidx(r), uidx(c + 1)] = bf16(acc[{i + 1}])"]
-    assert len(lines) > 4 and R == BN // 2
+             "    c0 = n0 + 2 * (lane % 4)",
+             "    if N % 2 == 0 and aligned4(C):"]
+    for dr, dc, i in pairs:
+        lines += [f"        r = r0 + {dr}",
+                  f"        c = c0 + {dc}",
+                  "        if r < M and c < N:",
+                  f"            store2_u16(C, uidx(r), uidx(c), bf16(acc[{i}]), "
+                  f"bf16(acc[{i + 1}]))"]
+    lines.append("    else:")
+    for dr, dc, i in pairs:
+        lines += [f"        r = r0 + {dr}",
+                  f"        c = c0 + {dc}",
+                  "        if r < M:",
+                  f"            if c < N: C[uidx(r), uidx(c)] = bf16(acc[{i}])",
+                  f"            if c + 1 < N: C[uidx(r), uidx(c + 1)] = bf16(acc[{i + 1}])"]
     return "\n".join(lines) + "\n"
 
 
@@ -113,7 +122,8 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
                          f"given as KN or NK; got {precision!r}, {OUT!r}, {B_LAYOUT!r}")
     check_tile(BM, BN, STAGES)
     env = {"mma": H.wgmma_kmajor(BN, precision), "desc": H.smem_desc, "uidx": uidx,
-           "store2": store2, "aligned8": aligned8, "bf16": bf16_bits}
+           "store2": store2, "aligned8": aligned8, "bf16": bf16_bits,
+           "store2_u16": store2_u16, "aligned4": aligned4}
     store = store_bf16_source(BN) if OUT == "bf16" else store_source(BN, 1)
     k_tile, store_acc = compile_sources((mma_source(BN), store), env)
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
@@ -155,7 +165,8 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
         module=__name__,
         ptx_must=(rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.{precision}\.{precision}",
                   r"cp\.async\.bulk\.tensor\.2d", r"ld\.global\.u64") + (
-            (r"setmaxnreg\.inc",) if REGS else ()),
+            (r"setmaxnreg\.inc",) if REGS else ()) + (
+            (r"st\.global\.v2\.u16",) if OUT == "bf16" else ()),
     )
 
 
