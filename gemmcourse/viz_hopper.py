@@ -577,8 +577,9 @@ def lowp_files(directory=None):
     """The committed TF32 and FP8 wgmma runs (``tf32-*/<gpu>.json``, ``fp8-*/<gpu>.json``)."""
     from gemmcourse.notebook import committed_json
 
-    return (committed_json("tf32-*/*.json", directory)
-            + committed_json("fp8-*/*.json", directory))
+    files = (committed_json("tf32-*/*.json", directory)
+             + committed_json("fp8-*/*.json", directory))
+    return [(n, d) for n, d in files if "bench" in d or "speed" in d]   # not the tuning runs
 
 
 def lowp_table(data: dict, name: str = ""):
