@@ -29,6 +29,7 @@ import numpy as np
 
 from gemmlib import backend, dispatch
 from gemmlib.backend import SIMULATOR, cuda
+from gemmlib.kernels import SCALED
 from gemmlib.spec import KernelSpec
 
 #: The kernel ``matmul`` uses when none is named: the autotuned fastest rung
@@ -422,7 +423,7 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     if stream is not None:
         _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
-    if (precision in _FP8 or a.dname.startswith("float8") or kernel == "wgmma_fp8"
+    if (precision in _FP8 or a.dname.startswith("float8") or kernel in SCALED
             or getattr(kernel, "precision", None) in _FP8):
         from gemmlib import fp8
 

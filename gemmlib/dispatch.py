@@ -776,7 +776,7 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
 
 #: bytes of workspace kept for all plans and streams together; past it the oldest go
 SCRATCH_BYTES = 512 * 2**20
-_SCRATCH: OrderedDict = OrderedDict()   # (id(bound), stream) -> bytes
+_SCRATCH: OrderedDict = OrderedDict()   # (id(bound), key) -> (bound, bytes); key: stream, ("bt", stream)
 
 
 def _scratch(b: "_Bound", p: Plan, stream: int):
@@ -786,13 +786,20 @@ def _scratch(b: "_Bound", p: Plan, stream: int):
     # counters are zeroed on ``stream`` itself, so before any launch that uses them
     arrays = [_workspace(rows, cols, dt, stream, zero=np.dtype(dt).kind in "iu")
               for rows, cols, dt in p.workspace]
-    ws = b.scratch[stream] = (arrays, [a.data.ptr for a in arrays])
+    return _keep(b, stream, (arrays, [a.data.ptr for a in arrays]),
+                 sum(a.nbytes for a in arrays))
+
+
+def _keep(b: "_Bound", key, value, nbytes: int):
+    """Keep ``value`` (scratch arrays and their addresses) as ``b.scratch[key]``, within
+    SCRATCH_BYTES for all plans and streams together: past it the oldest go."""
+    b.scratch[key] = value
     with _LOCK:
-        _SCRATCH[(id(b), stream)] = (b, sum(a.nbytes for a in arrays))
+        _SCRATCH[(id(b), key)] = (b, nbytes)
         while sum(n for _, n in _SCRATCH.values()) > SCRATCH_BYTES and len(_SCRATCH) > 1:
-            (_, old_stream), (old, _) = _SCRATCH.popitem(last=False)
-            old.scratch.pop(old_stream, None)   # CuPy's pool reuses it on that stream only
-    return ws
+            (_, old_key), (old, _) = _SCRATCH.popitem(last=False)
+            old.scratch.pop(old_key, None)   # CuPy's pool reuses it on that stream only
+    return value
 
 
 def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int) -> int:
@@ -802,9 +809,7 @@ def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int) -> int:
     kept = b.scratch.get(key)
     if kept is None:
         bt = _workspace(p.N, p.K, p.spec.kernel_dtypes[1], stream)
-        kept = b.scratch[key] = (bt, int(bt.data.ptr))
-        with _LOCK:
-            _SCRATCH[(id(b), key)] = (b, bt.nbytes)
+        kept = _keep(b, key, (bt, int(bt.data.ptr)), bt.nbytes)
     words = b.prep_words.copy()
     words[_DATA[0]], words[_DATA[1]] = b_ptr, kept[1]
     _launch(b.prep, p.spec.b_prep_grid(p.K, p.N), p.spec.b_prep_block, 0, stream, words)

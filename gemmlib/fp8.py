@@ -142,6 +142,19 @@ def _padded_k(x, rows: int, k: int, kp: int, torch_mod):
     return p
 
 
+def _k_aligned(spec, okind: str, A, Bk, M: int, N: int, K: int, tmod):
+    """(spec, A, B, Kp): the operands as TMA copies them, rows of a multiple of 16 bytes.
+    When K is not a multiple of 16, zero-padded copies (zeros add nothing to the product);
+    B's copy is made K-major, so a row-major B needs no transpose pass after it."""
+    Kp = -(-K // 16) * 16
+    if Kp == K:
+        return spec, A, Bk, K
+    if spec.b_operand == "NK":
+        return spec, _padded_k(A, M, K, Kp, tmod), _padded_k(Bk, N, K, Kp, tmod), Kp
+    return (spec_for(spec.precision, okind, "NK"), _padded_k(A, M, K, Kp, tmod),
+            _padded_k(Bk.t() if tmod else Bk.T, N, K, Kp, tmod), Kp)
+
+
 def _on_gpu(spec, A, Bk, a, M, N, K, scale_a, scale_b, okind, out, stream, torch):
     import sys
 
@@ -188,15 +201,7 @@ def _on_gpu(spec, A, Bk, a, M, N, K, scale_a, scale_b, okind, out, stream, torch
         cptr = raw.data.ptr
     if M == 0 or N == 0:
         return C
-    a_mem, b_mem = A, Bk
-    Kp = -(-K // 16) * 16
-    if Kp != K:   # zero-padded copies: 16-byte rows for TMA (zeros add nothing)
-        if spec.b_operand == "NK":
-            a_mem, b_mem = _padded_k(A, M, K, Kp, tmod), _padded_k(Bk, N, K, Kp, tmod)
-        else:
-            a_mem = _padded_k(A, M, K, Kp, tmod)
-            b_mem = _padded_k(Bk.t() if tmod else Bk.T, N, K, Kp, tmod)
-            spec = spec_for(spec.precision, okind, "NK")
+    spec, a_mem, b_mem, Kp = _k_aligned(spec, okind, A, Bk, M, N, K, tmod)
     ptr = (lambda x: x.data_ptr()) if tmod else (lambda x: x.data.ptr)
     # ``stream``: gemmlib.matmul passes torch's current stream for torch tensors
     p = dispatch.plan(spec, M, N, Kp)
@@ -229,14 +234,7 @@ def _simulated(spec, A, Bk, M, N, K, scale_a, scale_b, okind, out):
 
     raw = np.empty((M, N), dtype=np.uint16 if okind == "bf16" else np.float32)
     if M and N:
-        a_mem, b_mem = A, Bk
-        Kp = -(-K // 16) * 16
-        if Kp != K:
-            if spec.b_operand == "NK":
-                a_mem, b_mem = _padded_k(A, M, K, Kp, None), _padded_k(Bk, N, K, Kp, None)
-            else:
-                a_mem, b_mem = _padded_k(A, M, K, Kp, None), _padded_k(Bk.T, N, K, Kp, None)
-                spec = spec_for(spec.precision, okind, "NK")
+        spec, a_mem, b_mem, Kp = _k_aligned(spec, okind, A, Bk, M, N, K, None)
         scales = tuple(tma.simulated_scalar(np.float32(1.0 if s is None else s))
                        for s in (scale_a, scale_b))
         dispatch.launch(spec, np.ascontiguousarray(a_mem), np.ascontiguousarray(b_mem), raw,

@@ -179,19 +179,19 @@ def _make():
             return context.get_dummy_value()
         return types.void(dst, tmap, x, y, bar), codegen
 
-    @intrinsic
-    def ld_global_u64(typingctx, addr):
-        def codegen(context, builder, sig, args):
-            a = _u(context, builder, args[0], sig.args[0], types.uint64)
-            return _asm(builder, i64, [a], [i64], "ld.global.u64 $0, [$1];", "=l,l,~{memory}")
-        return types.uint64(addr), codegen
+    def _ld_global(name, ptx_type, numba_type, ir_type, constraint):
+        """An intrinsic f(addr) -> value: one ``ld.global`` from a 64-bit address."""
+        def typer(typingctx, addr):
+            def codegen(context, builder, sig, args):
+                a = _u(context, builder, args[0], sig.args[0], types.uint64)
+                return _asm(builder, ir_type, [a], [i64], f"ld.global.{ptx_type} $0, [$1];",
+                            f"={constraint},l,~{{memory}}")
+            return numba_type(addr), codegen
+        typer.__name__ = name
+        return intrinsic(typer)
 
-    @intrinsic
-    def ld_global_f32(typingctx, addr):
-        def codegen(context, builder, sig, args):
-            a = _u(context, builder, args[0], sig.args[0], types.uint64)
-            return _asm(builder, f32, [a], [i64], "ld.global.f32 $0, [$1];", "=f,l,~{memory}")
-        return types.float32(addr), codegen
+    ld_global_u64 = _ld_global("ld_global_u64", "u64", types.uint64, i64, "l")
+    ld_global_f32 = _ld_global("ld_global_f32", "f32", types.float32, f32, "f")
 
     _WGMMA = {}
 

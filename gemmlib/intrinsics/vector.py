@@ -101,39 +101,35 @@ def store4_py(arr, i, j, a, b, c, d):
     arr[i, j + 3] = d
 
 
-def aligned16_py(arr):
-    a = _ndarray(arr)
-    return True if a is None else a.ctypes.data % 16 == 0
+def _aligned_py(nbytes: int):
+    def aligned(arr):
+        a = _ndarray(arr)
+        return True if a is None else a.ctypes.data % nbytes == 0
+
+    aligned.__name__ = f"aligned{nbytes}_py"
+    return aligned
 
 
-def store2_py(arr, i, j, a, b):
-    x = _ndarray(arr)
-    if x is not None and (x.ctypes.data + (i * x.shape[1] + j) * 4) % 8:
-        raise MisalignedAccess(f"store2 at [{i}, {j}] is not 8-byte aligned")
-    if j + 2 > arr.shape[1]:
-        raise MisalignedAccess(f"store2 at [{i}, {j}] leaves the row ({arr.shape[1]} columns)")
-    arr[i, j] = a
-    arr[i, j + 1] = b
+def _pair_store_py(name: str, itemsize: int):
+    """Twin of ``_pair_store``: ``arr[i, j:j+2] = a, b``, refusing what the GPU store
+    could not do (a misaligned pair, a pair that leaves the row)."""
+    def store(arr, i, j, a, b):
+        x = _ndarray(arr)
+        if x is not None and (x.ctypes.data + (i * x.shape[1] + j) * itemsize) % (2 * itemsize):
+            raise MisalignedAccess(f"{name} at [{i}, {j}] is not {2 * itemsize}-byte aligned")
+        if j + 2 > arr.shape[1]:
+            raise MisalignedAccess(f"{name} at [{i}, {j}] leaves the row ({arr.shape[1]} "
+                                   "columns)")
+        arr[i, j] = a
+        arr[i, j + 1] = b
+
+    store.__name__ = f"{name}_py"
+    return store
 
 
-def store2_u16_py(arr, i, j, a, b):
-    x = _ndarray(arr)
-    if x is not None and (x.ctypes.data + (i * x.shape[1] + j) * 2) % 4:
-        raise MisalignedAccess(f"store2_u16 at [{i}, {j}] is not 4-byte aligned")
-    if j + 2 > arr.shape[1]:
-        raise MisalignedAccess(f"store2_u16 at [{i}, {j}] leaves the row ({arr.shape[1]} columns)")
-    arr[i, j] = a
-    arr[i, j + 1] = b
-
-
-def aligned4_py(arr):
-    a = _ndarray(arr)
-    return True if a is None else a.ctypes.data % 4 == 0
-
-
-def aligned8_py(arr):
-    a = _ndarray(arr)
-    return True if a is None else a.ctypes.data % 8 == 0
+aligned4_py, aligned8_py, aligned16_py = _aligned_py(4), _aligned_py(8), _aligned_py(16)
+store2_py = _pair_store_py("store2", 4)
+store2_u16_py = _pair_store_py("store2_u16", 2)
 
 
 # --------------------------------------------------------------------------
@@ -195,40 +191,33 @@ def _make_intrinsics():
 
         return sig, codegen
 
-    @intrinsic
-    def store2(typingctx, arr, i, j, a, b):
-        _check_array(arr, i, j, "store2")
-        sig = types.void(arr, i, j, types.float32, types.float32)
+    def _pair_store(name, numba_type, vec, align):
+        """An intrinsic f(arr, i, j, a, b): ``arr[i, j:j+2] = a, b`` in one ``align``-byte
+        store (``arr`` a C-contiguous 2-D array of ``numba_type``)."""
+        def typer(typingctx, arr, i, j, a, b):
+            if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == numba_type
+                    and arr.layout == "C"):
+                raise NumbaTypeError(f"{name} needs a C-contiguous 2-D {numba_type} array, "
+                                     f"got {arr}")
+            if not (isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+                raise NumbaTypeError(f"{name} needs integer indices, got {i}, {j}")
+            sig = types.void(arr, i, j, numba_type, numba_type)
 
-        def codegen(context, builder, sig, args):
-            vec = ir.Constant(f2, ir.Undefined)
-            for e in range(2):
-                val = context.cast(builder, args[3 + e], sig.args[3 + e], types.float32)
-                vec = builder.insert_element(vec, val, ir.Constant(ir.IntType(32), e))
-            builder.store(vec, _vector_pointer(context, builder, sig, args, f2), align=8)
-            return context.get_dummy_value()
+            def codegen(context, builder, sig, args):
+                v = ir.Constant(vec, ir.Undefined)
+                for e in range(2):
+                    val = context.cast(builder, args[3 + e], sig.args[3 + e], numba_type)
+                    v = builder.insert_element(v, val, ir.Constant(ir.IntType(32), e))
+                builder.store(v, _vector_pointer(context, builder, sig, args, vec), align=align)
+                return context.get_dummy_value()
 
-        return sig, codegen
+            return sig, codegen
+        typer.__name__ = name
+        return intrinsic(typer)
 
-    u2 = ir.VectorType(ir.IntType(16), 2)
-
-    @intrinsic
-    def store2_u16(typingctx, arr, i, j, a, b):
-        """Two 16-bit values (bf16 bits) to ``arr[i, j:j+2]`` in one 4-byte store."""
-        if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.uint16
-                and arr.layout == "C"):
-            raise NumbaTypeError(f"store2_u16 needs a C-contiguous 2-D uint16 array, got {arr}")
-        sig = types.void(arr, i, j, types.uint16, types.uint16)
-
-        def codegen(context, builder, sig, args):
-            vec = ir.Constant(u2, ir.Undefined)
-            for e in range(2):
-                val = context.cast(builder, args[3 + e], sig.args[3 + e], types.uint16)
-                vec = builder.insert_element(vec, val, ir.Constant(ir.IntType(32), e))
-            builder.store(vec, _vector_pointer(context, builder, sig, args, u2), align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
+    store2 = _pair_store("store2", types.float32, f2, 8)
+    # two bf16 bit patterns in one 4-byte store
+    store2_u16 = _pair_store("store2_u16", types.uint16, ir.VectorType(ir.IntType(16), 2), 4)
 
     def _aligned(nbytes):
         @intrinsic

@@ -78,35 +78,42 @@ def mma_source(BN: int, halves: int, ab: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def store_source(BN: int, halves: int) -> str:
+def store_source(BN: int, halves: int, convert: str = "", pair: str = "store2",
+                 aligned: str = "aligned8") -> str:
     """Source of ``store_acc(C, acc, t, m0, n0, M, N)``: thread ``t`` of a warpgroup writes
     its accumulators (``H.accumulator_coords``) of ``halves`` 64-row slices, inside C only.
 
-    A thread holds pairs of adjacent columns, so each pair goes out as one 8-byte store
-    (``st.global.v2.f32``): half the store instructions of element-wise stores, and each
-    group of four lanes fills a 32-byte sector of a row.  That needs an even row length and
-    an 8-byte-aligned C (checked once, a uniform branch; else element-wise stores).
+    A thread holds pairs of adjacent columns, so each pair goes out as one store ``pair``
+    (``st.global.v2.f32`` for a float32 C: half the store instructions of element-wise
+    stores, and each group of four lanes fills a 32-byte sector of a row).  That needs an
+    even row length and a C aligned for the pair (``aligned``; checked once, a uniform
+    branch; else element-wise stores).  ``convert`` names a function applied to each value
+    first (``bf16`` for a bf16 C of uint16 bits, with ``store2_u16`` and ``aligned4``).
     The columns here are even, so a pair is either wholly inside C or wholly outside."""
     R = BN // 2
     pairs = [(64 * h + 8 * half, 8 * j, h * R + 4 * j + 2 * half)   # row, column, acc index
              for h in range(halves) for j in range(BN // 8) for half in range(2)]
+
+    def val(i):
+        return f"{convert}(acc[{i}])" if convert else f"acc[{i}]"
+
     lines = ["def store_acc(C, acc, t, m0, n0, M, N):",
              "    w, lane = t // 32, t % 32",
              "    r0 = m0 + 16 * w + lane // 4",
              "    c0 = n0 + 2 * (lane % 4)",
-             "    if N % 2 == 0 and aligned8(C):"]
+             f"    if N % 2 == 0 and {aligned}(C):"]
     for dr, dc, i in pairs:
         lines += [f"        r = r0 + {dr}",
                   f"        c = c0 + {dc}",
                   "        if r < M and c < N:",
-                  f"            store2(C, uidx(r), uidx(c), acc[{i}], acc[{i + 1}])"]
+                  f"            {pair}(C, uidx(r), uidx(c), {val(i)}, {val(i + 1)})"]
     lines.append("    else:")
     for dr, dc, i in pairs:
         lines += [f"        r = r0 + {dr}",
                   f"        c = c0 + {dc}",
                   "        if r < M:",
-                  f"            if c < N: C[uidx(r), uidx(c)] = acc[{i}]",
-                  f"            if c + 1 < N: C[uidx(r), uidx(c + 1)] = acc[{i + 1}]"]
+                  f"            if c < N: C[uidx(r), uidx(c)] = {val(i)}",
+                  f"            if c + 1 < N: C[uidx(r), uidx(c + 1)] = {val(i + 1)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -173,11 +180,12 @@ HOPPER_ONLY = Constraint(
     "have other instructions (tcgen05)")
 
 
-def rung_name(base: str, precision: str, default: bool, BM: int, BN: int, STAGES: int,
+def rung_name(base: str, precision: str | None, default: bool, BM: int, BN: int, STAGES: int,
               GROUP_M: int) -> str:
     """``base`` (fp16, default tiles), ``base_bf16``, then ``_BMxBN_sSTAGES[_gGROUP_M]`` for
-    other tiles: the names the wgmma rungs' specs carry."""
-    name = base + ("" if precision == "fp16" else f"_{precision}")
+    other tiles: the names the wgmma rungs' specs carry (``precision=None``: a rung whose
+    base name says its precision, as ``wgmma_tf32``)."""
+    name = base + ("" if precision in ("fp16", None) else f"_{precision}")
     if not default:
         name += f"_{BM}x{BN}_s{STAGES}" + (f"_g{GROUP_M}" if GROUP_M != 8 else "")
     return name

@@ -37,9 +37,10 @@ from gemmlib.intrinsics.mma import as_bits
 from gemmlib.intrinsics.vector import aligned4, aligned8, store2, store2_u16
 from gemmlib.kernels.wgmma_async import (HOPPER_ONLY, ROW_BYTES, compile_sources, rung_name,
                                          store_source, tile_order)
-from gemmlib.kernels.wgmma_tf32 import kmajor_loader, mma_source, transpose_grid, transpose_kernel
+from gemmlib.kernels.wgmma_tf32 import (k_multiple, kmajor_loader, mma_source, transpose_grid,
+                                        transpose_kernel)
 from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, ws_kernel
-from gemmlib.spec import Constraint, KernelSpec
+from gemmlib.spec import KernelSpec
 
 #: the two FP8 formats, by gemmlib's precision name
 PRECISIONS = ("e4m3", "e5m2")
@@ -76,42 +77,7 @@ def bf16_bits(x):
     return uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
 
 
-def store_bf16_source(BN: int) -> str:
-    """Source of ``store_acc(C, acc, t, m0, n0, M, N)`` for a bf16 C (uint16 bits), over
-    the accumulator map of ``wgmma_async.store_source``: a thread's pair of adjacent
-    columns goes out as one 4-byte store (``store2_u16``) when rows have an even length and
-    C is 4-byte aligned (a uniform branch), else one element at a time, inside C only."""
-    pairs = [(8 * half, 8 * j, 4 * j + 2 * half)                 # row, column, acc index
-             for j in range(BN // 8) for half in range(2)]
-    lines = ["def store_acc(C, acc, t, m0, n0, M, N):",
-             "    w, lane = t // 32, t % 32",
-             "    r0 = m0 + 16 * w + lane // 4",
-             "    c0 = n0 + 2 * (lane % 4)",
-             "    if N % 2 == 0 and aligned4(C):"]
-    for dr, dc, i in pairs:
-        lines += [f"        r = r0 + {dr}",
-                  f"        c = c0 + {dc}",
-                  "        if r < M and c < N:",
-                  f"            store2_u16(C, uidx(r), uidx(c), bf16(acc[{i}]), "
-                  f"bf16(acc[{i + 1}]))"]
-    lines.append("    else:")
-    for dr, dc, i in pairs:
-        lines += [f"        r = r0 + {dr}",
-                  f"        c = c0 + {dc}",
-                  "        if r < M:",
-                  f"            if c < N: C[uidx(r), uidx(c)] = bf16(acc[{i}])",
-                  f"            if c + 1 < N: C[uidx(r), uidx(c + 1)] = bf16(acc[{i + 1}])"]
-    return "\n".join(lines) + "\n"
-
-
-def _rows16(spec, M, N, K, dev):
-    return K % 16 == 0
-
-
-SIXTEEN_BYTE_ROWS = Constraint(
-    "16-byte rows", _rows16,
-    "TMA copies rows of a multiple of 16 bytes: K must be a multiple of 16 FP8 values "
-    "(gemmlib.matmul pads other shapes)")
+SIXTEEN_BYTE_ROWS = k_multiple(16, "FP8 values")
 
 
 def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: int = 128,
@@ -120,11 +86,12 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
     if precision not in PRECISIONS or OUT not in OUTPUTS or B_LAYOUT not in ("KN", "NK"):
         raise ValueError(f"wgmma_fp8 computes in {PRECISIONS} with output {OUTPUTS} and B "
                          f"given as KN or NK; got {precision!r}, {OUT!r}, {B_LAYOUT!r}")
-    check_tile(BM, BN, STAGES)
+    check_tile(BM, BN, STAGES, REGS)
     env = {"mma": H.wgmma_kmajor(BN, precision), "desc": H.smem_desc, "uidx": uidx,
            "store2": store2, "aligned8": aligned8, "bf16": bf16_bits,
            "store2_u16": store2_u16, "aligned4": aligned4}
-    store = store_bf16_source(BN) if OUT == "bf16" else store_source(BN, 1)
+    store = (store_source(BN, 1, "bf16", "store2_u16", "aligned4") if OUT == "bf16"
+             else store_source(BN, 1))
     k_tile, store_acc = compile_sources((mma_source(BN), store), env)
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
@@ -132,7 +99,7 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
                                    finish=scale_code(BN))
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 4, 8, (40, 232))
-    name = rung_name("wgmma_fp8", "fp16", default, BM, BN, STAGES, GROUP_M)
+    name = rung_name("wgmma_fp8", None, default, BM, BN, STAGES, GROUP_M)
     name += f"_{precision}_{OUT}" + ("_kn" if B_LAYOUT == "KN" else "")
     out_dtype = "uint16" if OUT == "bf16" else "float32"
     return KernelSpec(

@@ -84,7 +84,7 @@ def transpose_kernel(dtype):
     return transpose
 
 
-TRANSPOSE = {"float32": transpose_kernel(float32)}
+TRANSPOSE32 = transpose_kernel(float32)
 
 
 def transpose_grid(K: int, N: int) -> tuple[int, int, int]:
@@ -122,21 +122,24 @@ def kmajor_loader(BM: int, BN: int):
     return load_stage, A_BYTES, STAGE_BYTES
 
 
-def _rows16(spec, M, N, K, dev):
-    return K % 4 == 0
+def k_multiple(elements: int, what: str) -> Constraint:
+    """TMA copies rows of a multiple of 16 bytes: K a multiple of ``elements`` (16 bytes)."""
+    def holds(spec, M, N, K, dev):
+        return K % elements == 0
+
+    return Constraint("16-byte rows", holds,
+                      f"TMA copies rows of a multiple of 16 bytes: K must be a multiple of "
+                      f"{elements} {what} (gemmlib.matmul pads other shapes)")
 
 
-SIXTEEN_BYTE_ROWS = Constraint(
-    "16-byte rows", _rows16,
-    "TMA copies rows of a multiple of 16 bytes: K must be a multiple of 4 float32 "
-    "(gemmlib.matmul pads other shapes)")
+SIXTEEN_BYTE_ROWS = k_multiple(4, "float32")
 
 
 def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
     if precision not in PRECISIONS:
         raise ValueError(f"wgmma_tf32 computes in {PRECISIONS}, got {precision!r}")
-    check_tile(BM, BN, STAGES)
+    check_tile(BM, BN, STAGES, REGS)
     assert SLICE_BYTES == 64 * ROW_BYTES      # a consumer's 64 rows of A, as in wgmma_ws
     env = {"mma": H.wgmma_kmajor(BN, "tf32"), "desc": H.smem_desc, "uidx": uidx,
            "store2": store2, "aligned8": aligned8}
@@ -146,7 +149,7 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
-    name = rung_name("wgmma_tf32", "fp16", default, BM, BN, STAGES, GROUP_M)
+    name = rung_name("wgmma_tf32", None, default, BM, BN, STAGES, GROUP_M)
     return KernelSpec(
         name=name,
         chapter="17-hopper",
@@ -168,7 +171,7 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
         constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
         tma_boxes=((BM, BK), (BN, BK)),
         tma_swizzle=128,
-        b_prep=TRANSPOSE["float32"],
+        b_prep=TRANSPOSE32,
         b_prep_block=(TILE, ROWS, 1),
         b_prep_grid=transpose_grid,
         module=__name__,

@@ -131,11 +131,14 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     return wgmma_ws_kernel, NT, STAGES * STAGE_BYTES + 1024
 
 
-def check_tile(BM: int, BN: int, STAGES: int) -> None:
-    """The tiles and ring depths the warp-specialised rungs build."""
+def check_tile(BM: int, BN: int, STAGES: int, REGS=None) -> None:
+    """The tiles, ring depths and register splits the warp-specialised rungs build."""
     if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
         raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
                          f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    if REGS is not None and 128 * (REGS[0] + BM // 64 * REGS[1]) > 65536:
+        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
+                         "SM's 65536 registers")
 
 
 def persistent_grid(BM: int, BN: int):
@@ -148,10 +151,7 @@ def persistent_grid(BM: int, BN: int):
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
-    check_tile(BM, BN, STAGES)
-    if REGS is not None and 128 * (REGS[0] + BM // 64 * REGS[1]) > 65536:
-        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
-                         "SM's 65536 registers")
+    check_tile(BM, BN, STAGES, REGS)
     k_tile, store_acc = warpgroup_code(precision, BN, 1)
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
