@@ -909,3 +909,62 @@ __all__ = ["swizzle_slots", "plot_swizzle128", "kernel_descriptors", "decode_des
            "rung_of", "hopper_records", "hopper_table", "pct_range", "targets_line",
            "ladder_order", "host_table", "chart_labels", "plot_hopper_bars", "show_hopper_results",
            "implied_cube", "tune_table", "runs_here", "ptx_evidence", "RUNGS", "TARGET_PCT"]
+
+
+# --------------------------------------------------------------------------
+# The last mile: clusters sharing B, ping-pong consumers
+
+
+def l2_bytes_per_ktile(BM: int = 128, BN: int = 256, CM: int = 1, elem_bytes: int = 2,
+                       BK: int = 64) -> dict:
+    """What one block copies from L2 for one k-tile of its BM x BN tile when CM blocks of a
+    cluster (stacked along M) share B by multicast: its A box, and 1/CM of B's panels (each
+    panel 64 columns; a block copies whole panels).  Returns bytes, the FLOPs they feed and
+    FLOPs per byte."""
+    panels = BN // 64
+    mine = -(-panels // CM)                      # the block that copies the most panels
+    a, b = BM * BK * elem_bytes, mine * 64 * BK * elem_bytes
+    flops = 2 * BM * BN * BK
+    return dict(a_bytes=a, b_bytes=b, bytes=a + b, flops=flops, flops_per_byte=flops / (a + b))
+
+
+def l2_traffic_table(configs=(("wgmma_ws", 128, 256, 1), ("wgmma_cluster", 128, 256, 2),
+                              ("wgmma_cluster (CM=4)", 128, 256, 4),
+                              ("wgmma_pingpong", 128, 128, 1))):
+    """Bytes from L2 per k-tile and per block, and the L2 bandwidth the whole GPU would draw
+    at 700 TFLOP/s, for the tile shapes of the Hopper rungs (computed, not measured)."""
+    from gemmcourse.notebook import Table
+
+    body = []
+    for name, BM, BN, CM in configs:
+        t = l2_bytes_per_ktile(BM, BN, CM)
+        body.append((name, f"{BM} x {BN}", CM, f"{t['a_bytes'] // 1024} + {t['b_bytes'] // 1024}",
+                     f"{t['flops_per_byte']:.0f}", f"{700e12 / t['flops_per_byte'] / 1e12:.1f}"))
+    return Table(("rung", "tile per block", "blocks sharing B", "KiB of A + B per k-tile",
+                  "FLOP per byte", "L2 TB/s at 700 TFLOP/s"), body,
+                 caption="Operand traffic from L2, computed from the tile shapes")
+
+
+def lastmile_files(directory=None):
+    """The committed last-mile runs: kernel timing of the rung variants at 4096^3
+    (``lastmile-*/diag*-<gpu>.json``, newest per folder last)."""
+    from gemmcourse.notebook import committed_json
+
+    return [(n, d) for n, d in committed_json("lastmile-*/diag*.json", directory)
+            if any("max_err" in r for r in d.get("kernel", []))]
+
+
+def lastmile_table(data: dict, name: str = "", base: str = "wgmma_ws_128x256_s4"):
+    """Kernel time of each variant (events around the launch, L2 flushed, median of 30) and
+    its speed against ``base`` measured in the same run."""
+    from gemmcourse.notebook import Table
+
+    rows = data.get("kernel", [])
+    ref = next((r["us"] for r in rows if r["kernel"] == base), None)
+    body = [(r["kernel"], r["grid"][0], f"{r['us']:.1f}", f"{r['tflops']:.0f}",
+             "-" if ref is None else f"{100 * ref / r['us']:.1f}%", f"{r['max_err']:.1e}")
+            for r in rows]
+    return Table(("kernel", "blocks", "us", "TFLOP/s", f"speed vs {base}",
+                  "max error vs fp32 product"), body,
+                 caption=f"4096^3 fp16, kernel timing: {data.get('meta', {}).get('gpu', '?')}"
+                         + (f" ({name})" if name else ""))

@@ -65,6 +65,9 @@ class _Operand:
     #: element type by name; "bfloat16" for BF16Array / torch / ml_dtypes data, whose
     #: ``obj`` is then the raw 16-bit patterns
     dname: str = ""
+    #: bfloat16 operands: what carried them ("bf16array", "ml_dtypes" or "torch"), the type
+    #: a bfloat16 result comes back in
+    bf16_from: str = ""
 
     def __post_init__(self):
         if not self.dname:
@@ -151,6 +154,7 @@ def _describe(x, name: str) -> _Operand:
     if bf16 is not None:  # bfloat16: describe the bit patterns, remember what they are
         op = _describe(bf16, name)
         op.dname = "bfloat16"
+        op.bf16_from = _bf16_source(x)
         return op
     return _describe_other(x, name)
 
@@ -168,6 +172,14 @@ def _bf16_bits(x):
 
         return x.view(torch.int16)  # same bits; torch exports int16 through DLPack and CAI
     return None
+
+
+def _bf16_source(x) -> str:
+    from gemmlib.precision import BF16Array
+
+    if isinstance(x, BF16Array):
+        return "bf16array"
+    return "ml_dtypes" if isinstance(x, np.ndarray) else "torch"
 
 
 def _describe_cupy(x) -> _Operand:
@@ -230,7 +242,7 @@ def _overlap(a: _Operand, b: _Operand) -> bool:
 
 
 def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | None,
-                    transpose_b: bool = False):
+                    transpose_b: bool = False, out_dtype: str | None = None):
     for op, name in ((a, "A"), (b, "B")):
         if len(op.shape) != 2:
             raise ValueError(f"{name} must be a 2-D matrix; got shape {op.shape}")
@@ -249,7 +261,7 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
             f"{expr} ({K2}) to equal A's columns ({K})")
     ops = [(a, "A"), (b, "B")] + ([(c, "out")] if c is not None else [])
     for op, name in ops:
-        want = spec.dtype if name != "out" else spec.out_dtype
+        want = spec.dtype if name != "out" else (out_dtype or spec.out_dtype)
         if op.dname != want or (op.dname != "bfloat16" and op.dtype != _np_dtype(want)):
             what = (f"kernel {spec.name!r} computes in {want}" if name != "out" else
                     f"kernel {spec.name!r} writes {want}")
@@ -362,8 +374,9 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         with the kernel.  Mixing host and GPU operands is refused.
         Any other dtype (float64, float16, byte-swapped '>f4', ...) is
         refused with a TypeError naming ``astype``.
-    out : optional array of shape (M, N), same dtype and place as A and B,
-        C-contiguous and writeable.  Must not share memory with A or B
+    out : optional array of shape (M, N), same dtype and place as A and B
+        (float32 for tensor-core products, or the inputs' own 16-bit type: see
+        ``out_dtype``), C-contiguous and writeable.  Must not share memory with A or B
         (refused: the kernel would overwrite its input while reading it).
         Written in place and returned.  Allocated when None in the inputs'
         own type: a torch tensor on the inputs' device for torch CUDA
@@ -396,7 +409,8 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         relative error, about 8x faster), and ``"3xtf32"`` splits each into
         two TF32 parts and issues three tensor-core products: fp32-level
         accuracy at tensor-core speed.  Tensor-core products return float32
-        (``out`` must be float32) and compute A @ B (``transpose_b=False``);
+        unless ``out_dtype`` (or a 16-bit ``out``) asks for the inputs' own type,
+        and compute A @ B (``transpose_b=False``);
         they need sm_80 or newer (``ConstraintError`` otherwise).  On an
         H100/H200 tf32 runs ``wgmma_tf32`` where its tiles fill the GPU.
         ``"e4m3"`` / ``"e5m2"``: FP8 (torch float8 tensors need no ``precision``;
@@ -406,7 +420,23 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         17); ``"mma_atom"``, ``"mma_swizzle"``, ``"wgmma_async"`` and
         ``"wgmma_tma"`` are teaching rungs.
 
-    scale_a, scale_b, out_dtype : FP8 inputs only (``gemmlib.fp8``):
+    out_dtype : the type of C.  float16 / bfloat16 inputs: float32 (``None``, the
+        default) or the inputs' own type, as ``torch.matmul`` returns it --
+        ``torch.float16`` / ``torch.bfloat16``, ``numpy.float16`` (CuPy's),
+        ``ml_dtypes.bfloat16`` or the names ``"float16"``, ``"fp16"``,
+        ``"bfloat16"``, ``"bf16"``.  An ``out`` array of the inputs' 16-bit type
+        asks for it too.  The product is accumulated in fp32 and each element
+        rounded once to the 16-bit type (nearest even): on an H100/H200 by the
+        epilogue of ``wgmma_ws`` (``wgmma_cluster``, ``wgmma_pingpong``; builds
+        with ``OUT``), which halves the bytes C costs; every other kernel (other
+        GPUs, ``mma_*``, split-K and decode choices) writes float32 into a scratch
+        buffer that is then cast into C (one more pass over C).  The result has the
+        inputs' own array type (a torch bf16 tensor, a ``BF16Array`` for BF16Array
+        inputs).  Float32 inputs (any ``precision``) are written as float32 only.
+        Any other ``out_dtype`` raises ValueError; one that does not match the
+        inputs (fp16 out of bf16 inputs, 16-bit out of float32 inputs), TypeError.
+        FP8 inputs: bfloat16 (default) or float32, see below.
+    scale_a, scale_b : FP8 inputs only (``gemmlib.fp8``):
         C = (scale_a * scale_b) * (A @ B) with float32 per-tensor scales (one-element
         float32 CUDA tensors as for ``torch._scaled_mm``, or floats), written as
         ``out_dtype`` bfloat16 (default) or float32.  A torch B may be column-major
@@ -434,18 +464,19 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         return fp8.matmul_fp8(A, B, a, b, fmt,
                               scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, out=out,
                               kernel=kernel, stream=stream, transpose_b=transpose_b)
-    if scale_a is not None or scale_b is not None or out_dtype is not None:
-        raise ValueError("scale_a, scale_b and out_dtype apply to FP8 inputs only")
+    if scale_a is not None or scale_b is not None:
+        raise ValueError("scale_a and scale_b apply to FP8 inputs only")
     c = _describe(out, "out") if out is not None else None
+    o16 = None if out_dtype is None and c is None else _out_type(out_dtype, a, c)
     if a.kind == "torch" and stream is None:
         stream = _torch_current_stream(a.device)
-    key = _call_key(a, b, c, kernel, transpose_b, precision)
+    key = _call_key(a, b, c, kernel, transpose_b, precision, o16)
     if key is not None:
         known = dispatch.CALLS.get(key)
         if known is not None and _still_holds(known, a, b, c):
             return _run_known(known, a, b, c, out, stream)
     _RECORD.known = None
-    C = _matmul(a, b, c, out, kernel, stream, transpose_b, precision)
+    C = _matmul(a, b, c, out, kernel, stream, transpose_b, precision, o16)
     if key is not None and _RECORD.known is not None:
         dispatch.CALLS.put(key, _RECORD.known)
     if out is None and a.kind in ("numpy", "dlpack") and not isinstance(A, np.ndarray):
@@ -455,12 +486,63 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
 
 _FP8 = ("e4m3", "e5m2")
 
+#: ``out_dtype`` spellings, by the element type they name
+_OUT_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16",
+              "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+_SIXTEEN = ("float16", "bfloat16")
+#: the wgmma rungs' OUT for each 16-bit element type
+_OUT_KIND = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+@lru_cache(maxsize=256)
+def _out_name(out_dtype) -> str:
+    """``out_dtype`` (a torch or NumPy dtype, a type, a name) as "float32", "float16" or
+    "bfloat16"; ValueError for anything else."""
+    if isinstance(out_dtype, str):
+        name = out_dtype
+    elif str(out_dtype).startswith("torch."):
+        name = str(out_dtype)[6:]
+    else:
+        try:
+            name = np.dtype(out_dtype).name   # numpy/cupy float16, ml_dtypes.bfloat16
+        except TypeError:
+            name = str(out_dtype)
+    if name not in _OUT_NAMES:
+        raise ValueError(f"out_dtype must be float32 or the inputs' own 16-bit type "
+                         f"(torch.float16, torch.bfloat16, numpy.float16, or 'float16', "
+                         f"'fp16', 'bfloat16', 'bf16'); got {out_dtype!r}")
+    return _OUT_NAMES[name]
+
+
+def _out_type(out_dtype, a: _Operand, c: _Operand | None) -> str | None:
+    """What C holds, from ``out_dtype`` and ``out`` (described as ``c``): None (float32, as
+    by default), "float32" (asked for), "float16" or "bfloat16" (the inputs' own type)."""
+    want = None if out_dtype is None else _out_name(out_dtype)
+    if want is None:
+        if c is not None and c.dname in _SIXTEEN and a.dname in _SIXTEEN:
+            if c.dname != a.dname:
+                raise TypeError(f"out holds {c.dname}; a product of {a.dname} inputs is "
+                                f"written as float32 or {a.dname}")
+            return c.dname
+        return None
+    if want in _SIXTEEN and a.dname != want:
+        raise TypeError(f"out_dtype={want} needs {want} inputs (a product is written as "
+                        f"float32 or in its inputs' own 16-bit type); A is {a.dname}")
+    if c is not None and c.dname != want:
+        raise TypeError(f"out holds {c.dname}, but out_dtype is {want}: pass an out of "
+                        f"that dtype, or leave out_dtype None")
+    return want
+
 
 def _like_input(C, A):
     """The result in A's own array type, for inputs that came in through NumPy or DLPack
     (a torch CPU tensor, a JAX array); anything else gets the array as computed."""
     torch = _torch()
     if torch is not None and isinstance(A, torch.Tensor):
+        from gemmlib.precision import BF16Array
+
+        if isinstance(C, BF16Array):   # bfloat16 bits (NumPy) -> a torch bfloat16 tensor
+            return torch.from_numpy(C.bits.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(C) if isinstance(C, np.ndarray) else torch.from_dlpack(C)
     mod = sys.modules.get(type(A).__module__.split(".")[0])
     if mod is not None and mod.__name__ in ("jax", "jaxlib"):
@@ -488,13 +570,15 @@ class _Known:
 _RECORD = threading.local()  # the long path leaves its conclusion here
 
 
-def _call_key(a: _Operand, b: _Operand, c: _Operand | None, kernel, transpose_b, precision):
+def _call_key(a: _Operand, b: _Operand, c: _Operand | None, kernel, transpose_b, precision,
+              out_type: str | None = None):
     """A key for calls whose checks must conclude alike, or None (long path only)."""
     if a.kind not in ("cupy", "torch") or not (kernel is None or type(kernel) is str):
         return None
     ck = None if c is None else (c.kind, c.dname, c.dtype, c.shape, c.c_contiguous)
     return (a.kind, a.dname, a.dtype, a.shape, a.c_contiguous,
-            b.kind, b.dname, b.dtype, b.shape, b.c_contiguous, ck, kernel, transpose_b, precision)
+            b.kind, b.dname, b.dtype, b.shape, b.c_contiguous, ck, kernel, transpose_b, precision,
+            out_type)
 
 
 def _still_holds(k: _Known, a: _Operand, b: _Operand, c: _Operand | None) -> bool:
@@ -559,8 +643,8 @@ def _remember(plan, a: _Operand, C, align: int) -> None:
         _RECORD.known = _Known(plan, C.dtype, align)
 
 
-def _matmul(a, b, c, out, kernel, stream, transpose_b, precision):
-    """matmul's long path: every check, with its message."""
+def _matmul(a, b, c, out, kernel, stream, transpose_b, precision, o16=None):
+    """matmul's long path: every check, with its message.  ``o16``: see _out_type."""
     if precision is None and isinstance(kernel, KernelSpec):
         precision = kernel.precision
     elif precision is None and isinstance(kernel, str) and kernel != dispatch.AUTO:
@@ -571,7 +655,7 @@ def _matmul(a, b, c, out, kernel, stream, transpose_b, precision):
 
         prec = check_precision(precision, a.dname)
         if prec != "fp32":
-            return _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b)
+            return _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16)
     kernel = kernel or _default_kernel(transpose_b)
     # The spec the operand checks read (dtype, B's layout); "auto" resolves per shape below.
     spec = dispatch.get_spec(dispatch.AUTO_RUNG if kernel == dispatch.AUTO else kernel)
@@ -625,8 +709,9 @@ def _sixteen_bit_default(a: _Operand, kernel) -> bool:
     return dispatch.get_spec(kernel).precision != "fp32"
 
 
-def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
-    """matmul in a tensor-core precision (operands described, precision checked)."""
+def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None):
+    """matmul in a tensor-core precision (operands described, precision checked).
+    ``o16`` (see _out_type): "float16" / "bfloat16" for a C in the inputs' own type."""
     if transpose_b:
         raise ValueError("the tensor-core kernels compute A @ B: pass B as (K, N) with "
                          "transpose_b=False")
@@ -637,17 +722,29 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
     if check_spec.precision != prec:
         raise ValueError(f"kernel {check_spec.name!r} computes in {check_spec.precision}, "
                          f"not {prec}")
-    M, N, K = _check_operands(check_spec, a, b, c, False)
+    if check_spec.out_dtype == "uint16":   # a spec built with a 16-bit OUT writes that
+        if o16 == "float32":
+            raise ValueError(f"kernel {check_spec.name!r} writes {a.dname}, not float32")
+        o16 = a.dname
+    o16 = None if o16 == "float32" else o16
+    M, N, K = _check_operands(check_spec, a, b, c, False, out_dtype=o16)
     backend.require_device()
-    spec = dispatch.select_tc(prec, M, N, K) if auto else check_spec
+    okind = _OUT_KIND.get(o16, "fp32")
+    if auto:
+        spec = dispatch.select_tc(prec, M, N, K, out=okind)
+    else:   # a rung by name: its 16-bit epilogue where it has one; a KernelSpec as given
+        spec = dispatch.with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
+    #: the kernel writes the 16-bit C itself; else float32 into a scratch buffer, then a cast
+    direct = o16 is not None and spec.out_dtype == "uint16"
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
         xp = backend.array_module()
         with _staging_stream(stream):
-            C = matmul(*(_to_device(op, xp) for op in (a, b)), kernel=spec, stream=stream)
-            result = xp.asnumpy(C)
+            C = matmul(*(_to_device(op, xp) for op in (a, b)), kernel=spec, stream=stream,
+                       out_dtype=o16)
+            result = xp.asnumpy(C if o16 is None else _bits_of(C, False, xp))
         if out is None:
-            return result
-        c.obj[...] = result
+            return result if o16 is None else _host16(result, o16, a)
+        (c.obj if o16 is None else _bits_of(c.obj, True, np))[...] = result
         return out
     xp = np if a.on_host else backend.array_module()
     # Every copy below runs on the kernel's stream, in order with the caller's work.
@@ -661,22 +758,90 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b):
             A_, B_ = _padded(A_, M, Kp, xp), _padded(B_, Kp, Np, xp)
         if out is not None:
             C = c.obj if a.on_host else out  # host: the NumPy view of out (a torch CPU tensor)
+        elif o16 is not None:
+            C = _allocate16(M, N, o16, a)
         elif a.on_host:
             C = np.empty((M, N), dtype=np.float32)
         else:
             C = _allocate_output(M, N, np.float32, like=a)
-        Ck = C if Np == N else xp.empty((M, Np), dtype=np.float32)
+        # dst: what the kernel writes when nothing is padded or cast (16-bit C: its bits)
+        dst = C if o16 is None else _bits_of(C, a.on_host, xp)
+        kdt = np.uint16 if direct else np.float32
+        Ck = dst if Np == N and (o16 is None or direct) else xp.empty((M, Np), dtype=kdt)
         if M != 0 and N != 0:
             plan = dispatch.plan(spec, M, Np, Kp)  # ConstraintError here
             if a.on_host:  # simulator
                 dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream)
             else:
                 dispatch.run(plan, _ptr(A_), _ptr(B_), _ptr(Ck), dispatch.stream_handle(stream))
-                if (Kp, Np) == (K, N) and not misaligned:  # no staging: a repeat can skip it all
-                    _remember(plan, a, C, al)
-            if Ck is not C:  # drop the padded columns (in order on the same stream)
-                (C if a.on_host else xp.asarray(C))[...] = Ck[:, :N]
+                if Ck is dst and Kp == K and not misaligned and not _is_bf16array(C):
+                    _remember(plan, a, C, al)   # no staging: a repeat can skip it all
+            if Ck is not dst:   # drop the padded columns / cast (in order on the same stream)
+                if o16 is None or direct:
+                    (dst if a.on_host else xp.asarray(dst))[...] = Ck[:, :N]
+                else:
+                    _cast16(dst, Ck[:, :N], o16, xp)
     return C if out is None else out
+
+
+def _is_bf16array(x) -> bool:
+    from gemmlib.precision import BF16Array
+
+    return isinstance(x, BF16Array)
+
+
+def _bits_of(x, on_host: bool, xp):
+    """A 16-bit array (float16, bfloat16 of any carrier, int16/uint16 bits) as a uint16
+    view of the same memory: NumPy on the host, else CuPy (torch tensors through CAI)."""
+    if _is_bf16array(x):
+        x = x.bits
+    if on_host:
+        return x.view(np.uint16)
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        x = x.view(torch.int16)   # torch exports no bfloat16 through CAI
+    x = x if type(x) is _cupy_ndarray() else xp.asarray(x)
+    return x.view(np.uint16)
+
+
+def _host16(bits: np.ndarray, o16: str, a: _Operand):
+    """16-bit result bits on the host as the caller's type: float16, or bfloat16 as the
+    inputs carried it (an ml_dtypes array, else a BF16Array; matmul makes torch CPU
+    results torch tensors)."""
+    if o16 == "float16":
+        return bits.view(np.float16)
+    if a.bf16_from == "ml_dtypes":
+        import ml_dtypes
+
+        return bits.view(ml_dtypes.bfloat16)
+    from gemmlib.precision import BF16Array
+
+    return BF16Array(bits)
+
+
+def _allocate16(M: int, N: int, o16: str, a: _Operand):
+    """A 16-bit C for inputs described as ``a``: NumPy on the host, else in A's own type
+    (a torch tensor of that dtype, CuPy / numba float16, a BF16Array of CuPy bits)."""
+    if a.on_host:
+        return _host16(np.empty((M, N), np.uint16), o16, a)
+    if a.kind == "torch":
+        return _allocate_output(M, N, o16, like=a)
+    if o16 == "float16":
+        return _allocate_output(M, N, np.float16, like=a)
+    from gemmlib.precision import BF16Array
+
+    return BF16Array(_allocate_output(M, N, np.uint16, like=a))
+
+
+def _cast16(bits, Cf, o16: str, xp) -> None:
+    """``bits`` (uint16) = float32 ``Cf`` rounded to ``o16``, nearest even."""
+    if o16 == "float16":
+        with np.errstate(over="ignore"):   # beyond fp16's range: Inf, as on the GPU
+            bits.view(np.float16)[...] = Cf
+    else:
+        from gemmlib.precision import to_bf16_bits
+
+        bits[...] = to_bf16_bits(Cf)
 
 
 def _kernel_array(op: _Operand, xp):
@@ -719,18 +884,19 @@ def _allocate_output(M: int, N: int, dtype, like: _Operand):
     try:
         if like.kind == "numba":
             return cuda.device_array((M, N), dtype=dtype)
-        if like.kind == "torch":
+        if like.kind == "torch":   # dtype: a NumPy dtype, or a name ("bfloat16")
             torch = _torch()
-            return torch.empty((M, N), dtype=getattr(torch, np.dtype(dtype).name),
-                               device=like.obj.device)
+            name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+            return torch.empty((M, N), dtype=getattr(torch, name), device=like.obj.device)
         return backend.array_module().empty((M, N), dtype=dtype)
     except Exception as e:
         if not (isinstance(e, MemoryError) or "OUT_OF_MEMORY" in str(e).upper()
                 or "out of memory" in str(e).lower()):
             raise
-        size = M * N * np.dtype(dtype).itemsize
+        size = M * N * (2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
         raise MemoryError(
-            f"out of GPU memory allocating C ({M} x {N} {np.dtype(dtype)}, "
+            f"out of GPU memory allocating C ({M} x {N} "
+            f"{dtype if isinstance(dtype, str) else np.dtype(dtype)}, "
             f"{size / 2**30:.2f} GiB): "
             f"{e}. Free memory (e.g. cupy.get_default_memory_pool().free_all_blocks()), "
             f"split the problem, or pass a preallocated out=") from e

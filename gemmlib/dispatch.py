@@ -216,7 +216,8 @@ def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
 
 #: the tensor-core rungs (gemmlib.intrinsics.mma); "auto" picks the last, tuned
 TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline", "mma_split_k", "wgmma_async", "wgmma_tma",
-            "wgmma_ws", "wgmma_split_k", "wgmma_tf32", "wgmma_fp8")
+            "wgmma_ws", "wgmma_split_k", "wgmma_tf32", "wgmma_fp8", "wgmma_cluster",
+            "wgmma_pingpong")
 TC_AUTO = "mma_pipeline"
 
 
@@ -279,14 +280,26 @@ def select_skinny(precision: str, M: int, N: int, K: int) -> KernelSpec | None:
     return spec
 
 
-def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
+def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
+              out: str = "fp32") -> KernelSpec:
     """What ``kernel="auto"`` runs in a tensor-core ``precision``: on an H100/H200 in fp16
     or bf16 :func:`select_hopper`'s choice (``wgmma_split_k`` / ``skinny``); at decode
     sizes (M <= SKINNY_MMAX) the ``skinny`` rung -- in fp32 for tf32 and 3xtf32 calls
     (see SKINNY_MMAX); on sm_75 (a T4) in fp16 the sm_75 form of ``mma_swizzle``
     (SM75_AUTO); otherwise ``mma_pipeline`` with the tile the autotuner measured fastest
     for this GPU and the shape's class (else the default), cut into K slices by
-    ``mma_split_k`` where its cost model says the tiles alone leave SMs idle."""
+    ``mma_split_k`` where its cost model says the tiles alone leave SMs idle.
+
+    ``out`` ("fp16" / "bf16": a C in the inputs' own 16-bit type) changes the choice only
+    where an epilogue can write it (:func:`select_out`); elsewhere the float32 choice is
+    returned and ``gemmlib.matmul`` casts its result."""
+    if out != "fp32":
+        key = ("tc", precision, M, N, K, slug, out)
+        spec = _CHOICES.get(key)
+        if spec is None:
+            spec = _CHOICES.put(key, select_out(select_tc(precision, M, N, K, slug), out,
+                                                M, N, K))
+        return spec
     key = ("tc", precision, M, N, K, slug)
     spec = _CHOICES.get(key)
     if spec is not None:
@@ -354,6 +367,45 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
     return build(HOPPER_SPLIT, {"precision": precision, "BM": BM})
 
 
+#: rungs whose epilogue writes C in the inputs' own 16-bit type when built with
+#: ``OUT="fp16"`` / ``"bf16"`` (``gemmlib.kernels.wgmma_async.out_store``)
+OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong")
+
+
+def rung_of(spec: KernelSpec) -> str:
+    """The rung (module) name a spec was built by."""
+    return spec.module.rsplit(".", 1)[-1]
+
+
+def with_out(spec: KernelSpec, out: str) -> KernelSpec:
+    """``spec``'s rung and parameters built to write C as ``out`` ("fp32", "fp16",
+    "bf16") where the rung has that epilogue (OUT16_RUNGS); else ``spec`` itself, which
+    writes float32 (``gemmlib.matmul`` then casts into the 16-bit C: one more copy)."""
+    if spec.params.get("OUT", "fp32") == out or rung_of(spec) not in OUT16_RUNGS:
+        return spec
+    params = {k: v for k, v in spec.params.items() if k not in ("BK", "OUT")}
+    if out != "fp32":
+        params["OUT"] = out
+    return build(rung_of(spec), params)
+
+
+def select_out(spec: KernelSpec, out: str, M: int, N: int, K: int) -> KernelSpec:
+    """The ``auto`` choice ``spec`` (float32 C) for a C of 16-bit ``out``.  On Hopper the
+    choice is ``wgmma_split_k``: when its cost model keeps one slice it is ``wgmma_ws``
+    with the same tile, built with ``OUT``; when it cuts K the slices' sums are float32
+    (and the output is small), so the float32 choice stays and the result is cast.  Any
+    other choice (``skinny``, ``mma_pipeline``, ...) stays float32 too."""
+    if rung_of(spec) != HOPPER_SPLIT:
+        return with_out(spec, out)
+    from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for
+
+    p = spec.params
+    if effective_splits(p["SPLITS"] or splits_for(M, N, K, p["BM"], p["BN"]), K) > 1:
+        return spec
+    keep = ("precision", "BM", "BN", "STAGES", "GROUP_M", "REGS")
+    return build("wgmma_ws", dict({k: p[k] for k in keep}, OUT=out))
+
+
 def _known_registers(spec) -> int | None:
     """Registers per thread if this kernel has been compiled in this process."""
     c = _COMPILED.get(id(spec.kernel))
@@ -388,7 +440,7 @@ _PLANS = _LRU(4096)
 
 #: ``gemmlib.matmul``'s memory of calls it has checked: what the operand checks
 #: concluded (the plan, the output's dtype) for operands described alike
-#: (type, dtype, shape, layout, kernel, precision).  A repeated call then
+#: (type, dtype, shape, layout, kernel, precision, output type).  A repeated call then
 #: skips the checks whose outcome only those decide (gemmlib.api).
 CALLS = _LRU(4096)
 
@@ -458,6 +510,42 @@ class CudaError(RuntimeError):
     """A CUDA driver call failed (the message names the call and the error)."""
 
 
+class _ClusterDim(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _AttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("cluster", _ClusterDim)]
+
+
+class _LaunchAttr(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _AttrValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h): grid, block, dynamic shared bytes, stream, attributes."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
+
+
+#: CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+_CLUSTER_ATTR = 4
+
+
+def _cluster_config(grid, block, shared: int, stream: int, cluster: int) -> _LaunchConfig:
+    """A launch configuration whose blocks form clusters of ``cluster`` along x (the
+    attribute array is kept alive by the returned object)."""
+    attr = _LaunchAttr(id=_CLUSTER_ATTR)
+    attr.value.cluster = _ClusterDim(cluster, 1, 1)
+    cfg = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(*block),
+                        shared=shared, stream=stream or None, attrs=ctypes.pointer(attr),
+                        num_attrs=1)
+    cfg._attr = attr
+    return cfg
+
+
 class _Driver:
     """The few driver entry points the launch path needs, called through ctypes."""
 
@@ -481,6 +569,9 @@ class _Driver:
         self.func_get_attribute = fn("cuFuncGetAttribute", P(ci), ci, vp)
         self.func_set_attribute = fn("cuFuncSetAttribute", vp, ci, ci)
         self.launch_kernel = fn("cuLaunchKernel", vp, cu, cu, cu, cu, cu, cu, cu, vp, vp, vp)
+        self.launch_kernel_ex = fn("cuLaunchKernelEx", P(_LaunchConfig), vp, vp, vp)
+        self.max_active_clusters = fn("cuOccupancyMaxActiveClusters", P(ci), vp,
+                                      P(_LaunchConfig))
         self._error_name = fn("cuGetErrorName", ci, P(ctypes.c_char_p))
 
     def check(self, rc: int, what: str) -> None:
@@ -686,6 +777,8 @@ class _Bound:
         self.maps = None  # (a_ptr, b_ptr, tma generation, address): see _maps_of
         self._local = threading.local()
         self.prep = self.prep_words = None
+        #: the grid launched: a cluster rung's, cut to the clusters that fit at once
+        self.grid = p.grid if spec.cluster == 1 else _cluster_grid(self.fn, p)
         if spec.b_prep is not None:   # B.T first, into a buffer kept per stream (_prepared_b)
             self.prep = _compiled_prep(spec).function(ctx)
             self.prep_words = _array_words(0, K, N, ib) + _array_words(0, N, K, ib)
@@ -706,6 +799,21 @@ class _Bound:
             pointers = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
             blk = self._local.blk = (values, ctypes.addressof(pointers), pointers)
         return blk[0], blk[1]
+
+
+def _cluster_grid(fn: int, p: Plan) -> tuple[int, int, int]:
+    """A persistent cluster rung's grid: no more clusters than the GPU holds at once
+    (``cuOccupancyMaxActiveClusters``: clusters live inside one GPC, so SMs / cluster
+    may not all fit), or the late ones would run after the others as a second wave."""
+    cm = p.spec.cluster
+    cfg = _cluster_config(p.grid, p.block, p.shared_bytes, 0, cm)
+    n = ctypes.c_int()
+    drv = driver()
+    drv.check(drv.max_active_clusters(ctypes.byref(n), fn, ctypes.byref(cfg)),
+              "cuOccupancyMaxActiveClusters")
+    if n.value < 1:
+        raise CudaError(f"{p.spec.name}: no cluster of {cm} blocks fits on this GPU")
+    return (cm * min(p.grid[0] // cm, n.value), p.grid[1], p.grid[2])
 
 
 _BOUND: dict = {}
@@ -758,7 +866,12 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
         if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
             values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales)
         drv = driver()
-        rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers, None)
+        if p.spec.cluster > 1:
+            cfg = _cluster_config(b.grid, p.block, p.shared_bytes, stream, p.spec.cluster)
+            rc = drv.launch_kernel_ex(ctypes.byref(cfg), b.fn, pointers, None)
+        else:
+            rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers,
+                                   None)
         if rc:
             drv.check(rc, "cuLaunchKernel")
         return

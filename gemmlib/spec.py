@@ -161,6 +161,9 @@ class KernelSpec:
     #: FP8 rungs: the maps block carries two more 64-bit words after the maps, the device
     #: addresses of the float32 scales of A and B (``gemmlib.dispatch.run``'s ``scales``)
     scale_words: bool = False
+    #: cluster rungs: blocks per thread-block cluster along x (launched with
+    #: ``cuLaunchKernelEx``'s cluster attribute by ``gemmlib.dispatch``; 1: no cluster)
+    cluster: int = 1
 
     @property
     def b_kmajor(self) -> bool:

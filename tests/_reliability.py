@@ -178,3 +178,66 @@ def report(name: str, data) -> None:
 
 def finite_or_none(x: float):
     return x if math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------
+# The persistent Hopper rungs (wgmma_pingpong, wgmma_cluster): one product checked whole
+
+#: an H100/H200 is present (wgmma and TMA run)
+HOPPER = (not backend.SIMULATOR and backend.gpu_present()
+          and tuple(backend.device_info().compute_capability) == (9, 0))
+
+
+def operands16(precision, M, N, K, rng):
+    """Random A, B in ``precision``'s input type (device arrays on a GPU) and the float64
+    copies of the values the kernel reads."""
+    dt = "bfloat16" if precision == "bf16" else "float16"
+    A = backend.random_matrix((M, K), dt, rng)
+    B = backend.random_matrix((K, N), dt, rng)
+    a64, b64 = (np.asarray(backend.to_host(x.astype(np.float32)), np.float64) for x in (A, B))
+    return A, B, a64, b64
+
+
+def run_poisoned(spec, precision, A, B):
+    """C = A B into a NaN-filled C (an element no block writes stays NaN), on the host."""
+    xp = backend.array_module()
+    C = xp.full((A.shape[0], B.shape[1]), np.nan, np.float32)
+    import gemmlib
+
+    gemmlib.matmul(A, B, kernel=spec, precision=precision, out=C)
+    return np.asarray(backend.to_host(C))
+
+
+def check_product(spec, precision, M, N, K, seed):
+    """``spec``'s product of fresh random operands: every element written, within the
+    precision's tolerance of float64."""
+    from gemmlib.precision import tolerance as precision_tolerance
+
+    A, B, a64, b64 = operands16(precision, M, N, K, np.random.default_rng(seed))
+    C = run_poisoned(spec, precision, A, B)
+    ref = a64 @ b64
+    err = np.abs(C - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert np.isfinite(C).all(), (spec.name, M, N, K, "unwritten", int((~np.isfinite(C)).sum()))
+    assert err <= precision_tolerance(precision, K), (spec.name, M, N, K, err)
+
+
+def check_sampled_rows(spec, precision, M, N, K, rng, rows: int = 64):
+    """A large product against float64 on a sample of rows (first, last and ``rows`` random)."""
+    from gemmlib.precision import tolerance as precision_tolerance
+
+    A, B, a64, b64 = operands16(precision, M, N, K, rng)
+    C = run_poisoned(spec, precision, A, B)
+    assert np.isfinite(C).all(), (spec.name, M, N, K)
+    pick = np.unique(np.r_[0, M - 1, rng.integers(0, M, rows)])
+    ref = a64[pick] @ b64
+    err = np.abs(C[pick] - ref).max() / np.abs(ref).max()
+    assert err <= precision_tolerance(precision, K), (spec.name, M, N, K, err)
+
+
+def on_blocks(spec, blocks: int):
+    """``spec`` launched on ``blocks`` persistent blocks whatever the GPU (the simulator
+    has one SM): the blocks' tile walks interleave."""
+    import dataclasses
+
+    return dataclasses.replace(spec, name=f"{spec.name}_on{blocks}",
+                               grid=lambda M, N, K: (blocks, 1, 1))

@@ -37,6 +37,82 @@ def test_sanitize_report_parser_selftest():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_sanitize_hopper_kernels_and_shapes():
+    """``--kernels hopper``: every Hopper rung in each precision, with the inputs it takes;
+    the ``@blocks`` / ``/slices`` shapes only re-launch the same compiled kernels."""
+    st = _load("scripts/sanitize_target.py")
+    hopper = st.expand("hopper")
+    assert hopper == list(st.hopper()) and st.expand("hopper,naive,wgmma_ws:bf16")[-1] == "naive"
+    assert not {"naive", "skinny", "mma_pipeline:fp16"} & set(hopper)
+    for rung in ("wgmma_async", "wgmma_tma", "wgmma_ws", "wgmma_split_k"):
+        assert {f"{rung}:fp16", f"{rung}:bf16"} <= set(hopper)
+    assert {"wgmma_tf32", "wgmma_fp8:e4m3", "wgmma_fp8:e5m2"} <= set(hopper)
+    specs = {n: st.kernel_spec(n) for n in hopper}
+    assert specs["wgmma_ws:bf16"].dtype == "bfloat16" and specs["wgmma_ws:fp16"].dtype == "float16"
+    assert specs["wgmma_tf32"].precision == "tf32" and specs["wgmma_tf32"].dtype == "float32"
+    fp8 = specs["wgmma_fp8:e4m3:fp32:KN"]
+    assert (fp8.precision, fp8.params["OUT"], fp8.b_operand) == ("e4m3", "fp32", "KN")
+    assert (specs["wgmma_fp8:e5m2"].precision, specs["wgmma_fp8:e5m2"].b_operand) == ("e5m2", "NK")
+
+    assert st.parse_shape("300x520x528@4/3") == ("300x520x528", 4, 3)
+    assert st.parse_shape("tile+") == ("tile+", None, None)
+    assert st.parse_shape("67x45x37/2") == ("67x45x37", None, 2)
+    import pytest
+
+    with pytest.raises(ValueError):
+        st.parse_shape("67x45")
+    # persistent rungs (grid-stride tile loops) take a capped grid; one tile per block do not
+    for n, s in specs.items():
+        rung = n.split(":")[0]
+        if rung in ("wgmma_ws", "wgmma_split_k", "wgmma_tf32", "wgmma_fp8"):
+            assert st.grid_strided(s), n
+        elif rung in ("wgmma_async", "wgmma_tma"):
+            assert not st.grid_strided(s), n
+    ws = specs["wgmma_ws:bf16"]
+    capped = st.with_blocks(ws, 4)
+    assert capped.kernel is ws.kernel and capped.grid(10**4, 10**4, 64)[0] <= 4
+    split = st.with_splits(specs["wgmma_split_k:bf16"], 3)
+    assert split.params["SPLITS"] == 3
+    assert split.code_params == specs["wgmma_split_k:bf16"].code_params
+    assert st.with_splits(ws, 3) is None
+
+
+def test_sanitize_dry_run_in_simulator(tmp_path):
+    """scripts/sanitize.py end to end in the simulator, with a stand-in for compute-sanitizer
+    (runs the target, prints a clean summary): bf16 and FP8 rungs, the warm-up, the JSON."""
+    import json
+    import os
+
+    fake = tmp_path / "fake-sanitizer"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import subprocess, sys\n"
+        "a = sys.argv[1:]\n"
+        "if a[:1] in (['--help'], ['--version']):\n"
+        "    print('  --padding arg\\n  --num-cuda-barriers arg\\nVersion 0.0.1')\n"
+        "    sys.exit(0)\n"
+        "i = next(i for i, x in enumerate(a) if x.endswith('sanitize_target.py'))\n"
+        "rc = subprocess.run(a[i - 1:]).returncode\n"
+        "print('========= ERROR SUMMARY: 0 errors', flush=True)\n"
+        "sys.exit(rc)\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, SANITIZE_SIM="1", NUMBA_ENABLE_CUDASIM="1")
+    cp = subprocess.run([sys.executable, str(ROOT / "scripts" / "sanitize.py"), "--sanitizer",
+                         str(fake), "--kernels", "wgmma_ws:bf16,wgmma_fp8:e5m2", "--tools",
+                         "memcheck,racecheck", "--shapes", "67x45x37", "--warm", "--jobs", "3",
+                         "--out", str(out), "--deadline", "600"],
+                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    summary = json.loads((out / "sanitize.json").read_text())
+    assert summary["clean"] and summary["sanitizer_version"] == "0.0.1"
+    assert summary["options"]["memcheck"][:2] == ["--padding", "65536"]
+    assert "--num-cuda-barriers" in summary["options"]["racecheck"]
+    runs = summary["warm"] + summary["runs"]
+    assert len(runs) == 6 and all(r["results"] for r in runs)
+    assert all(" ok " in x for r in runs for x in r["results"])
+
+
 def _script_files():
     return sorted(p for d in ("scripts", "results") for ext in ("py", "sh")
                   for p in (ROOT / d).rglob(f"*.{ext}"))

@@ -533,8 +533,8 @@ def test_precision_errors():
         gemmlib.matmul(f16, f32)
     with pytest.raises(ValueError, match=r"computes in tf32, not 3xtf32"):
         gemmlib.matmul(f32, f32, precision="3xtf32", kernel=_small_pipeline("tf32"))
-    with pytest.raises(TypeError, match=r"out has dtype float16"):
-        gemmlib.matmul(f16, f16, out=_host(np.float16))
+    with pytest.raises(TypeError, match=r"out has dtype float16"):   # (f16 out of f16
+        gemmlib.matmul(f32, f32, out=_host(np.float16))             # inputs: test_out16)
     with pytest.raises(ValueError, match=r"3xtf32"):
         mma_atom.build("3xtf32")
 
@@ -611,7 +611,8 @@ def test_auto_in_a_tensor_core_precision_is_the_pipeline():
     assert dispatch.get_spec(dispatch.TC_AUTO, "tf32").name == "mma_pipeline_tf32"
     assert set(dispatch.TC_RUNGS) == {"mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async",
                                       "wgmma_tma", "wgmma_ws", "wgmma_split_k", "mma_split_k",
-                                      "wgmma_tf32", "wgmma_fp8"}
+                                      "wgmma_tf32", "wgmma_fp8", "wgmma_pingpong",
+                                      "wgmma_cluster"}
 
 
 # --------------------------------------------------------------------------- the mma.sync ceiling

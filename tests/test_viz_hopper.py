@@ -451,3 +451,23 @@ def test_lowp_tables_read_the_committed_runs():
     tf = next(d for n, d in files if "bench" in d)
     rows = {r[0]: r for r in vh.lowp_table(tf).rows}
     assert rows["4096x4096x4096"][1].endswith("%") and rows["4096x4096x4096"][2].endswith("%")
+
+
+def test_l2_bytes_per_ktile_counts_a_box_and_the_panels_a_block_copies():
+    t = vh.l2_bytes_per_ktile(128, 256, 1)
+    assert (t["a_bytes"], t["b_bytes"]) == (16384, 32768) and t["flops"] == 2 * 128 * 256 * 64
+    assert vh.l2_bytes_per_ktile(128, 256, 2)["b_bytes"] == 16384
+    assert vh.l2_bytes_per_ktile(64, 192, 2)["b_bytes"] == 2 * 64 * 64 * 2   # 3 panels: 2 + 1
+    rows = vh.l2_traffic_table().rows
+    assert [r[0] for r in rows][:2] == ["wgmma_ws", "wgmma_cluster"]
+
+
+def test_lastmile_table_reads_the_committed_run():
+    files = vh.lastmile_files()
+    assert files, "results/lastmile-*/diag*.json"
+    name, data = files[-1]
+    t = vh.lastmile_table(data, name)
+    kernels = [r[0] for r in t.rows]
+    assert "wgmma_cluster" in kernels and any(k.startswith("wgmma_pingpong") for k in kernels)
+    base = next(r for r in t.rows if r[0] == "wgmma_ws_128x256_s4")
+    assert base[4] == "100.0%"

@@ -38,6 +38,14 @@ Functions (inside ``@cuda.jit`` kernels; every one has a ``_py`` twin):
     the bf16 value whose bits are the low 16 bits of ``h`` (a device function)
 ``bf16_hi_to_float(w) -> float32``
     the bf16 value in the high 16 bits of the word ``w`` (a device function)
+
+The other way, for epilogues that write a 16-bit C (``wgmma_ws`` and its kin with
+``OUT="fp16"`` / ``"bf16"``), float32 -> 16-bit bits, rounded to nearest even:
+
+``float_to_half(x) -> uint16``
+    the fp16 bits of ``x`` (``cvt.rn.f16.f32``: overflow to Inf, fp16 subnormals kept)
+``float_to_bf16(x) -> uint16``
+    the bf16 bits of ``x`` (``cvt.rn.bf16.f32``, sm_80+; a NaN stays a NaN)
 """
 
 from __future__ import annotations
@@ -82,6 +90,21 @@ def load16_stream_py(arr, i, j):
 
 def half_to_float_py(h):
     return np.float32(np.array([int(h) & 0xFFFF], np.uint16).view(np.float16)[0])
+
+
+def float_to_half_py(x):
+    """NumPy's float32 -> float16 rounds to nearest even, as ``cvt.rn.f16.f32`` does."""
+    with np.errstate(over="ignore"):
+        return np.array([x], np.float32).astype(np.float16).view(np.uint16)[0]
+
+
+def float_to_bf16_py(x):
+    """Round to nearest even on the top 16 bits (``cvt.rn.bf16.f32``); a NaN stays a quiet
+    NaN (its payload may differ from the GPU's: both are NaN)."""
+    u = int(np.array([x], np.float32).view(np.uint32)[0])
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return np.uint16((u >> 16) | 0x40)
+    return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
 
 
 # --------------------------------------------------------------------------
@@ -161,13 +184,33 @@ def _make_intrinsics():
 
         return sig, codegen
 
-    return load16, load16_stream, half_to_float
+    def _narrow(name, op):
+        """An intrinsic ``name(x) -> uint16``: float32 ``x`` converted by ``op`` (one
+        ``cvt`` to a 16-bit register)."""
+        def typer(typingctx, x):
+            if not isinstance(x, (types.Float, types.Integer)):
+                raise NumbaTypeError(f"{name} takes a float32, got {x}")
+            sig = types.uint16(x)
+
+            def codegen(context, builder, sig, args):
+                v = context.cast(builder, args[0], sig.args[0], types.float32)
+                asm = ir.InlineAsm(ir.FunctionType(i16, [f32]), f"{op} $0, $1;", "=h,f")
+                return builder.call(asm, [v])
+
+            return sig, codegen
+        typer.__name__ = name
+        return intrinsic(typer)
+
+    return (load16, load16_stream, half_to_float,
+            _narrow("float_to_half", "cvt.rn.f16.f32"),
+            _narrow("float_to_bf16", "cvt.rn.bf16.f32"))
 
 
 if SIMULATOR:
     load16, load16_stream, half_to_float = load16_py, load16_stream_py, half_to_float_py
+    float_to_half, float_to_bf16 = float_to_half_py, float_to_bf16_py
 else:
-    load16, load16_stream, half_to_float = _make_intrinsics()
+    load16, load16_stream, half_to_float, float_to_half, float_to_bf16 = _make_intrinsics()
 
 
 # --------------------------------------------------------------------------
@@ -188,4 +231,5 @@ bf16_to_float = cuda.jit(device=True)(_bf16_to_float)
 bf16_hi_to_float = cuda.jit(device=True)(_bf16_hi_to_float)
 
 __all__ = ["load16", "load16_stream", "half_to_float", "bf16_to_float", "bf16_hi_to_float",
-           "load16_py", "load16_stream_py", "half_to_float_py"]
+           "float_to_half", "float_to_bf16", "load16_py", "load16_stream_py",
+           "half_to_float_py", "float_to_half_py", "float_to_bf16_py"]

@@ -32,7 +32,8 @@ pointers are 64-bit):
 ``wgmma_fence()``, ``wgmma_commit()``, ``wgmma_wait(n)`` (a factory, n in 0..7)
 ``wgmma_f16(n)``, ``wgmma_bf16(n)`` factories of ``m64nNk16`` with fp32 accumulators:
     ``f(desc_a, desc_b, scale_d, c0, ..., c{n/2 - 1}) -> n/2 floats``
-    (``scale_d = 0`` ignores the c's: D = A B; 1: D = A B + C)
+    (``scale_d = 0`` ignores the c's: D = A B; 1: D = A B + C); with ``in_place=True``
+    ``f(desc_a, desc_b, scale_d, acc, offset)`` updates ``acc[offset:offset + n/2]``
 ``mbarrier_init(bar, count)``, ``fence_mbarrier_init()``,
 ``mbarrier_expect_tx(bar, nbytes)`` (arrive, expecting ``nbytes`` from copies),
 ``mbarrier_try_wait(bar, parity) -> uint32`` (1 once phase ``parity`` completed)
@@ -195,8 +196,8 @@ def _make():
 
     _WGMMA = {}
 
-    def _wgmma(n: int, ab: str, trans_b: bool = False):
-        key = (n, ab, trans_b)
+    def _wgmma(n: int, ab: str, trans_b: bool = False, in_place: bool = False):
+        key = (n, ab, trans_b, in_place)
         if key in _WGMMA:
             return _WGMMA[key]
         R = n // 2
@@ -226,10 +227,42 @@ def _make():
 
             return sig, codegen
 
+        fname = f"wgmma_m64n{n}k{kk}_{ab}" + ("_tb" if trans_b else "")
+        if in_place:
+            def in_place_typer(typingctx, da, db, scale_d, acc, offset):
+                """One typed call for the whole instruction: the R accumulators are read
+                from ``acc[offset:offset + R]`` and the results written back (numba would
+                otherwise type R getitems, R setitems and an R-tuple at every call)."""
+                if not (isinstance(acc, types.Array) and acc.ndim == 1
+                        and acc.dtype == types.float32):
+                    raise NumbaTypeError(f"{fname}: acc must be a 1-D float32 array, got {acc}")
+                if not isinstance(offset, types.IntegerLiteral):   # numba retries with the
+                    raise NumbaTypeError(f"{fname}: offset must be a constant")   # literal
+
+                def codegen(context, builder, sig, args):
+                    a = _u(context, builder, args[0], sig.args[0], types.uint64)
+                    b = _u(context, builder, args[1], sig.args[1], types.uint64)
+                    s = _u(context, builder, args[2], sig.args[2], types.int32)
+                    data = context.make_array(sig.args[3])(context, builder, args[3]).data
+                    # constant indices: once inlined, SROA keeps a local acc in registers
+                    ptrs = [builder.gep(data, [ir.Constant(i64, offset.literal_value + e)],
+                                        inbounds=True) for e in range(R)]
+                    ret = ir.LiteralStructType([f32] * R)
+                    out = _asm(builder, ret, [a, b, s] + [builder.load(p) for p in ptrs],
+                               [i64, i64, i32] + [f32] * R, ptx, cons)
+                    for e, p in enumerate(ptrs):
+                        builder.store(builder.extract_value(out, e), p)
+                    return context.get_dummy_value()
+
+                return types.void(da, db, scale_d, acc, offset), codegen
+
+            in_place_typer.__name__ = fname + "_acc"
+            _WGMMA[key] = intrinsic(in_place_typer)
+            return _WGMMA[key]
+
         # numba's intrinsics take no *args: spell out the R accumulator parameters
         names = ", ".join(f"c{e}" for e in range(R))
         ns = {"body": typer_body}
-        fname = f"wgmma_m64n{n}k{kk}_{ab}" + ("_tb" if trans_b else "")
         exec(f"def {fname}(typingctx, da, db, scale_d, {names}):\n"
              f"    return body(da, db, scale_d, ({names},))\n", ns)  # noqa: S102
         _WGMMA[key] = intrinsic(ns[fname])
@@ -357,7 +390,7 @@ def fp8_values(fmt: str) -> np.ndarray:
     return val.astype(np.float32)
 
 
-def _wgmma_py(n: int, ab: str, trans_b: bool = False):
+def _wgmma_py(n: int, ab: str, trans_b: bool = False, in_place: bool = False):
     from gemmlib.intrinsics.mma import _exchange
 
     dtype = {"f16": np.float16, "bf16": np.uint16, "tf32": np.uint32}.get(ab, np.uint8)
@@ -383,7 +416,15 @@ def _wgmma_py(n: int, ab: str, trans_b: bool = False):
                      for c, rc in zip(acc, accumulator_coords(t, n)))
 
     wgmma.__name__ = f"wgmma_m64n{n}k{WGMMA_K[ab]}_{ab}_py"
-    return wgmma
+    if not in_place:
+        return wgmma
+
+    def wgmma_acc(da, db, scale_d, acc, offset):   # the array form: acc updated in place
+        o = int(offset)
+        acc[o:o + n // 2] = wgmma(da, db, scale_d, *acc[o:o + n // 2])
+
+    wgmma_acc.__name__ = wgmma.__name__[:-3] + "_acc_py"
+    return wgmma_acc
 
 
 def _bar(addr):
@@ -464,6 +505,15 @@ def _nothing(*args):
     return None
 
 
+def wgmma_wait_py():
+    """``wgmma.wait_group``: the twin's wgmma reads its operands when called, each thread
+    for itself, so the wait is where the warpgroup meets -- past it every thread's reads are
+    done, as the instruction's are on the GPU (a single thread may then release the stage)."""
+    from gemmlib.intrinsics.mma import _exchange
+
+    _exchange(None, width=128)
+
+
 _SIM_LOCK = __import__("threading").RLock()
 
 _NAMES = ("smem_addr", "fence_proxy_async", "fence_mbarrier_init", "wgmma_fence", "wgmma_commit",
@@ -476,7 +526,7 @@ if SIMULATOR:
                  mbarrier_init=mbarrier_init_py, mbarrier_expect_tx=mbarrier_expect_tx_py,
                  mbarrier_try_wait=mbarrier_try_wait_py, mbarrier_arrive=mbarrier_arrive_py,
                  tensormap_acquire=_nothing, tma_load_2d=tma_load_2d_py,
-                 waits={n: _nothing for n in range(8)}, wgmma=_wgmma_py,
+                 waits={n: wgmma_wait_py for n in range(8)}, wgmma=_wgmma_py,
                  setmaxnreg=lambda n, inc: _nothing, ld_global_u64=ld_global_u64_py,
                  ld_global_f32=ld_global_f32_py)
 else:
@@ -499,34 +549,40 @@ def wgmma_wait(n: int):
     return _impl["waits"][n]
 
 
-def wgmma_f16(n: int, trans_b: bool = False):
+def wgmma_f16(n: int, trans_b: bool = False, in_place: bool = False):
     """``wgmma.mma_async m64n{n}k16.f32.f16.f16`` (both operands from descriptors; with
-    ``trans_b`` B's descriptor describes an MN-major tile, see :func:`wgmma_bf16`)."""
+    ``trans_b`` B's descriptor describes an MN-major tile, see :func:`wgmma_bf16`).
+    ``in_place``: the array form ``f(desc_a, desc_b, scale_d, acc, offset)``, which reads
+    its n/2 accumulators from ``acc[offset:offset + n/2]`` (a float32 local array,
+    ``offset`` a constant) and writes the results back there: one typed call per
+    instruction instead of n/2 arguments, a tuple and n/2 stores (the kernels' form)."""
     if n not in WGMMA_N:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    return _impl["wgmma"](n, "f16", bool(trans_b))
+    return _impl["wgmma"](n, "f16", bool(trans_b), bool(in_place))
 
 
-def wgmma_bf16(n: int, trans_b: bool = False):
+def wgmma_bf16(n: int, trans_b: bool = False, in_place: bool = False):
     """``wgmma.mma_async m64n{n}k16.f32.bf16.bf16``.  ``trans_b``: B's tile is MN-major
     (the N elements of one k contiguous, as TMA copies them out of a row-major (K, N)
     matrix); its descriptor's LBO is then the distance between swizzle-row blocks along
-    N and SBO between groups of 8 k (the PTX ISA's MN-major canonical layouts)."""
+    N and SBO between groups of 8 k (the PTX ISA's MN-major canonical layouts).
+    ``in_place``: the array form, as for :func:`wgmma_f16`."""
     if n not in WGMMA_N:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    return _impl["wgmma"](n, "bf16", bool(trans_b))
+    return _impl["wgmma"](n, "bf16", bool(trans_b), bool(in_place))
 
 
-def wgmma_kmajor(n: int, ab: str):
+def wgmma_kmajor(n: int, ab: str, in_place: bool = False):
     """``wgmma.mma_async m64n{n}k{K}.f32.{ab}.{ab}`` for ``ab`` in tf32 (K = 8), e4m3 and
     e5m2 (K = 32): types whose A and B must *both* be K-major in shared memory (no trans
     immediates).  A k-step is 32 bytes of each row, as for 16-bit types; a tf32 input is a
-    float32 of which the tensor core reads the top 19 bits."""
+    float32 of which the tensor core reads the top 19 bits.  ``in_place``: the array
+    form, as for :func:`wgmma_f16`."""
     if n not in WGMMA_N:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
     if ab not in ("tf32", "e4m3", "e5m2"):
         raise ValueError(f"wgmma_kmajor takes tf32, e4m3 or e5m2, got {ab!r}")
-    return _impl["wgmma"](n, ab, False)
+    return _impl["wgmma"](n, ab, False, bool(in_place))
 
 
 def setmaxnreg(n: int, increase: bool):

@@ -37,6 +37,8 @@ LADDER: tuple[str, ...] = (
     "skinny",
     "wgmma_tf32",
     "wgmma_fp8",
+    "wgmma_cluster",
+    "wgmma_pingpong",
 )
 
 

@@ -65,16 +65,16 @@ def swizzled(row, chunk):
 def mma_source(BN: int, halves: int, ab: str) -> str:
     """Source of ``k_tile(a, b, acc)``: the 4 k-steps of one k-tile for ``halves`` 64-row
     slices of A's tile (a, b: shared addresses of the tiles), written out so that every
-    accumulator index is a constant (numba keeps ``acc`` in registers)."""
+    descriptor offset is a constant.  Each wgmma updates slice h's BN/2 accumulators,
+    ``acc[h * BN/2:(h + 1) * BN/2]``, in place: the intrinsic's array form is one call for
+    numba to type, and once inlined its constant indices keep ``acc`` in registers."""
     R = BN // 2
     lines = ["def k_tile(a, b, acc):"]
     for kk in range(BK // 16):
         lines.append(f"    db = desc(b + {kk * B_KSTEP}, {PANEL_BYTES}, {GROUP_BYTES}, 1)")
         for h in range(halves):
-            args = ", ".join(f"acc[{h * R + e}]" for e in range(R))
-            lines.append(f"    r = mma(desc(a + {h * SLICE_BYTES + kk * A_KSTEP}, 16, "
-                         f"{GROUP_BYTES}, 1), db, one, {args})")
-            lines += [f"    acc[{h * R + e}] = r[{e}]" for e in range(R)]
+            lines.append(f"    mma(desc(a + {h * SLICE_BYTES + kk * A_KSTEP}, 16, "
+                         f"{GROUP_BYTES}, 1), db, one, acc, {h * R})")
     return "\n".join(lines) + "\n"
 
 
@@ -89,31 +89,44 @@ def store_source(BN: int, halves: int, convert: str = "", pair: str = "store2",
     even row length and a C aligned for the pair (``aligned``; checked once, a uniform
     branch; else element-wise stores).  ``convert`` names a function applied to each value
     first (``bf16`` for a bf16 C of uint16 bits, with ``store2_u16`` and ``aligned4``).
-    The columns here are even, so a pair is either wholly inside C or wholly outside."""
-    R = BN // 2
-    pairs = [(64 * h + 8 * half, 8 * j, h * R + 4 * j + 2 * half)   # row, column, acc index
-             for h in range(halves) for j in range(BN // 8) for half in range(2)]
+    The columns here are even, so a pair is either wholly inside C or wholly outside.
 
-    def val(i):
-        return f"{convert}(acc[{i}])" if convert else f"acc[{i}]"
+    Each of a thread's rows (two per slice: g and g + 8) is one loop along the columns.
+    Its trip count is a constant and NVVM unrolls it completely, so every index of ``acc``
+    is a constant again and ``acc`` stays in registers (the compile gate checks the PTX
+    for local memory).  A loop per row, not one over all the pairs: NVVM unrolls only
+    loops below a size, and with ``bf16`` conversions one loop over the whole slice is
+    above it.  (Written out pair by pair, as it once was, the function cost numba
+    thousands of typed operations: most of a rung's cold compile.)"""
+    R = BN // 2
+
+    def val(k):   # accumulator k + 4j: column pair j of the row
+        i = f"acc[4 * j + {k}]" if k else "acc[4 * j]"
+        return f"{convert}({i})" if convert else i
+
+    def rows(store):
+        out = []
+        for h in range(halves):
+            for half in range(2):
+                k = h * R + 2 * half
+                out += [f"r = r0 + {64 * h + 8 * half}" if h or half else "r = r0",
+                        "if r < M:",
+                        f"    for j in range({BN // 8}):",
+                        "        c = c0 + 8 * j",
+                        "        if c < N:"]
+                out += ["            " + ln for ln in store(k)]
+        return ["        " + ln for ln in out]
 
     lines = ["def store_acc(C, acc, t, m0, n0, M, N):",
              "    w, lane = t // 32, t % 32",
-             "    r0 = m0 + 16 * w + lane // 4",
+             "    r0 = m0 + 16 * w + lane // 4     # row g of slice 0; then g + 8, g + 64, ...",
              "    c0 = n0 + 2 * (lane % 4)",
              f"    if N % 2 == 0 and {aligned}(C):"]
-    for dr, dc, i in pairs:
-        lines += [f"        r = r0 + {dr}",
-                  f"        c = c0 + {dc}",
-                  "        if r < M and c < N:",
-                  f"            {pair}(C, uidx(r), uidx(c), {val(i)}, {val(i + 1)})"]
-    lines.append("    else:")
-    for dr, dc, i in pairs:
-        lines += [f"        r = r0 + {dr}",
-                  f"        c = c0 + {dc}",
-                  "        if r < M:",
-                  f"            if c < N: C[uidx(r), uidx(c)] = {val(i)}",
-                  f"            if c + 1 < N: C[uidx(r), uidx(c + 1)] = {val(i + 1)}"]
+    lines += rows(lambda k: [f"{pair}(C, uidx(r), uidx(c), {val(k)}, {val(k + 1)})"])
+    lines += ["    else:"]
+    lines += rows(lambda k: [f"C[uidx(r), uidx(c)] = {val(k)}",
+                             "if c + 1 < N:",
+                             f"    C[uidx(r), uidx(c + 1)] = {val(k + 1)}"])
     return "\n".join(lines) + "\n"
 
 
@@ -133,15 +146,63 @@ def tile_order(BM: int, BN: int, GROUP_M: int):
     return tile_origin
 
 
-def warpgroup_code(precision: str, BN: int, halves: int):
-    """The generated device functions (k_tile, store_acc) for ``halves`` slices of 64 x BN."""
+def warpgroup_code(precision: str, BN: int, halves: int, out: str = "fp32"):
+    """The generated device functions (k_tile, store_acc) for ``halves`` slices of 64 x BN.
+    ``out``: what C holds (:func:`out_store`): "fp32", or the inputs' own 16-bit type."""
     if precision not in PRECISIONS:
         raise ValueError(f"the wgmma rungs compute in {PRECISIONS} (tf32 wgmma cannot read "
                          f"a row-major B), got {precision!r}")
-    mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(BN, trans_b=True)
+    mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(BN, trans_b=True,
+                                                                 in_place=True)
     env = {"desc": H.smem_desc, "mma": mma, "uidx": uidx, "store2": store2,
            "aligned8": aligned8}
-    return compile_sources((mma_source(BN, halves, precision), store_source(BN, halves)), env)
+    return compile_sources((mma_source(BN, halves, precision),
+                            out_store(BN, halves, precision, out, env)), env)
+
+
+#: what the wgmma rungs' epilogue may write: float32, or the inputs' own 16-bit type
+OUTPUTS = ("fp32", "fp16", "bf16")
+
+
+def check_out(precision: str, out: str) -> None:
+    if out not in OUTPUTS or out not in ("fp32", precision):
+        raise ValueError(f"OUT must be 'fp32' or the inputs' own type ({precision!r}); "
+                         f"got {out!r}")
+
+
+def out_store(BN: int, halves: int, precision: str, out: str, env: dict) -> str:
+    """The epilogue's source for a C of ``out``: float32 (``store_source``'s default), or
+    16-bit bits (uint16) -- each accumulator rounded to nearest even (``cvt.rn.f16.f32`` /
+    ``cvt.rn.bf16.f32``) and a thread's two adjacent columns stored as one 4-byte store
+    (``store2_u16``; element-wise when N is odd or C is not 4-byte aligned).  Adds the
+    names the 16-bit source calls to ``env``."""
+    check_out(precision, out)
+    if out == "fp32":
+        return store_source(BN, halves)
+    from gemmlib.intrinsics.convert import float_to_bf16, float_to_half
+    from gemmlib.intrinsics.vector import aligned4, store2_u16
+
+    env.update(to16=float_to_half if out == "fp16" else float_to_bf16,
+               store2_u16=store2_u16, aligned4=aligned4)
+    return store_source(BN, halves, "to16", "store2_u16", "aligned4")
+
+
+def out_fields(precision: str, out: str) -> dict:
+    """The KernelSpec fields a 16-bit ``out`` changes: C's argument dtype (uint16 bits) and
+    what the PTX must show (the conversion, the paired 16-bit store)."""
+    if out == "fp32":
+        return {}
+    return dict(arg_dtypes=ARG_DTYPES[precision][:2] + ("uint16",))
+
+
+def out_ptx(out: str) -> tuple:
+    return () if out == "fp32" else (rf"cvt\.rn\.{'f16' if out == 'fp16' else 'bf16'}\.f32",
+                                     r"st\.global\.v2\.u16")
+
+
+def out_suffix(out: str) -> str:
+    """What a rung's name gets for a 16-bit C: ``wgmma_ws_o16``, ``wgmma_ws_bf16_o16``."""
+    return "" if out == "fp32" else "_o16"
 
 
 def compile_sources(sources, env: dict) -> tuple:

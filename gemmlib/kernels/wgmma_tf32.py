@@ -93,14 +93,12 @@ def transpose_grid(K: int, N: int) -> tuple[int, int, int]:
 
 def mma_source(BN: int) -> str:
     """Source of ``k_tile(a, b, acc)``: the k-steps of one k-tile, A's 64-row slice at
-    shared address ``a`` and B's BN rows at ``b``, both K-major and 128-byte swizzled."""
-    R = BN // 2
-    args = ", ".join(f"acc[{e}]" for e in range(R))
+    shared address ``a`` and B's BN rows at ``b``, both K-major and 128-byte swizzled; each
+    wgmma updates the BN/2 accumulators of ``acc`` in place (``wgmma_async.mma_source``)."""
     lines = ["def k_tile(a, b, acc):"]
     for kk in range(ROW_BYTES // STEP_BYTES):
-        lines.append(f"    r = mma(desc(a + {kk * STEP_BYTES}, 16, {GROUP_BYTES}, 1), "
-                     f"desc(b + {kk * STEP_BYTES}, 16, {GROUP_BYTES}, 1), one, {args})")
-        lines += [f"    acc[{e}] = r[{e}]" for e in range(R)]
+        lines.append(f"    mma(desc(a + {kk * STEP_BYTES}, 16, {GROUP_BYTES}, 1), "
+                     f"desc(b + {kk * STEP_BYTES}, 16, {GROUP_BYTES}, 1), one, acc, 0)")
     return "\n".join(lines) + "\n"
 
 
@@ -141,8 +139,8 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
         raise ValueError(f"wgmma_tf32 computes in {PRECISIONS}, got {precision!r}")
     check_tile(BM, BN, STAGES, REGS)
     assert SLICE_BYTES == 64 * ROW_BYTES      # a consumer's 64 rows of A, as in wgmma_ws
-    env = {"mma": H.wgmma_kmajor(BN, "tf32"), "desc": H.smem_desc, "uidx": uidx,
-           "store2": store2, "aligned8": aligned8}
+    env = {"mma": H.wgmma_kmajor(BN, "tf32", in_place=True), "desc": H.smem_desc,
+           "uidx": uidx, "store2": store2, "aligned8": aligned8}
     k_tile, store_acc = compile_sources((mma_source(BN), store_source(BN, 1)), env)
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,

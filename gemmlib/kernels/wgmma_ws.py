@@ -37,7 +37,8 @@ from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, rung_name, spec_fields, tile_order,
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, check_out, out_fields, out_ptx,
+                                         out_suffix, rung_name, spec_fields, tile_order,
                                          warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.spec import KernelSpec, cdiv
@@ -150,9 +151,12 @@ def persistent_grid(BM: int, BN: int):
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), OUT: str = "fp32") -> KernelSpec:
+    """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``,
+    rounded to nearest even in the epilogue: ``wgmma_async.out_store``)."""
     check_tile(BM, BN, STAGES, REGS)
-    k_tile, store_acc = warpgroup_code(precision, BN, 1)
+    check_out(precision, OUT)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT)
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
@@ -161,6 +165,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     name = rung_name("wgmma_ws", precision, default, BM, BN, STAGES, GROUP_M)
     if REGS != (40, 232):
         name += "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
+    name += out_suffix(OUT)
     return KernelSpec(
         name=name,
         idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
@@ -170,15 +175,15 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS),
+                    REGS=REGS, **({"OUT": OUT} if OUT != "fp32" else {})),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM),
         tma_swizzle=128,
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
                   r"wgmma\.wait_group\.sync\.aligned 1") + (
-            (r"setmaxnreg\.inc",) if REGS else ()),
-        **spec_fields(precision, __name__),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
+        **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
     )
 
 

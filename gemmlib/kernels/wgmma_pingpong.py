@@ -1,0 +1,212 @@
+"""Ping-pong: two consumer warpgroups on alternating tiles, one storing while the other computes.
+
+In ``wgmma_ws`` the consumer warpgroups *cooperate* on each tile (64 rows of
+it each), so they finish it together and write their accumulators to C
+together: while they store, nobody issues wgmma and the tensor cores idle,
+once per tile.  The producer has the next tile's k-tiles ready; only the
+consumers are busy elsewhere.  This rung changes who owns a tile:
+
+* **A whole tile per consumer, alternating.**  The block's j-th tile (in its
+  persistent walk) belongs to consumer ``j % 2``, which holds all of it:
+  128 x 128 by default, two m64n128 slices, the same 128 fp32 accumulators
+  per thread as a 64 x 256 share of ``wgmma_ws``'s tile.  Tiles half the
+  size copy a third more bytes per flop; the bet is that a hidden epilogue
+  is worth more.
+* **One ring, in tile order.**  The producer is ``wgmma_ws``'s: it copies the
+  k-tiles of the block's tiles one after the other.  Consumer c reads the
+  k-tiles of its own tiles: its ring position starts at ``c * num_k`` and
+  skips the other's ``num_k`` after each tile.  A stage is emptied by one
+  warpgroup now, so its *empty* barrier expects 128 arrivals.
+* **A full barrier per stage per consumer.**  A consumer that skipped the
+  other's k-tiles does not know how far a shared *full* barrier has got: it
+  may still be one phase behind (the other's copy landing), and a parity wait
+  cannot tell "one phase behind" from "done".  So the producer signals the
+  owner's barrier, ``full[c][s]``, and each consumer keeps the parity of its
+  next use of each stage in a bit of ``phases``, flipped at each use.  (The
+  producer waits on every *empty* phase in order, so one barrier is enough
+  there.)
+* **The math barrier** (``ORDERED``, CUTLASS's name).  Both consumers may
+  have k-tiles ready at once -- the next tile's first ones land while the
+  current tile's last are being computed -- and then they would issue
+  wgmma in turn and share the tensor cores: both tiles would finish late
+  and together, and so would the stores.  A pair of mbarriers makes them
+  take turns: consumer c waits on ``turn[c]`` before its first wgmma of a
+  tile and arrives on ``turn[1 - c]`` after issuing its last, so the tensor
+  cores work on one tile at a time and each store runs under the other
+  consumer's wgmma::
+
+                    time -->
+      producer      TMA T0     TMA T1     TMA T2     TMA T3      (STAGES k-tiles ahead)
+      consumer 0    wgmma T0   store T0   wgmma T2   store T2
+      consumer 1    (waits)    wgmma T1   store T1   wgmma T3
+      tensor cores  T0         T1         T2         T3
+
+      wgmma_ws:
+      consumers     wgmma T0   store T0   wgmma T1   store T1    (tensor cores idle)
+
+  Consumer 0's first wait is for the phase before a fresh barrier's first
+  (parity 1): it goes at once, as the producer's first fills do.
+  ``ORDERED=False`` leaves the turns out, to measure what they are worth.
+* **Registers and stages.**  ``setmaxnreg`` 40 / 232 as in ``wgmma_ws``
+  (three warpgroups: 64512 of the SM's 65536); a stage is (BM + BN) x 64
+  halves, 32 KiB for 128 x 128, and the ring is by default the deepest that
+  fits the 227 KiB a block may have (7 stages): copies run further ahead of
+  the consumer that is computing (fewer stages are a build away, to compare).
+"""
+
+from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
+from gemmlib.intrinsics import hopper as H
+from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
+from gemmlib.kernels.wgmma_async import (BK, check_out, out_fields, out_ptx, out_suffix,
+                                         rung_name, spec_fields, tile_order, warpgroup_code)
+from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
+from gemmlib.kernels.wgmma_ws import check_tile, keep_registers, persistent_grid
+from gemmlib.spec import KernelSpec
+
+#: dynamic shared memory one block may opt in to on an H100 / H200
+SMEM_MAX = 227 * 1024
+
+
+def deepest_ring(BM: int, BN: int) -> int:
+    """The most stages of (BM + BN) x 64 halves (at most 8) that fit SMEM_MAX, with the
+    1024 bytes the ring's alignment may take."""
+    return min(8, (SMEM_MAX - 1024) // ((BM + BN) * BK * 2))
+
+
+def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, store_acc,
+                    tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int):
+    """The persistent kernel: a producer warpgroup and two consumers on alternating tiles
+    (``k_tile`` covers a consumer's whole BM x BN tile, ``store_acc`` writes it)."""
+    NT = 128 * 3
+    ACC = BM // 64 * BN // 2                 # fp32 accumulators per consumer thread
+    EMPTY, TURN = 2 * STAGES, 3 * STAGES     # full[c][s] = c * STAGES + s, empty[s], turn[c]
+    NBARS = 3 * STAGES + 2
+    wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
+    fewer = H.setmaxnreg(REGS[0], False) if REGS else keep_registers
+    more = H.setmaxnreg(REGS[1], True) if REGS else keep_registers
+    jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
+
+    @cuda.jit(**jit_opts)
+    def wgmma_pingpong_kernel(A, B, C, maps):
+        sm = cuda.shared.array(0, uint16)
+        bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
+        t = cuda.threadIdx.x
+        wg = t // 128
+        M, K = A.shape
+        N = C.shape[1]
+        pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
+        ring = H.smem_addr(sm, pad)
+        tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
+        num_k = (K + BK - 1) // BK
+        if t == 0:
+            for s in range(STAGES):
+                H.mbarrier_init(H.smem_addr(bars, s), 1)             # full[0][s]: the producer
+                H.mbarrier_init(H.smem_addr(bars, STAGES + s), 1)    # full[1][s]
+                H.mbarrier_init(H.smem_addr(bars, EMPTY + s), 128)   # empty: one consumer
+            for c in range(2):
+                H.mbarrier_init(H.smem_addr(bars, TURN + c), 128)    # turn[c]: the other one
+            H.fence_mbarrier_init()
+        cuda.syncthreads()                   # the last block-wide barrier
+        if wg == 0:                          # ---- the producer warpgroup
+            fewer()
+            if t == 0:
+                H.tensormap_acquire(maps)
+                H.tensormap_acquire(maps + uint64(128))
+                it = 0
+                owner = 0                    # the consumer of this tile
+                for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                    m0, n0 = tile_origin(tile, M, N)
+                    for kt in range(num_k):
+                        s = it % STAGES
+                        wait(H.smem_addr(bars, EMPTY + s), ((it // STAGES) % 2) ^ 1)
+                        load_stage(ring, s, H.smem_addr(bars, owner * STAGES + s), maps,
+                                   kt * BK, m0, n0)
+                        it += 1
+                    owner ^= 1
+        else:                                # ---- consumers 0 and 1, a tile each in turn
+            more()
+            c = wg - 1
+            acc = cuda.local.array(ACC, float32)
+            it = c * num_k                   # my first k-tile's place in the ring
+            phases = 0                       # bit s: the parity of my next use of stage s
+            j = 0                            # my tiles so far
+            for tile in range(cuda.blockIdx.x + c * cuda.gridDim.x, tiles, 2 * cuda.gridDim.x):
+                m0, n0 = tile_origin(tile, M, N)
+                for e in range(ACC):
+                    acc[e] = float32(0.0)
+                if ORDERED:                  # my turn: the other has issued its tile
+                    wait(H.smem_addr(bars, TURN + c), (j % 2) ^ (1 - c))
+                for kt in range(num_k):
+                    s = it % STAGES
+                    wait(H.smem_addr(bars, c * STAGES + s), (phases >> s) & 1)
+                    phases ^= 1 << s
+                    H.wgmma_fence()
+                    k_tile(ring + s * STAGE_BYTES, ring + s * STAGE_BYTES + A_BYTES, acc)
+                    H.wgmma_commit()
+                    wait1()                  # the previous k-tile's wgmma is done:
+                    if kt > 0:               # its stage may be refilled
+                        H.mbarrier_arrive(H.smem_addr(bars, EMPTY + (it - 1) % STAGES))
+                    it += 1
+                if ORDERED:                  # the other's turn, while my wgmma finish
+                    H.mbarrier_arrive(H.smem_addr(bars, TURN + 1 - c))
+                wait0()
+                if num_k > 0:
+                    H.mbarrier_arrive(H.smem_addr(bars, EMPTY + (it - 1) % STAGES))
+                store_acc(C, acc, t % 128, m0, n0, M, N)
+                it += num_k                  # the other consumer's tile
+                j += 1
+
+    return wgmma_pingpong_kernel, NT, STAGES * STAGE_BYTES + 1024
+
+
+def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | None = None,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), ORDERED: bool = True,
+          OUT: str = "fp32") -> KernelSpec:
+    """``STAGES=None``: the deepest ring that fits (:func:`deepest_ring`).  ``OUT``: C as
+    float32, or in the inputs' own 16-bit type (as ``wgmma_ws``)."""
+    check_out(precision, OUT)
+    STAGES = STAGES or deepest_ring(BM, BN)
+    check_tile(BM, BN, STAGES)
+    check_tile(128, BN, STAGES, REGS)        # the registers of two consumer warpgroups
+    if BM not in (64, 128) or BM * BN > 128 * 128:
+        raise ValueError(f"a consumer's tile is 64 or 128 rows of at most 128 accumulators "
+                         f"per thread (64 x 256, 128 x 128), got {BM} x {BN}")
+    if STAGES * (BM + BN) * BK * 2 + 1024 > SMEM_MAX:
+        raise ValueError(f"{STAGES} stages of {BM + BN} x {BK} halves need more than "
+                         f"{SMEM_MAX // 1024} KiB of shared memory")
+    k_tile, store_acc = warpgroup_code(precision, BN, BM // 64, OUT)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
+    kernel, NT, SHARED = pingpong_kernel(BM, BN, STAGES, REGS, bool(ORDERED), k_tile, store_acc,
+                                         tile_order(BM, BN, GROUP_M), load_stage, A_BYTES,
+                                         STAGE_BYTES)
+
+    default = (BM, BN, STAGES, GROUP_M) == (128, 128, deepest_ring(128, 128), 8)
+    name = rung_name("wgmma_pingpong", precision, default, BM, BN, STAGES, GROUP_M)
+    if REGS != (40, 232):
+        name += "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
+    if not ORDERED:
+        name += "_unordered"
+    name += out_suffix(OUT)
+    return KernelSpec(
+        name=name,
+        idea="wgmma_ws with two consumer warpgroups on alternating whole tiles, taking turns "
+             "at the tensor cores (ordered by an mbarrier pair): one stores while the other "
+             "computes",
+        kernel=kernel,
+        block=(NT, 1, 1),
+        tile=(BM, BN),
+        grid=persistent_grid(BM, BN),
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
+                    REGS=REGS, ORDERED=bool(ORDERED), **({"OUT": OUT} if OUT != "fp32" else {})),
+        shared_bytes=SHARED,
+        tma_boxes=tma_boxes(BM),
+        tma_swizzle=128,
+        ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
+                  r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
+                  r"wgmma\.wait_group\.sync\.aligned 1") + (
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
+        **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
+    )
+
+
+SPEC = build()
