@@ -1,7 +1,7 @@
 """Issue 19's last-mile rungs on one GPU: ``python3 lastmile_gpu.py STEP OUT.json [VARIANTS]``.
 
 ``verify``: gemmlib.verify of each variant on odd and large shapes (fp16 and bf16).
-``time``:   each variant, wgmma_ws and ``auto`` as loops of ``gemmlib.matmul`` calls on torch
+``time``:   each variant, ``auto`` and ``auto16`` (``out_dtype`` the inputs' 16-bit type) as loops of ``gemmlib.matmul`` calls on torch
             tensors, against torch.matmul (cuBLAS, fp16/bf16 out) and cuBLAS writing float32
             as gemmlib does, in the same process (``gemmlib.bench_models``: CUDA events
             around back-to-back calls, operand sets rotated past 3x L2, median of 5 loops).
@@ -20,13 +20,13 @@ from gemmlib import backend, bench, bench_models as BM, dispatch
 from gemmlib.kernels import module
 
 DEFAULT = "ws=wgmma_ws;cluster=wgmma_cluster"
-SQUARES = [(2048,) * 3, (4096,) * 3, (8192,) * 3]
+SQUARES = [(4096,) * 3, (2048,) * 3, (8192,) * 3]   # 4096 first: it warms the GPU
 MODELS = [(4096, 6144, 4096), (4096, 28672, 4096), (4096, 4096, 14336), (16384, 4096, 4096)]
 
 
 def variants(text, precision):
     out = {}
-    for item in text.split(";"):
+    for item in filter(None, text.split(";")):
         label, _, rest = item.partition("=")
         mod, _, kw = rest.partition(":")
         params = {}
@@ -66,7 +66,10 @@ def time_rows(out, text):
             Cf = cp.empty((M, N), dtype=np.float32)
             blas = [lambda a=fw.as_cupy(a), b=fw.as_cupy(b): backend.cublas_gemm(a, b, Cf, prec)
                     for a, b in pairs]
-            calls = {"auto": [(lambda a=a, b=b: gemmlib.matmul(a, b)) for a, b in pairs]}
+            calls = {"auto": [(lambda a=a, b=b: gemmlib.matmul(a, b)) for a, b in pairs],
+                     # the 16-bit output torch.matmul writes (out_dtype: the inputs' own type)
+                     "auto16": [(lambda a=a, b=b: gemmlib.matmul(a, b, out_dtype=a.dtype))
+                                for a, b in pairs]}
             for label, spec in specs.items():
                 calls[label] = [(lambda a=a, b=b, s=spec: gemmlib.matmul(a, b, kernel=s))
                                 for a, b in pairs]
@@ -89,7 +92,8 @@ def time_rows(out, text):
             for label, ts in times.items():
                 ms = statistics.median(ts)
                 name = (dispatch.select_tc(prec, M, N, K).name if label == "auto"
-                        else specs[label].name)
+                        else dispatch.select_tc(prec, M, N, K, out=prec).name
+                        if label == "auto16" else specs[label].name)
                 row = dict(precision=prec, M=M, N=N, K=K, variant=label, kernel=name,
                            median_ms=ms, loop_ms=ts, torch_ms=ref, torch_loop_ms=t_ref + t_ref2,
                            cublas_fp32_ms=blas_ms, tflops=flops / ms / 1e9,
