@@ -205,6 +205,11 @@ def out_suffix(out: str) -> str:
     return "" if out == "fp32" else "_o16"
 
 
+def out_params(out: str) -> dict:
+    """The ``params`` entry a 16-bit C adds (float32 builds keep their params as before)."""
+    return {} if out == "fp32" else {"OUT": out}
+
+
 def compile_sources(sources, env: dict) -> tuple:
     """Each generated ``def f(...)`` source compiled as a device function (plain Python in
     the simulator) over the names in ``env`` (plus ``one``, the int32 1 that tells wgmma to

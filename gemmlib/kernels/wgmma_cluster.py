@@ -51,10 +51,10 @@ from gemmlib.intrinsics import cluster as CL
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
 from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, check_out, out_fields,
-                                         out_ptx, out_suffix, rung_name, spec_fields,
-                                         tile_order, warpgroup_code)
+                                         out_params, out_ptx, out_suffix, rung_name,
+                                         spec_fields, tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, wait
-from gemmlib.kernels.wgmma_ws import as_accumulated, check_tile, keep_registers
+from gemmlib.kernels.wgmma_ws import as_accumulated, check_tile, register_roles, regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
 
 #: blocks per cluster of the default build: 2 on a GPU, 1 in the simulator (see above)
@@ -98,8 +98,7 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
     ACC = BN // 2
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
-    fewer = H.setmaxnreg(REGS[0], False) if REGS else keep_registers
-    more = H.setmaxnreg(REGS[1], True) if REGS else keep_registers
+    fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     ALL, LOCAL = ARRIVE == "all", ARRIVE == "local"
@@ -221,8 +220,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
                == (128, 256, 4, 8, (40, 232), DEFAULT_CM, True, "one"))
     name = rung_name("wgmma_cluster", precision, default, BM, BN, STAGES, GROUP_M)
     if not default:
-        name += f"_c{CM}" + ("" if REGS == (40, 232) else
-                             "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}"))
+        name += f"_c{CM}" + regs_suffix(REGS)
         name += ("" if MULTICAST else "_unicast") + ("" if ARRIVE == "one" else f"_{ARRIVE}")
     name += out_suffix(OUT)
     return KernelSpec(
@@ -236,7 +234,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
         grid=cluster_grid(BM, BN, CM),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS, CM=CM, MULTICAST=MULTICAST, ARRIVE=ARRIVE,
-                    **({"OUT": OUT} if OUT != "fp32" else {})),
+                    **out_params(OUT)),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM),
         tma_swizzle=128,

@@ -57,10 +57,10 @@ consumers are busy elsewhere.  This rung changes who owns a tile:
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import (BK, check_out, out_fields, out_ptx, out_suffix,
+from gemmlib.kernels.wgmma_async import (BK, check_out, out_fields, out_params, out_ptx, out_suffix,
                                          rung_name, spec_fields, tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
-from gemmlib.kernels.wgmma_ws import check_tile, keep_registers, persistent_grid
+from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, register_roles, regs_suffix
 from gemmlib.spec import KernelSpec
 
 #: dynamic shared memory one block may opt in to on an H100 / H200
@@ -82,8 +82,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
     EMPTY, TURN = 2 * STAGES, 3 * STAGES     # full[c][s] = c * STAGES + s, empty[s], turn[c]
     NBARS = 3 * STAGES + 2
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
-    fewer = H.setmaxnreg(REGS[0], False) if REGS else keep_registers
-    more = H.setmaxnreg(REGS[1], True) if REGS else keep_registers
+    fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(**jit_opts)
@@ -182,8 +181,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | N
 
     default = (BM, BN, STAGES, GROUP_M) == (128, 128, deepest_ring(128, 128), 8)
     name = rung_name("wgmma_pingpong", precision, default, BM, BN, STAGES, GROUP_M)
-    if REGS != (40, 232):
-        name += "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
+    name += regs_suffix(REGS)
     if not ORDERED:
         name += "_unordered"
     name += out_suffix(OUT)
@@ -197,7 +195,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | N
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, ORDERED=bool(ORDERED), **({"OUT": OUT} if OUT != "fp32" else {})),
+                    REGS=REGS, ORDERED=bool(ORDERED), **out_params(OUT)),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM),
         tma_swizzle=128,

@@ -47,7 +47,7 @@ from gemmlib.intrinsics.vector import load4, store4
 from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, rung_name, spec_fields, tile_order,
                                          warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
-from gemmlib.kernels.wgmma_ws import keep_registers
+from gemmlib.kernels.wgmma_ws import register_roles, regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
 
 #: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
@@ -167,8 +167,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     SHARED = STAGES * STAGE_BYTES + 1024
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
-    fewer = H.setmaxnreg(REGS[0], False) if REGS else keep_registers
-    more = H.setmaxnreg(REGS[1], True) if REGS else keep_registers
+    fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(device=True)
@@ -279,8 +278,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_split_k", precision, default, BM, BN, STAGES, GROUP_M)
-    if REGS != (40, 232):
-        name += "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
+    name += regs_suffix(REGS)
     if SPLITS:
         name += f"_k{SPLITS}"
     if SUM != SUM_GROUPS:

@@ -37,9 +37,9 @@ from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, check_out, out_fields, out_ptx,
-                                         out_suffix, rung_name, spec_fields, tile_order,
-                                         warpgroup_code)
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, check_out, out_fields, out_params,
+                                         out_ptx, out_suffix, rung_name, spec_fields,
+                                         tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.spec import KernelSpec, cdiv
 
@@ -48,6 +48,25 @@ from gemmlib.spec import KernelSpec, cdiv
 def keep_registers():
     """``REGS=None``: the warpgroups keep the registers the launch gave them."""
     return
+
+
+#: setmaxnreg (producer, consumers) of the warp-specialised rungs' default builds
+DEFAULT_REGS = (40, 232)
+
+
+def register_roles(REGS):
+    """``(fewer, more)``: the device functions the producer and the consumer warpgroups
+    call first -- ``setmaxnreg`` down to REGS[0] and up to REGS[1], or (REGS=None) nothing."""
+    if not REGS:
+        return keep_registers, keep_registers
+    return H.setmaxnreg(REGS[0], False), H.setmaxnreg(REGS[1], True)
+
+
+def regs_suffix(REGS) -> str:
+    """What a rung's name gets for a register split other than DEFAULT_REGS."""
+    if REGS == DEFAULT_REGS:
+        return ""
+    return "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
 
 
 @cuda.jit(device=True)
@@ -68,8 +87,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     ACC = BN // 2                            # fp32 accumulators per consumer thread
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
-    fewer = H.setmaxnreg(REGS[0], False) if REGS else keep_registers
-    more = H.setmaxnreg(REGS[1], True) if REGS else keep_registers
+    fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(**jit_opts)
@@ -163,9 +181,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_ws", precision, default, BM, BN, STAGES, GROUP_M)
-    if REGS != (40, 232):
-        name += "_r" + ("none" if not REGS else f"{REGS[0]}-{REGS[1]}")
-    name += out_suffix(OUT)
+    name += regs_suffix(REGS) + out_suffix(OUT)
     return KernelSpec(
         name=name,
         idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
@@ -175,7 +191,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, **({"OUT": OUT} if OUT != "fp32" else {})),
+                    REGS=REGS, **out_params(OUT)),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM),
         tma_swizzle=128,

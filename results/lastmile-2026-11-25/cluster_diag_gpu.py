@@ -24,13 +24,9 @@ builds = {"ws": wgmma_ws.build(), "ws_s4": wgmma_ws.build(STAGES=4),
           "c2": wgmma_cluster.build(CM=2), "c1": wgmma_cluster.build(CM=1),
           "c2_s3": wgmma_cluster.build(CM=2, STAGES=3), "c2_g16": wgmma_cluster.build(CM=2, GROUP_M=16)}
 if len(sys.argv) > 2:   # LABEL=module:key=value,...;... (what to build instead)
-    from gemmlib.kernels import module
-    builds = {}
-    for item in sys.argv[2].split(";"):
-        label, _, rest = item.partition("=")
-        mod, _, kw = rest.partition(":")
-        params = {k: eval(v) for k, _, v in (x.partition("=") for x in filter(None, kw.split(",")))}  # noqa: S307
-        builds[label] = module(mod).build("fp16", **params)
+    from lastmile_gpu import variants   # beside this script
+
+    builds = variants(sys.argv[2], "fp16")
 ref = A.astype(cp.float32) @ B.astype(cp.float32)
 for label, spec in builds.items():
     p = dispatch.warm(spec, n, n, n)
