@@ -478,6 +478,7 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     _RECORD.known = None
     C = _matmul(a, b, c, out, kernel, stream, transpose_b, precision, o16)
     if key is not None and _RECORD.known is not None:
+        _RECORD.known.kernel = kernel
         dispatch.CALLS.put(key, _RECORD.known)
     if out is None and a.kind in ("numpy", "dlpack") and not isinstance(A, np.ndarray):
         C = _like_input(C, A)
@@ -557,10 +558,11 @@ def _like_input(C, A):
 class _Known:
     """What the checks of an earlier call concluded, valid for operands described alike."""
 
-    __slots__ = ("plan", "out_dtype", "align", "bound", "devices")
+    __slots__ = ("plan", "out_dtype", "align", "bound", "devices", "kernel")
 
     def __init__(self, plan, out_dtype, align: int):
         self.plan = plan
+        self.kernel = None          # a KernelSpec the call named (its key holds only its id)
         self.out_dtype = out_dtype  # the output's dtype, in the inputs' framework
         self.align = align          # the kernel's operand alignment (16-byte pointers)
         self.bound = {}             # device -> the plan made ready there (dispatch.bound)
@@ -573,8 +575,14 @@ _RECORD = threading.local()  # the long path leaves its conclusion here
 def _call_key(a: _Operand, b: _Operand, c: _Operand | None, kernel, transpose_b, precision,
               out_type: str | None = None):
     """A key for calls whose checks must conclude alike, or None (long path only)."""
-    if a.kind not in ("cupy", "torch") or not (kernel is None or type(kernel) is str):
+    if a.kind not in ("cupy", "torch"):
         return None
+    if not (kernel is None or type(kernel) is str):
+        if type(kernel) is not KernelSpec:
+            return None
+        # A spec by identity (its params dict makes it unhashable): the entry keeps the spec
+        # alive (_Known.kernel), so no other spec can take its id while the entry lives.
+        kernel = ("spec", id(kernel))
     ck = None if c is None else (c.kind, c.dname, c.dtype, c.shape, c.c_contiguous)
     return (a.kind, a.dname, a.dtype, a.shape, a.c_contiguous,
             b.kind, b.dname, b.dtype, b.shape, b.c_contiguous, ck, kernel, transpose_b, precision,

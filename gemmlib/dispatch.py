@@ -785,19 +785,25 @@ class _Bound:
         if p.splits > 1:
             self.red = _compiled_reduce(spec).function(ctx)
             self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, N, item)
+            self.reduce_grid = p.reduce_grid   # computed once, not per launch
 
 
-    def parameters(self):
+    def parameters(self, which: str = "words"):
         """This thread's kernel-parameter block, the constant words packed once: (the
         int64 values a launch overwrites the pointers in, the address of their pointer
-        array for cuLaunchKernel)."""
-        blk = getattr(self._local, "blk", None)
+        array for cuLaunchKernel).  ``which``: the main kernel's ("words") or the split-K
+        sum's ("red_words")."""
+        blks = getattr(self._local, "blks", None)
+        if blks is None:
+            blks = self._local.blks = {}
+        blk = blks.get(which)
         if blk is None:
-            n = len(self.words)
-            values = (ctypes.c_int64 * n)(*self.words)
+            words = getattr(self, which)
+            n = len(words)
+            values = (ctypes.c_int64 * n)(*words)
             base = ctypes.addressof(values)
             pointers = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
-            blk = self._local.blk = (values, ctypes.addressof(pointers), pointers)
+            blk = blks[which] = (values, ctypes.addressof(pointers), pointers)
         return blk[0], blk[1]
 
 
@@ -875,16 +881,25 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
         if rc:
             drv.check(rc, "cuLaunchKernel")
         return
-    words = b.words.copy()
-    words[_DATA[0]], words[_DATA[1]] = a_ptr, b_ptr
-    W = _workspace(p.splits * p.M, p.N, p.spec.out_dtype, stream)
-    words[_DATA[2]] = W.data.ptr
-    _launch(b.fn, p.grid, p.block, p.shared_bytes, stream, words)
-    red = b.red_words.copy()
-    red[_DATA[0]], red[_DATA[1]] = W.data.ptr, c_ptr
-    _launch(b.red, p.reduce_grid, p.spec.reduce_block, 0, stream, red)
-    # W goes back to CuPy's pool when dropped; the pool hands it out again only to
-    # work on the same stream, which runs after these two kernels.
+    # The slices' sums: one buffer per bound plan and stream, kept (launches on one stream
+    # run in order: the next call's slices are written after this call's sum has read them).
+    kept = b.scratch.get(("w", stream))
+    if kept is None:
+        W = _workspace(p.splits * p.M, p.N, p.spec.out_dtype, stream)
+        kept = _keep(b, ("w", stream), (W, int(W.data.ptr)), W.nbytes)
+    w_ptr = kept[1]
+    drv = driver()
+    values, pointers = b.parameters()
+    values[_A_WORD], values[_B_WORD], values[_C_WORD] = a_ptr, b_ptr, w_ptr
+    rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers, None)
+    if rc:
+        drv.check(rc, "cuLaunchKernel")
+    values, pointers = b.parameters("red_words")
+    values[_DATA[0]], values[_DATA[1]] = w_ptr, c_ptr
+    rc = drv.launch_kernel(b.red, *b.reduce_grid, *p.spec.reduce_block, 0, stream, pointers,
+                           None)
+    if rc:
+        drv.check(rc, "cuLaunchKernel")
 
 
 #: bytes of workspace kept for all plans and streams together; past it the oldest go

@@ -1,6 +1,6 @@
 """Where one framework call's host time goes (GPU only): each step of gemmlib.matmul's short
 path timed alone, median over many back-to-back repetitions, for torch fp32/fp16 and CuPy fp16
-at 64^3.  Prints a table; writes JSON to the path given as the first argument (optional)."""
+at 64^3 and a decode shape 1x6144x4096 (with a cProfile of the fp16 decode call).  Prints a table; writes JSON to the path given as the first argument (optional)."""
 
 import json
 import statistics
@@ -67,10 +67,26 @@ def steps(A, B, label):
 
 out = {}
 g = torch.Generator(device="cuda").manual_seed(0)
-for dt in (torch.float32, torch.float16):
-    A = torch.rand(64, 64, device="cuda", generator=g).to(dt)
-    B = torch.rand(64, 64, device="cuda", generator=g).to(dt)
-    out[f"torch {dt}"] = steps(A, B, f"torch {dt}")
+for (M, N, K) in ((64, 64, 64), (1, 6144, 4096)):
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        A = torch.rand(M, K, device="cuda", generator=g).to(dt)
+        B = torch.rand(K, N, device="cuda", generator=g).to(dt)
+        out[f"torch {dt} {M}x{N}x{K}"] = steps(A, B, f"torch {dt} {M}x{N}x{K}")
+    if M != 64:   # where the decode call's time goes, function by function
+        import cProfile
+        import pstats
+
+        A = torch.rand(M, K, device="cuda", generator=g).to(torch.float16)
+        B = torch.rand(K, N, device="cuda", generator=g).to(torch.float16)
+        for _ in range(50):
+            gemmlib.matmul(A, B)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(2000):
+            gemmlib.matmul(A, B)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 cp = backend.array_module()
 A = cp.random.rand(64, 64).astype(cp.float16)
 B = cp.random.rand(64, 64).astype(cp.float16)

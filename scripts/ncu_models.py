@@ -32,6 +32,14 @@ CASES = [
     ("3xtf32", 1024, 4096, 14336), ("3xtf32", 8192, 256, 8192),
 ]
 
+#: ``NCU_CASES=hopper``: issue 19's squares and a model shape on an H100/H200, where
+#: gemmlib runs wgmma_ws (float32 out, then the 16-bit out torch.matmul writes)
+HOPPER_CASES = [("fp16", 2048, 2048, 2048), ("fp16", 4096, 4096, 4096),
+                ("bf16", 4096, 4096, 4096), ("fp16", 8192, 8192, 8192),
+                ("fp16", 4096, 28672, 4096)]
+if __import__("os").environ.get("NCU_CASES") == "hopper":
+    CASES = HOPPER_CASES
+
 
 def run(profile: bool) -> None:
     import torch
@@ -51,6 +59,8 @@ def run(profile: bool) -> None:
         if profile:
             torch.cuda.profiler.start()
             gemmlib.matmul(A, B, precision=call_prec)
+            if CASES is HOPPER_CASES:   # the epilogue that writes the inputs' 16-bit type
+                gemmlib.matmul(A, B, out_dtype=A.dtype)
             torch.matmul(A, B)
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
@@ -126,18 +136,20 @@ def summarize(csv_path, cases_path=None):
         if cur is None:
             continue
         (cur["ours"] if ours else cur["theirs"]).append(k)
-    print("| case | who | kernel | " + " | ".join(FIELDS) + " | DRAM MB | tensor% | top stalls |")
-    print("|" + "---|" * (len(FIELDS) + 6))
+    print("| case | who | kernel | " + " | ".join(FIELDS)
+          + " | DRAM MB | L2 MB | tensor% | top stalls |")
+    print("|" + "---|" * (len(FIELDS) + 7))
     for case, g in zip(cases, groups):
         label = f"{case['precision']} {case['M']}x{case['N']}x{case['K']}"
         for who in ("ours", "theirs"):
             for k in g[who]:
                 vals = [k["metrics"].get(m, "") for m in FIELDS.values()]
+                l2 = _num(k["raw"].get("lts__t_bytes.sum", "nan")) / 1e6
                 mb = (_num(k["raw"].get("dram__bytes_read.sum", "nan"))
                       + _num(k["raw"].get("dram__bytes_write.sum", "nan"))) / 1e6
                 name = k["name"].split("[")[0].split("(")[0][:48]
                 print(f"| {label} | {'gemmlib' if who == 'ours' else 'cuBLAS'} | {name} | "
-                      + " | ".join(vals) + f" | {mb:.1f} | {_tensor(k['raw']):.1f} | "
+                      + " | ".join(vals) + f" | {mb:.1f} | {l2:.1f} | {_tensor(k['raw']):.1f} | "
                       + ", ".join(f"{n} {v:.1f}" for n, v in _stalls(k["raw"])) + " |")
     if len(groups) != len(cases):
         print(f"\n(note: {len(groups)} kernel groups for {len(cases)} cases)")

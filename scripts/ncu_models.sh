@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-run-logs}; mkdir -p "$OUT"
 export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SECTIONS="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis"
-METRICS="--metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum"
+METRICS="--metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum"
 # a small trial first: if the metric list is refused, profile with the sections alone
 if ! ncu --clock-control none $SECTIONS $METRICS -c 1 python3 -c \
      "import torch; a=torch.rand(256,256,device='cuda'); (a@a).sum().item()" > "$OUT/ncu-trial.txt" 2>&1; then

@@ -109,9 +109,14 @@ def test_call_keys_cover_what_the_checks_read():
     assert k != api._call_key(a, b, None, "warptile", False, None)                    # kernel
     assert k != api._call_key(a, b, None, None, False, "tf32")                        # precision
     assert k != api._call_key(a, b, _op((8, 24), 0x20000), None, False, None)         # out
-    # numpy, numba, other and named KernelSpecs always take the long path
+    # numpy, numba and other arrays always take the long path
     assert api._call_key(_op((8, 16), 0, kind="numpy"), b, None, None, False, None) is None
-    assert api._call_key(a, b, None, gemmlib.get_kernel("shared"), False, None) is None
+    # a KernelSpec by identity: the same object gives the same key, another spec another
+    spec = gemmlib.get_kernel("shared")
+    ks = api._call_key(a, b, None, spec, False, None)
+    assert ks == api._call_key(a, b, None, spec, False, None) and ks != k
+    assert ks != api._call_key(a, b, None, gemmlib.get_kernel("naive"), False, None)
+    assert api._call_key(a, b, None, object(), False, None) is None   # not a spec: long path
 
 
 def test_a_known_call_still_checks_pointers_and_device(monkeypatch):
@@ -206,6 +211,25 @@ def test_cupy_fp16_calls_repeat_on_the_short_path():
     assert type(C) is cp.ndarray
     R = A.astype(cp.float64) @ B.astype(cp.float64)
     assert float(cp.linalg.norm(C - R) / cp.linalg.norm(R)) < 1e-3
+
+
+@gpu
+@needs_gpu
+def test_a_named_kernel_spec_repeats_on_the_short_path():
+    """A KernelSpec (``kernel=spec``) is keyed by identity; the entry keeps the spec alive."""
+    cp = backend.array_module()
+    A = cp.random.rand(70, 40).astype(cp.float32)
+    B = cp.random.rand(40, 50).astype(cp.float32)
+    spec = gemmlib.get_kernel("shared")
+    dispatch.CALLS.clear()
+    gemmlib.matmul(A, B, kernel=spec)
+    assert len(dispatch.CALLS) == 1
+    (known,) = [v for _, v in dispatch.CALLS.items()]
+    assert known.kernel is spec
+    C = cp.full((70, 50), cp.nan, dtype=cp.float32)
+    assert gemmlib.matmul(A, B, out=C, kernel=spec) is C
+    R = A.astype(cp.float64) @ B.astype(cp.float64)
+    assert float(cp.linalg.norm(C - R) / cp.linalg.norm(R)) < 1e-5
 
 
 def test_cpu_fp16_out_tensor_with_padding_is_written_and_returned():
