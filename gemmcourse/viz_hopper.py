@@ -968,3 +968,101 @@ def lastmile_table(data: dict, name: str = "", base: str = "wgmma_ws_128x256_s4"
                   "max error vs fp32 product"), body,
                  caption=f"4096^3 fp16, kernel timing: {data.get('meta', {}).get('gpu', '?')}"
                          + (f" ({name})" if name else ""))
+
+
+# --------------------------------------------------------------------------
+# A loop of calls at the power cap (results/loopgap-*/)
+
+def loopgap_files(directory=None):
+    """The committed loop-gap runs (``loopgap-*/loopgap-<gpu>.json``): each call timed alone,
+    in a short loop, in a long loop and call by call, with the SM clock and power seen."""
+    from gemmcourse.notebook import committed_json
+
+    return [(n, d) for n, d in committed_json("loopgap-*/loopgap-h*.json", directory)
+            if d.get("rows")]
+
+
+def power_table(data: dict, name: str = "", precision: str = "fp16"):
+    """One row per (size, call): microseconds alone (L2 flushed before the launch), in the
+    benchmark's short loops (~25 ms) and in one long loop (~1.5 s), and the median SM clock
+    and power nvidia-smi sampled during the long loop."""
+    from gemmcourse.notebook import Table
+
+    body = []
+    for r in data.get("rows", []):
+        if r["precision"] != precision:
+            continue
+        smi = r.get("smi_long") or {}
+        body.append((f"{r['n']}^3", r["label"], r["kernel"], f"{r['single_us']:.1f}",
+                     f"{r['loop_us']:.1f}", f"{r['long_us']:.1f}",
+                     f"{smi['sm_mhz']:.0f}" if smi.get("sm_mhz") else "-",
+                     f"{smi['power_w']:.0f}" if smi.get("power_w") else "-"))
+    return Table(("size", "call", "kernel", "alone us", "short loop us", "long loop us",
+                  "SM MHz (long)", "W (long)"), body,
+                 caption=f"{precision}, {data.get('meta', {}).get('gpu', '?')}"
+                         + (f" ({name})" if name else ""))
+
+
+def steady_files(directory=None):
+    """The committed steady-state runs (``loopgap-*/steady-h100.json``, ``-h200.json``):
+    candidates alternating with torch.matmul in ~0.25 s blocks, the GPU at its power cap."""
+    from gemmcourse.notebook import committed_json
+
+    return [(n, d) for n, d in committed_json("loopgap-*/steady-h[0-9]*.json", directory)
+            if d.get("rows")]
+
+
+def steady_summary(data: dict):
+    """{(precision, (M, N, K)): {"torch_us", "auto", "auto16", "best", "best_label"}}: % of
+    torch.matmul of ``auto`` (float32 out), ``auto`` with a 16-bit out, and the best rung."""
+    out = {}
+    for r in data.get("rows", []):
+        key = (r["precision"], (r["M"], r["N"], r["K"]))
+        s = out.setdefault(key, {"torch_us": r["torch_us"], "best": 0.0, "best_label": ""})
+        if r["label"] == "auto":
+            s["auto16"] = r["pct_of_torch"]
+        elif r["label"] == "auto_fp32":
+            s["auto"] = r["pct_of_torch"]
+        if r["pct_of_torch"] > s["best"]:
+            s["best"], s["best_label"] = r["pct_of_torch"], r["label"]
+    return out
+
+
+def steady_table(data: dict, name: str = ""):
+    from gemmcourse.notebook import Table
+
+    body = [(prec, "x".join(map(str, shape)), f"{s['torch_us']:.1f}",
+             f"{s.get('auto', float('nan')):.1f}%", f"{s.get('auto16', float('nan')):.1f}%",
+             f"{s['best']:.1f}% ({s['best_label']})")
+            for (prec, shape), s in steady_summary(data).items()]
+    return Table(("precision", "M x N x K", "torch.matmul us", "auto", "auto, 16-bit out",
+                  "best rung"), body,
+                 caption="% of torch.matmul (cuBLAS, same precision), blocks alternating at "
+                         f"the power cap: {data.get('meta', {}).get('gpu', '?')}"
+                         + (f" ({name})" if name else ""))
+
+
+def plot_steady(files, precision: str = "fp16", ax=None):
+    """Bars: ``auto``'s % of torch.matmul per shape, one bar per GPU file."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.2))
+    sums = [(name, data.get("meta", {}).get("gpu", name), steady_summary(data))
+            for name, data in files]
+    shapes = []
+    for _, _, s in sums:
+        shapes += [sh for (p, sh) in s if p == precision and sh not in shapes]
+    width = 0.8 / max(1, len(sums))
+    for i, (_, gpu, s) in enumerate(sums):
+        ys = [s.get((precision, sh), {}).get("auto", 0.0) for sh in shapes]
+        ax.bar([x + i * width for x in range(len(shapes))], ys, width, label=gpu)
+    ax.axhline(100, color="k", lw=0.8)
+    ax.axhline(95, color="k", lw=0.6, ls="--")
+    ax.set_xticks([x + width * (len(sums) - 1) / 2 for x in range(len(shapes))])
+    ax.set_xticklabels(["x".join(map(str, sh)) for sh in shapes], rotation=20, fontsize=8)
+    ax.set_ylim(50, 105)
+    ax.set_ylabel("% of torch.matmul")
+    ax.set_title(f"{precision}: gemmlib.matmul (auto) at the power cap")
+    ax.legend(fontsize=8, loc="lower right")
+    return ax

@@ -471,3 +471,27 @@ def test_lastmile_table_reads_the_committed_run():
     assert "wgmma_cluster" in kernels and any(k.startswith("wgmma_pingpong") for k in kernels)
     base = next(r for r in t.rows if r[0] == "wgmma_ws_128x256_s4")
     assert base[4] == "100.0%"
+
+
+def test_power_table_reads_the_committed_loop_gap_runs():
+    files = vh.loopgap_files()
+    assert {n for n, _ in files} >= {"loopgap-h100.json", "loopgap-h200.json"}
+    for name, data in files:
+        t = vh.power_table(data, name)
+        assert len(t.rows) == 12 and t.rows[0][1] == "torch"
+        assert all(float(r[5]) > 0 for r in t.rows)   # long-loop microseconds
+
+
+def test_steady_summary_takes_auto_and_the_best_rung():
+    rows = [dict(precision="fp16", M=8, N=8, K=8, label=lab, torch_us=10.0, pct_of_torch=p)
+            for lab, p in (("auto", 80.0), ("auto_fp32", 85.0), ("ws4", 90.0), ("c2", 70.0))]
+    s = vh.steady_summary({"rows": rows})[("fp16", (8, 8, 8))]
+    assert (s["auto"], s["auto16"], s["best"], s["best_label"]) == (85.0, 80.0, 90.0, "ws4")
+    files = vh.steady_files()
+    assert {n for n, _ in files} == {"steady-h100.json", "steady-h200.json"}
+    for name, data in files:
+        assert len(vh.steady_table(data, name).rows) == 14   # 7 shapes x fp16, bf16
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = vh.plot_steady(files)
+    assert len(ax.patches) == 2 * 7
