@@ -19,7 +19,7 @@ import torch
 
 from gemmlib import bench, dispatch
 from gemmlib.backend import cuda, float32
-from gemmlib.kernels import wgmma_async as WA, wgmma_tma as WT, wgmma_ws as W
+from gemmlib.kernels import wgmma_async as WA, wgmma_store, wgmma_tma as WT, wgmma_ws as W
 
 
 def nostore_spec(out, STAGES):
@@ -59,8 +59,11 @@ for n in (2048, 4096, 8192):
         C = torch.empty((n, n), dtype=torch.float32 if out == "fp32" else torch.int16,
                         device="cuda")
         for STAGES in (3, 4):
-            for label, spec in (("ws", W.build("fp16", STAGES=STAGES, OUT=out)),
-                                ("nostore", nostore_spec(out, STAGES))):
+            cands = [("ws", W.build("fp16", STAGES=STAGES, OUT=out)),
+                     ("nostore", nostore_spec(out, STAGES))]
+            if STAGES == 3:   # the epilogue through shared memory (3 stages: its maximum)
+                cands.append(("store", wgmma_store.build("fp16", OUT=out)))
+            for label, spec in cands:
                 p = dispatch.warm(spec, n, n, n)
                 bd = dispatch.bound(p)
                 run = (lambda: dispatch.run(p, A.data_ptr(), B.data_ptr(), C.data_ptr(), s, bd))

@@ -40,7 +40,8 @@ def candidates(prec):
          "c2": ("wgmma_cluster", {}), "c2_o16": ("wgmma_cluster", dict(OUT=o)),
          "pp4_o16": ("wgmma_pingpong", dict(STAGES=4, OUT=o)),
          "sk2": ("wgmma_split_k", dict(SPLITS=2)),
-         "ws64_o16": ("wgmma_ws", dict(BM=64, STAGES=5, OUT=o))}
+         "ws64_o16": ("wgmma_ws", dict(BM=64, STAGES=5, OUT=o)),
+         "st": ("wgmma_store", {}), "st_o16": ("wgmma_store", dict(OUT=o))}
     keep = os.environ.get("CANDS")
     if keep:
         c = {k: v for k, v in c.items() if k in keep.split(",")}
