@@ -217,7 +217,7 @@ def select(M: int, N: int, K: int, slug: str | None = None) -> KernelSpec:
 #: the tensor-core rungs (gemmlib.intrinsics.mma); "auto" picks the last, tuned
 TC_RUNGS = ("mma_atom", "mma_swizzle", "mma_pipeline", "mma_split_k", "wgmma_async", "wgmma_tma",
             "wgmma_ws", "wgmma_split_k", "wgmma_tf32", "wgmma_fp8", "wgmma_cluster",
-            "wgmma_pingpong")
+            "wgmma_pingpong", "wgmma_store")
 TC_AUTO = "mma_pipeline"
 
 
@@ -369,7 +369,7 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
 
 #: rungs whose epilogue writes C in the inputs' own 16-bit type when built with
 #: ``OUT="fp16"`` / ``"bf16"`` (``gemmlib.kernels.wgmma_async.out_store``)
-OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong")
+OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong", "wgmma_store")
 
 
 def rung_of(spec: KernelSpec) -> str:
@@ -774,7 +774,7 @@ class _Bound:
         self.words += [0] * len(spec.scalar_args)
         self.scratch = {}  # stream -> the workspace arrays, kept (see _scratch)
         self.red = self.red_words = None
-        self.maps = None  # (a_ptr, b_ptr, tma generation, address): see _maps_of
+        self.maps = None  # (a_ptr, b_ptr, tma generation, address, scales, c_ptr): _maps_of
         self._local = threading.local()
         self.prep = self.prep_words = None
         #: the grid launched: a cluster rung's, cut to the clusters that fit at once
@@ -870,7 +870,7 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
             for i, ptr in enumerate(ws[1]):
                 values[_C_WORD + _WORDS * (i + 1)] = ptr
         if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
-            values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales)
+            values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr)
         drv = driver()
         if p.spec.cluster > 1:
             cfg = _cluster_config(b.grid, p.block, p.shared_bytes, stream, p.spec.cluster)
@@ -945,33 +945,39 @@ def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int) -> int:
 
 
 def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
-             scales: tuple = ()) -> int:
+             scales: tuple = (), c_ptr: int = 0) -> int:
     """The maps' address, remembered for the last operands of this bound plan: a loop over
-    the same A and B (a model's layer, a benchmark) skips building the lookup key."""
+    the same A and B (and C, for a rung that stores C by TMA) skips building the lookup key."""
+    c_key = c_ptr if p.spec.tma_store_box else 0
     last = b.maps
     if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == tma.GENERATION
-            and last[4] == scales):
+            and last[4] == scales and last[5] == c_key):
         return last[3]
-    addr = _tensor_maps(p, a_ptr, b_ptr, stream, scales)
-    b.maps = (a_ptr, b_ptr, tma.GENERATION, addr, scales)
+    addr = _tensor_maps(p, a_ptr, b_ptr, stream, scales, c_key)
+    b.maps = (a_ptr, b_ptr, tma.GENERATION, addr, scales, c_key)
     return addr
 
 
-def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = ()) -> int:
-    """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``."""
+def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (),
+                 c_ptr: int = 0) -> int:
+    """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``, then C's
+    (M x N) where the spec stores C by TMA and C can take it (``KernelSpec.c_map_ok``)."""
     from gemmlib import tma
 
     spec, M, N, K = p.spec, p.M, p.N, p.K
-    ia, ib, _ = spec.kernel_dtypes
+    ia, ib, ic = spec.kernel_dtypes
     name = TMA_DTYPE[spec.precision]
     (box_a, box_b), sw = spec.tma_boxes, spec.tma_swizzle
     isz = np.dtype(ia).itemsize
     b_shape = (N, K) if spec.b_kmajor else (K, N)
     if spec.scale_words and len(scales) != 2:
         raise ValueError(f"{spec.name} needs the device addresses of its two scales")
-    return tma.operand_maps(((a_ptr, (M, K), K * isz, name, box_a, sw),
-                             (b_ptr, b_shape, b_shape[1] * isz, name, box_b, sw)), stream,
-                            tuple(scales) if spec.scale_words else ())
+    ops = [(a_ptr, (M, K), K * isz, name, box_a, sw),
+           (b_ptr, b_shape, b_shape[1] * isz, name, box_b, sw)]
+    if spec.c_map_ok(N, c_ptr):
+        ops.append((c_ptr, (M, N), N * np.dtype(ic).itemsize, np.dtype(ic).name,
+                    spec.tma_store_box, 128))
+    return tma.operand_maps(tuple(ops), stream, tuple(scales) if spec.scale_words else ())
 
 
 #: the element type a tensor map of each precision's operands names
@@ -1018,10 +1024,18 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
             Bt = np.empty((N, K), dtype=B.dtype)
             spec.b_prep[spec.b_prep_grid(K, N), spec.b_prep_block, s](B, Bt)
             B = Bt
-        maps = tma.simulated_maps((A, B), spec.tma_boxes, spec.tma_swizzle,
+        arrays, boxes, dC = (A, B), spec.tma_boxes, None
+        if spec.tma_store_box:
+            dC = _simulated_device_copy(C)
+            if spec.c_map_ok(N, dC._ary.ctypes.data):   # the kernel's test, on its C
+                arrays, boxes = (A, B, dC._ary), spec.tma_boxes + (spec.tma_store_box,)
+        maps = tma.simulated_maps(arrays, boxes, spec.tma_swizzle,
                                   tuple(scales) if spec.scale_words else ())
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *work, np.uint64(maps))
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC, *work,
+                                                        np.uint64(maps))
+        if dC is not None:
+            C[...] = dC._ary
         return
     if p.splits <= 1:
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C)
@@ -1029,6 +1043,19 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
     W = np.empty((p.splits * M, N), dtype=spec.out_dtype)
     spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
     spec.reduce_kernel[p.reduce_grid, spec.reduce_block, s](W, C)
+
+
+def _simulated_device_copy(C):
+    """C as a simulated device array at C's own offset from 16 bytes (the kernel tests it).
+    The simulator copies a NumPy argument in and back, so a TMA-store twin that wrote C
+    itself would be overwritten: kernel and twin must write one array."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    raw = np.empty(C.nbytes + 16, np.uint8)
+    off = (C.ctypes.data - raw.ctypes.data) % 16
+    copy = raw[off:off + C.nbytes].view(C.dtype).reshape(C.shape)
+    copy[...] = C
+    return FakeCUDAArray(copy)
 
 
 def stream_handle(stream=None) -> int:

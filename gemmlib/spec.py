@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import numpy as np
+
 from gemmlib.backend import DeviceInfo
 
 
@@ -144,6 +146,11 @@ class KernelSpec:
     #: (``gemmlib.tma.operand_maps``; numba kernels have no by-value map parameters)
     tma_boxes: tuple = ()
     tma_swizzle: int = 128
+    #: rungs that store C by TMA (``wgmma_store``): the box (rows, cols) of C's map, the
+    #: third map of the block (256 bytes past A's), 128-byte swizzle.  Passed only when C
+    #: can take it (rows a multiple of 16 bytes, 16-byte aligned: :meth:`c_map_ok`); the
+    #: kernel makes the same test and otherwise stores from registers
+    tma_store_box: tuple = ()
     #: rungs that keep state between the blocks of a launch (split-K with in-kernel sums):
     #: ``workspace(M, N, K)`` gives the (rows, cols, dtype) of the arrays the kernel takes
     #: after C, whose dtypes are ``workspace_dtypes``.  Integer arrays are counters that
@@ -184,6 +191,11 @@ class KernelSpec:
     def array_dtypes(self) -> tuple[str, ...]:
         """The dtypes of every array argument: A, B, C, then the workspace arrays."""
         return self.kernel_dtypes + tuple(self.workspace_dtypes)
+
+    def c_map_ok(self, N: int, c_ptr: int) -> bool:
+        """Whether this call's C gets a TMA map (``tma_store_box``; the kernel's own test)."""
+        isz = np.dtype(self.out_dtype).itemsize
+        return bool(self.tma_store_box) and (N * isz) % 16 == 0 and c_ptr % 16 == 0
 
     @property
     def scalar_args(self) -> tuple[str, ...]:

@@ -171,7 +171,8 @@ def test_twin_catches_a_descriptor_that_lies():
 def test_rungs_compute_fp16_and_bf16_only():
     from gemmlib import dispatch
 
-    for rung in ("wgmma_async", "wgmma_tma", "wgmma_ws", "wgmma_pingpong", "wgmma_cluster"):
+    for rung in ("wgmma_async", "wgmma_tma", "wgmma_ws", "wgmma_pingpong", "wgmma_cluster",
+                 "wgmma_store"):
         assert dispatch.get_spec(rung, "bf16").precision == "bf16"
         for prec in ("tf32", "3xtf32"):
             with pytest.raises(ValueError, match="fp16.*bf16.*row-major B"):
@@ -186,7 +187,8 @@ def test_rungs_refuse_gpus_other_than_hopper(cc):
     from gemmlib.spec import ConstraintError
 
     dev = dataclasses.replace(backend.device_info(), compute_capability=cc, name="other")
-    for rung in ("wgmma_async", "wgmma_tma", "wgmma_ws", "wgmma_pingpong", "wgmma_cluster"):
+    for rung in ("wgmma_async", "wgmma_tma", "wgmma_ws", "wgmma_pingpong", "wgmma_cluster",
+                 "wgmma_store"):
         with pytest.raises(ConstraintError, match=r"Hopper \(sm_90a\)"):
             get(rung).check(256, 256, 256, dev)
 
@@ -194,7 +196,7 @@ def test_rungs_refuse_gpus_other_than_hopper(cc):
 def test_tma_rungs_declare_their_boxes_and_extra_argument():
     from gemmlib.kernels import get, wgmma_ws
 
-    for rung in ("wgmma_tma", "wgmma_ws", "wgmma_pingpong", "wgmma_cluster"):
+    for rung in ("wgmma_tma", "wgmma_ws", "wgmma_pingpong", "wgmma_cluster", "wgmma_store"):
         s = get(rung)
         assert s.tma_boxes == ((s.tile[0], 64), (64, 64)) and s.scalar_args == ("uint64",)
         assert s.operand_align == 8

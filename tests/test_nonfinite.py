@@ -154,7 +154,7 @@ RUNGS = [("mma_atom", "bf16"), ("mma_atom", "tf32"),
          ("pipeline-1warp", "fp16"), ("pipeline-1warp", "bf16"), ("pipeline-1warp", "tf32"),
          ("pipeline-1warp", "3xtf32"), ("pipeline-1warp-nopromote", "3xtf32"),
          ("wgmma_async", "bf16"), ("wgmma_tma", "bf16"), ("wgmma_ws", "bf16"),
-         ("wgmma_pingpong", "bf16"), ("wgmma_cluster", "bf16")]
+         ("wgmma_pingpong", "bf16"), ("wgmma_cluster", "bf16"), ("wgmma_store", "bf16")]
 
 
 def _problems(precision, build, shape, seed=0, kernel=None):

@@ -399,7 +399,7 @@ def test_torch_odd_shapes_gpu(dtype, shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rung", ["wgmma_ws", "wgmma_cluster", "wgmma_pingpong"])
+@pytest.mark.parametrize("rung", ["wgmma_ws", "wgmma_cluster", "wgmma_pingpong", "wgmma_store"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_named_hopper_rungs_write_16_bits_gpu(rung, dtype):
     if not HOPPER:

@@ -612,7 +612,7 @@ def test_auto_in_a_tensor_core_precision_is_the_pipeline():
     assert set(dispatch.TC_RUNGS) == {"mma_atom", "mma_swizzle", "mma_pipeline", "wgmma_async",
                                       "wgmma_tma", "wgmma_ws", "wgmma_split_k", "mma_split_k",
                                       "wgmma_tf32", "wgmma_fp8", "wgmma_pingpong",
-                                      "wgmma_cluster"}
+                                      "wgmma_cluster", "wgmma_store"}
 
 
 # --------------------------------------------------------------------------- the mma.sync ceiling

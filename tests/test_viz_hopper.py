@@ -495,3 +495,11 @@ def test_steady_summary_takes_auto_and_the_best_rung():
     matplotlib.use("Agg")
     ax = vh.plot_steady(files)
     assert len(ax.patches) == 2 * 7
+
+
+def test_epilogue_table_reads_the_committed_diagnostic():
+    files = vh.epilogue_files()
+    assert [n for n, _ in files] == ["epilogue-h100.json"]
+    t = vh.epilogue_table(files[0][1], files[0][0])
+    labels = {r[3] for r in t.rows}
+    assert labels == {"ws", "nostore", "store"} and all(r[6].endswith("%") for r in t.rows)

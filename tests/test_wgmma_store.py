@@ -1,13 +1,17 @@
-"""wgmma_store: wgmma_ws with the epilogue through shared memory (consumers stage a tile,
-three storer warps copy it to C in 16-byte pieces).  The simulator runs small tiles over
-several tiles per block, so the stage is refilled and its two mbarriers change phase many
-times; the GPU runs the default tiles on odd and large shapes, float32 and 16-bit C."""
+"""wgmma_store: wgmma_ws with the epilogue through shared memory and a TMA store.
+
+The simulator runs small tiles over several tiles per block, so the stage is refilled and
+its mbarriers change phase many times; its TMA-store twin copies each box out of the
+block's simulated shared memory through the 128-byte swizzle, dropping what leaves C, so a
+stage written in the wrong place, or a partial tile stored past C, fails in CI.  C that
+cannot take a TMA store (rows not a multiple of 16 bytes) runs the register store.  The
+GPU runs the default tiles on odd and large shapes, float32 and 16-bit C."""
 
 import numpy as np
 import pytest
 
 from _reliability import HOPPER, check_product, check_sampled_rows, on_blocks
-from gemmlib import backend
+from gemmlib import backend, dispatch, tma
 from gemmlib.kernels import wgmma_store as S
 from gemmlib.kernels import wgmma_ws
 
@@ -17,9 +21,11 @@ sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twi
 def test_default_build_and_its_shared_memory():
     s = S.SPEC
     assert s.name == "wgmma_store" and s.tile == (128, 256) and s.threads == 384
-    assert S.stage_shape(128, 256, "fp32")[:4] == (2, 128, 128, 136)   # two halves, fp32
-    assert S.stage_shape(128, 256, "fp16")[:4] == (1, 128, 256, 264)   # one piece, 16-bit
-    assert s.shared_bytes + S.stage_bytes(128, 256, "fp32") <= S.SMEM_MAX
+    assert S.stage_shape(256, "fp32") == (2, 128, 4, 32, 4)   # two halves of 4 boxes
+    assert S.stage_shape(256, "fp16") == (1, 256, 2, 64, 4)   # one piece of 4 boxes
+    assert S.stage_bytes(256, "fp32") == S.stage_bytes(256, "bf16") == 64 * 1024
+    assert s.shared_bytes == 3 * 48 * 1024 + 1024 + 64 * 1024 <= S.SMEM_MAX
+    assert s.tma_store_box == (64, 32) and S.build(OUT="fp16").tma_store_box == (64, 64)
     assert S.build("bf16", OUT="bf16").name == "wgmma_store_bf16_o16"
     assert S.build(STAGES=2).name == "wgmma_store_128x256_s2"
     with pytest.raises(ValueError, match="KiB of shared memory"):
@@ -28,20 +34,36 @@ def test_default_build_and_its_shared_memory():
         S.build(BM=64)
 
 
-def test_staged_pieces_cover_the_accumulators_once():
-    """The two float32 pieces together are wgmma_ws's store, split at column 128."""
-    full = S.out_store(256, 1, "fp16", "fp32", {})
-    halves = [S.out_store(256, 1, "fp16", "fp32", {}, span=(p * 16, (p + 1) * 16))
-              for p in range(2)]
-    assert "range(32)" in full and "range(0, 16)" in halves[0]
-    assert "range(16, 32)" in halves[1] and "c = c0 + 8 * (j - 16)" in halves[1]
+@pytest.mark.parametrize("out", ["fp32", "bf16"])
+def test_stage_layout_is_what_the_copy_engine_reads(out):
+    """Every staged element sits where a TMA store of its box (128-byte swizzle) reads it,
+    and the tile's elements fill the stage once."""
+    _, cols, es, box_cols, boxes = S.stage_shape(256, out)
+    offset = S.stage_offset(out)
+    seen = set()
+    for r in range(128):
+        for c in range(cols):
+            box, cc = divmod(c, box_cols)
+            want = box * 128 * 128 + es * tma.swizzled_offset(r, cc, box_cols, es, 128)
+            assert offset(r, c) == want, (r, c)
+            seen.add(want)
+    assert seen == set(range(0, S.stage_bytes(256, out), es))
+
+
+def test_c_gets_a_map_only_where_it_can_take_tma_stores():
+    s32, s16 = S.SPEC, S.build(OUT="fp16")
+    assert s32.c_map_ok(72, 1024) and not s32.c_map_ok(70, 1024) and not s32.c_map_ok(72, 8)
+    assert s16.c_map_ok(72, 1024) and not s16.c_map_ok(68, 1024)
+    assert not wgmma_ws.SPEC.c_map_ok(256, 1024)   # no store box: two maps, as before
 
 
 #: (precision, OUT, BN, STAGES, (M, N, K), blocks): 128 x 64 tiles keep the simulator fast;
-#: five tiles on two blocks (3 and 2: the stage refilled, its phases wrapping); N = 69 and
-#: K = 72 odd (gemmlib.matmul pads B, C keeps 69 columns); M = 300: the last tile partial
-SIM_CASES = [("fp16", "fp32", 64, 2, (300, 69, 72), 2),
-             ("bf16", "fp32", 64, 3, (129, 130, 136), 1)]
+#: five tiles on two blocks (the stage refilled, its phases wrapping); N = 72: TMA stores, the
+#: last column tile 8 wide and M = 300 partial (the copy engine drops the rest); N = 69
+#: (gemmlib.matmul keeps C 69 wide): the register store
+SIM_CASES = [("fp16", "fp32", 64, 2, (300, 72, 72), 2),
+             ("fp16", "fp32", 64, 2, (300, 69, 72), 2),
+             ("bf16", "fp32", 64, 3, (129, 136, 136), 1)]
 
 
 @sim_only
@@ -52,28 +74,29 @@ def test_staged_epilogue_in_the_simulator(precision, out, BN, stages, shape, blo
 
 
 @sim_only
-def test_staged_16_bit_c_is_the_rounded_float32_product():
-    """A 16-bit C through the stage: bit for bit wgmma_ws's 16-bit epilogue."""
-    import gemmlib
-    from gemmlib import dispatch
-
-    rng = np.random.default_rng(5)
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_staged_16_bit_c_is_wgmma_ws_bit_for_bit(misaligned):
+    """A 16-bit C by TMA store, or (C 2 bytes off 16-byte alignment) from registers: bit for
+    bit wgmma_ws's 16-bit epilogue, every element written, nothing past C."""
+    rng = np.random.default_rng(7)
     M, N, K = 200, 72, 64
-    A = rng.uniform(-1, 1, (M, K)).astype(np.float16)
-    B = rng.uniform(-1, 1, (K, N)).astype(np.float16)
-    got = gemmlib.matmul(A, B, kernel=on_blocks(S.build("fp16", BN=64, STAGES=2,
-                                                        OUT="fp16"), 2))
-    ref = gemmlib.matmul(A, B, kernel=on_blocks(wgmma_ws.build("fp16", BM=128, BN=64,
-                                                               STAGES=2, OUT="fp16"), 2))
-    assert got.dtype == np.float16 and np.array_equal(got.view(np.uint16), ref.view(np.uint16))
+    A = rng.uniform(-1, 1, (M, K)).astype(np.float16).view(np.uint16)
+    B = rng.uniform(-1, 1, (K, N)).astype(np.float16).view(np.uint16)
+    buf = np.full(M * N + 16, 0xFFFF, np.uint16)
+    at = (-buf.ctypes.data % 16) // 2 + misaligned
+    got = buf[at:at + M * N].reshape(M, N)
+    spec = on_blocks(S.build("fp16", BN=64, STAGES=2, OUT="fp16"), 2)
+    assert spec.c_map_ok(N, got.ctypes.data) != misaligned
+    dispatch.launch(spec, A, B, got, M, N, K)
+    ref = np.full((M, N), 0xFFFF, np.uint16)
+    dispatch.launch(on_blocks(wgmma_ws.build("fp16", BM=128, BN=64, STAGES=2, OUT="fp16"), 2),
+                    A, B, ref, M, N, K)
+    assert np.array_equal(got, ref) and (ref != 0xFFFF).all()
+    assert (buf[:at] == 0xFFFF).all() and (buf[at + M * N:] == 0xFFFF).all()
     assert dispatch.rung_of(S.build("fp16", OUT="fp16")) == "wgmma_store"
 
 
 # --------------------------------------------------------------------------- the GPU
-
-
-def _gpu_specs(precision):
-    return [S.build(precision), S.build(precision, OUT=precision)]
 
 
 @pytest.mark.gpu
@@ -81,8 +104,8 @@ def _gpu_specs(precision):
 def test_store_on_odd_shapes_gpu(precision):
     if not HOPPER:
         pytest.skip("wgmma needs an H100/H200")
-    shapes = [(1, 1, 1), (37, 29, 53), (129, 127, 3), (257, 255, 65), (1000, 1000, 1000),
-              (8191, 3, 517), (3, 8191, 5), (1025, 513, 4097), (4095, 3073, 2047)]
+    shapes = [(1, 1, 1), (37, 29, 53), (129, 128, 3), (257, 255, 65), (1000, 1000, 1000),
+              (8191, 4, 517), (3, 8192, 5), (1025, 516, 4097), (4095, 3072, 2047)]
     for i, (M, N, K) in enumerate(shapes):
         check_product(S.build(precision), precision, M, N, K, seed=i)
 

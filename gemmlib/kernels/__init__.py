@@ -39,6 +39,7 @@ LADDER: tuple[str, ...] = (
     "wgmma_fp8",
     "wgmma_cluster",
     "wgmma_pingpong",
+    "wgmma_store",
 )
 
 

@@ -1,91 +1,157 @@
-"""The epilogue through shared memory: consumers stage a tile, storer warps write it out.
+"""The epilogue through shared memory and a TMA store: the consumers hand the tile to the copy engine.
 
 In ``wgmma_ws`` the consumer warpgroups write each finished tile straight from their
-registers to C. Every SM finishes its tile at about the same moment, so the writes come in
-bursts. In a burst 132 SMs each write 128 KiB (float32) at once, at what the memory takes,
-and the tensor cores wait for it. At 4096^3 on an H100 that costs 4-6 µs per tile (the store
-taken out, the kernel is 9-12% faster: ``results/loopgap-2026-11-25/epilogue-h100.log``).
+registers to C, and only then start the next tile's wgmma. Every SM finishes a tile at
+about the same moment, so the stores come in bursts at what the memory takes, and the
+tensor cores wait for them: at 4096^3 on an H100 the same kernel with its store taken out
+is 9-12% faster (``results/loopgap-2026-11-25/epilogue-h100.log``).
 
-This rung hands the tile to other threads. It changes only the epilogue:
+This rung changes only the epilogue:
 
-* **Staging.** A consumer writes its accumulators into a shared-memory tile (``STAGE``: 128
-  rows, padded so that its pair stores hit distinct banks) and arrives on an *epi_full*
-  mbarrier. Then it goes on to the next tile's wgmma.
-* **Storer warps.** Warps 1-3 of the producer warpgroup sat idle in ``wgmma_ws`` (one
-  thread issues every TMA copy). Here they wait on *epi_full* and copy the staged tile to C.
-  They copy 16 bytes at a time (``copy16``), each warp along a row, so every store instruction
-  writes four whole 128-byte lines. Then they arrive on *epi_empty*, which the consumers wait
-  for before they stage the next tile.
+* **Stage.** Each consumer writes its 64 rows of accumulators into a tile of shared memory
+  (``st.shared``, 8 or 4 bytes per pair of columns), runs ``fence.proxy.async`` (the copy
+  engine reads shared memory through another proxy, which must see these stores) and
+  arrives on its *epi_full* mbarrier. Then it starts the next tile's wgmma.
+* **TMA store.** One thread of the producer warpgroup per consumer waits on *epi_full* and
+  starts ``cp.async.bulk.tensor`` stores of the staged boxes. It waits only until the copy
+  engine has *read* them (``cp.async.bulk.wait_group.read``), then arrives on *epi_empty*,
+  which the consumer waits on before it stages its next tile. The writes to C finish on
+  their own while the tensor cores run the next tile. The copy engine drops what falls
+  outside C, so a partial tile needs no predicates.
+* **Boxes of 128 bytes, swizzled.** The stage is laid out as the copy engine reads a box
+  with the 128-byte swizzle: 64 rows of 128 bytes (64 16-bit or 32 float32 columns), each
+  16-byte chunk XOR-ed with the row's index mod 8. A consumer's pair stores from 8 rows
+  and 4 lanes then land in 32 different banks; without the swizzle (plain rows of 512
+  bytes) all 8 rows would share banks, an 8-way conflict.
 * **Pieces.** A float32 tile (128 x 256 x 4 bytes) and a three-stage ring do not fit in
-  shared memory together. So a float32 C is staged in two halves of 128 columns (``PIECES =
-  2``), a 16-bit C in one piece. The consumers wait on the storers between the halves, so a
-  float32 C overlaps less of its store than a 16-bit one.
-
-The consumers no longer wait for the memory system. Instead, the storers must empty the
-stage before the consumers finish the next tile, which takes a tile's whole mainloop.
+  shared memory together, so a float32 C is staged in two halves of 128 columns; the
+  consumers wait for the first half to be read before they stage the second.
+* **When C cannot take a TMA store** (a row of C not a multiple of 16 bytes, or C not
+  16-byte aligned) the consumers store from registers as ``wgmma_ws`` does: the same test
+  (``KernelSpec.c_map_ok``) on the host decides whether the call passes a map of C.
 """
 
-from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
+from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint32, uint64
 from gemmlib.intrinsics import hopper as H
+from gemmlib.intrinsics import tma_store as T
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.intrinsics.index import uidx
-from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, copy16
+from gemmlib.intrinsics.vector import aligned16
 from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, check_out, compile_sources,
-                                         mma_source, out_fields, out_params, out_ptx,
-                                         out_store, out_suffix, rung_name, spec_fields,
-                                         tile_order)
+                                         out_fields, out_params, out_ptx, out_suffix,
+                                         rung_name, spec_fields, tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
-from gemmlib.kernels.wgmma_ws import (as_accumulated, check_tile, persistent_grid,
-                                      register_roles, regs_suffix)
+from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, check_tile,
+                                      persistent_grid, register_roles, regs_suffix)
 from gemmlib.spec import KernelSpec
 
-#: threads of the producer warpgroup that copy staged tiles to C (warps 1-3)
-STORERS = 96
-#: setmaxnreg (producer warpgroup, consumers): the storers need more than wgmma_ws's 40
-#: registers (at 40, 56 or 64 ptxas spilled their float32 copy loop; at 96 nothing spills)
-STORE_REGS = (96, 200)
+#: bytes of one staged row of a box (the 128-byte swizzle's span) and rows per box
+BOX_ROW_BYTES = 128
+BOX_ROWS = 64
 
 
-def stage_shape(BM: int, BN: int, out: str):
-    """(pieces, rows, columns per piece, padded row length, element type) of the stage.
-    Rows are padded by 8 float32 (32 bytes) or 8 halves (16 bytes): a consumer's pair
-    stores (8 rows x 4 lanes) then land in distinct banks, and rows stay 16-byte aligned."""
+def stage_shape(BN: int, out: str):
+    """(pieces, columns per piece, bytes per element, columns per box, boxes per piece)."""
+    es = 4 if out == "fp32" else 2
     pieces = 2 if out == "fp32" else 1
     cols = BN // pieces
-    return pieces, BM, cols, cols + 8, float32 if out == "fp32" else uint16
+    box_cols = BOX_ROW_BYTES // es
+    return pieces, cols, es, box_cols, cols // box_cols
+
+
+def stage_bytes(BN: int, out: str) -> int:
+    """Shared memory of the stage: one piece of the tile's 128 rows."""
+    _, cols, es, _, _ = stage_shape(BN, out)
+    return 128 * cols * es
+
+
+def c_box(out: str) -> tuple:
+    """The box the tensor map of C stores: one consumer's 64 rows of 128 bytes."""
+    return (BOX_ROWS, stage_shape(64, out)[3])
+
+
+def stage_offset(out: str):
+    """``offset(r, c)``: the byte offset in the stage of staged element (r, c) of one piece:
+    row r of every box at ``r * 128`` bytes, boxes of the tile's 128 rows one after another,
+    and in a row the 16-byte chunk XOR-ed with ``r % 8`` (the copy engine's 128-byte swizzle:
+    ``gemmlib.tma.swizzled_offset``).  A plain function, compiled by :func:`stage_put`."""
+    _, _, ES, BOX_COLS, _ = stage_shape(64, out)
+    PER16 = 16 // ES                  # elements in a 16-byte chunk
+    BOX_BYTES = 128 * BOX_ROW_BYTES   # the 128 rows of one box column (both consumers)
+
+    def offset(r, c):
+        cc = c % BOX_COLS
+        return ((c // BOX_COLS) * BOX_BYTES + r * BOX_ROW_BYTES
+                + ((cc // PER16) ^ (r % 8)) * 16 + (cc % PER16) * ES)
+    return offset
+
+
+def stage_put(out: str):
+    """``put(base, r, c, a, b)``: a consumer's pair of columns (c even) of staged row ``r``
+    at ``base + offset(r, c)``; ``a, b``: float32 (one 8-byte store), or 16-bit bits packed
+    into one 32-bit store.  A pair never straddles a 16-byte chunk (c is even, a chunk holds
+    4 or 8 elements), so the swizzle keeps it together."""
+    offset = cuda.jit(device=True)(stage_offset(out))
+
+    if out == "fp32":
+        @cuda.jit(device=True)
+        def put(base, r, c, a, b):
+            T.st_shared_v2_f32(base + offset(r, c), a, b)
+    else:
+        @cuda.jit(device=True)
+        def put(base, r, c, a, b):
+            T.st_shared_u32(base + offset(r, c), uint32(a) | (uint32(b) << uint32(16)))
+    return put
+
+
+def stage_source(BN: int, span: tuple, convert: str = "") -> str:
+    """Source of ``stage_p(base, acc, t, r0)``: thread ``t`` of a consumer puts its
+    accumulators of column groups span[0] <= j < span[1] (8 columns each) into the stage at
+    rows from ``r0`` (the accumulator layout of ``wgmma_async.store_source``: rows g and g + 8
+    of the warp's 16, columns 2 * (lane % 4) + 8 j). One loop per row: NVVM unrolls each, so
+    every index of ``acc`` is a constant. ``convert`` names a float32 -> 16-bit function."""
+    j0, j1 = span
+
+    def val(k):
+        return f"{convert}(acc[4 * j + {k}])" if convert else f"acc[4 * j + {k}]"
+
+    lines = [f"def stage_p(base, acc, t, r0):",
+             "    r = r0 + 16 * (t // 32) + (t % 32) // 4",
+             "    c0 = 2 * (t % 4)"]
+    for half in range(2):
+        lines += [f"    for j in range({j0}, {j1}):",
+                  f"        put(base, r + {8 * half}, c0 + 8 * (j - {j0}), {val(2 * half)}, "
+                  f"{val(2 * half + 1)})"]
+    return "\n".join(lines) + "\n"
 
 
 def epilogue_code(precision: str, BN: int, out: str):
-    """(k_tile, stage_0, stage_1): the wgmma of one k-tile, and the functions that write
-    pieces 0 and 1 of a consumer's accumulators into the stage (a 16-bit C has one piece:
-    stage_1 is stage_0, never called)."""
-    pieces, _, cols, _, _ = stage_shape(128, BN, out)
-    mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(BN, trans_b=True,
-                                                                 in_place=True)
-    from gemmlib.intrinsics.vector import aligned8, store2
+    """(k_tile, store_acc, stage_0, stage_1): the wgmma of one k-tile, ``wgmma_ws``'s store
+    from registers (when C takes no TMA store), and the functions that stage pieces 0 and 1
+    (a 16-bit C has one piece: stage_1 is stage_0, never called)."""
+    from gemmlib.intrinsics.convert import float_to_bf16, float_to_half
 
-    env = {"desc": H.smem_desc, "mma": mma, "uidx": uidx, "store2": store2,
-           "aligned8": aligned8}
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, out)
+    pieces, cols, _, _, _ = stage_shape(BN, out)
+    env = {"put": stage_put(out), "to16": float_to_half if out == "fp16" else float_to_bf16}
     g = cols // 8
-    srcs = [mma_source(BN, 1, precision)]
-    for p in range(pieces):
-        srcs.append(out_store(BN, 1, precision, out, env, span=(p * g, (p + 1) * g))
-                    .replace("def store_acc(", f"def stage_{p}("))
-    fns = compile_sources(srcs, env)
-    return fns[0], fns[1], fns[-1]
+    srcs = [stage_source(BN, (p * g, (p + 1) * g), "" if out == "fp32" else "to16")
+            .replace("def stage_p(", f"def stage_{p}(") for p in range(pieces)]
+    stages = compile_sources(srcs, env)
+    return k_tile, store_acc, stages[0], stages[-1]
 
 
-def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, stage_0, stage_1,
-                 tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int):
+def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_acc, stage_0,
+                 stage_1, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int):
     """``wgmma_ws``'s kernel with the epilogue through shared memory (module docstring)."""
-    PIECES, ROWS, COLS, ROW_LEN, SDT = stage_shape(BM, BN, out)
-    VE = 4 if out == "fp32" else 8            # elements in 16 bytes
-    VPR = COLS // VE                          # 16-byte pieces per staged row
+    PIECES, COLS, ES, BOX_COLS, BOXES = stage_shape(BN, out)
+    VE = 16 // ES                             # elements of C in 16 bytes
+    BOX_BYTES = 128 * BOX_ROW_BYTES
     CONSUMERS = BM // 64
     NT = 128 * (1 + CONSUMERS)
     ACC = BN // 2
-    NBARS = 2 * STAGES + 2                    # full[s], empty[s], then epi_full, epi_empty
-    EPI_FULL, EPI_EMPTY = 2 * STAGES, 2 * STAGES + 1
+    EPI_FULL = 2 * STAGES                     # + consumer: its tile is staged
+    EPI_EMPTY = 2 * STAGES + CONSUMERS        # + consumer: the copy engine has read it
+    NBARS = 2 * STAGES + 2 * CONSUMERS
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
     fewer, more = register_roles(REGS)
     finish = as_accumulated
@@ -95,26 +161,28 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, stage_0,
     def wgmma_store_kernel(A, B, C, maps):
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
-        stage = cuda.shared.array((ROWS, ROW_LEN), SDT, alignment=SHARED_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
         M, K = A.shape
         N = C.shape[1]
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
+        stage = ring + STAGES * STAGE_BYTES   # 1024-byte aligned, as the swizzle needs
         tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
         num_k = (K + BK - 1) // BK
+        to_tma = N % VE == 0 and aligned16(C)   # the host passes C's map on the same test
         if t == 0:
             for s in range(STAGES):
                 H.mbarrier_init(H.smem_addr(bars, s), 1)             # full: the producer
                 H.mbarrier_init(H.smem_addr(bars, STAGES + s), 128 * CONSUMERS)   # empty
-            H.mbarrier_init(H.smem_addr(bars, EPI_FULL), 128 * CONSUMERS)
-            H.mbarrier_init(H.smem_addr(bars, EPI_EMPTY), STORERS)
+            for c in range(CONSUMERS):
+                H.mbarrier_init(H.smem_addr(bars, EPI_FULL + c), 128)  # a consumer staged
+                H.mbarrier_init(H.smem_addr(bars, EPI_EMPTY + c), 1)   # its storer read it
             H.fence_mbarrier_init()
         cuda.syncthreads()                   # the last block-wide barrier
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
-            if t == 0:                       # warp 0: one thread issues the copies
+            if t == 0:                       # warp 0: one thread issues the loads
                 H.tensormap_acquire(maps)
                 H.tensormap_acquire(maps + uint64(128))
                 it = 0
@@ -125,35 +193,35 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, stage_0,
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
                         load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
                         it += 1
-            elif t >= 32:                    # warps 1-3: the storers
-                st = t - 32
-                vec = N % VE == 0 and aligned16(C)   # every row of C starts 16-byte aligned
+            elif to_tma and t % 32 == 0 and t // 32 <= CONSUMERS:   # warps 1, 2: storers
+                c = t // 32 - 1              # the consumer this thread stores for
+                cmap = maps + uint64(256)
+                H.tensormap_acquire(cmap)
+                rows = stage + c * BOX_ROWS * BOX_ROW_BYTES
                 e = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
                     m0, n0 = tile_origin(tile, M, N)
+                    y = m0 + BOX_ROWS * c
                     for piece in range(PIECES):
-                        wait(H.smem_addr(bars, EPI_FULL), e % 2)
-                        for v in range(st, ROWS * VPR, STORERS):
-                            r = v // VPR
-                            c = (v % VPR) * VE
-                            row = m0 + r
-                            col = n0 + piece * COLS + c
-                            if row < M and col < N:
-                                if vec and col + VE <= N:
-                                    copy16(C, uidx(row), uidx(col), stage, r, c)
-                                else:
-                                    for q in range(VE):
-                                        if col + q < N:
-                                            C[uidx(row), uidx(col + q)] = stage[r, c + q]
-                        H.mbarrier_arrive(H.smem_addr(bars, EPI_EMPTY))
+                        wait(H.smem_addr(bars, EPI_FULL + c), e % 2)
+                        for b in range(BOXES):
+                            x = n0 + piece * COLS + b * BOX_COLS
+                            if x < N and y < M:
+                                T.tma_store_2d(cmap, x, y, rows + b * BOX_BYTES)
+                        T.bulk_commit()
+                        T.bulk_wait_read()   # the stage is read: it may be refilled
+                        H.mbarrier_arrive(H.smem_addr(bars, EPI_EMPTY + c))
                         e += 1
+                T.bulk_wait_all()            # C written before the thread leaves
         else:                                # ---- consumer warpgroups
             more()
             acc = cuda.local.array(ACC, float32)
-            slice_ = (wg - 1) * SLICE_BYTES
+            c = wg - 1
+            slice_ = c * SLICE_BYTES
             it = 0
             e = 0
             for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                m0, n0 = tile_origin(tile, M, N)
                 for i in range(ACC):
                     acc[i] = float32(0.0)
                 for kt in range(num_k):
@@ -171,56 +239,52 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, stage_0,
                 if num_k > 0:
                     H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
                 finish(acc, maps)
-                # stage the tile (the rows of this consumer), piece by piece, once the
-                # storers have emptied the stage; the stage's coordinates start at 0
-                wait(H.smem_addr(bars, EPI_EMPTY), (e % 2) ^ 1)
-                stage_0(stage, acc, t % 128, 64 * (wg - 1), 0, ROWS, COLS)
-                H.mbarrier_arrive(H.smem_addr(bars, EPI_FULL))
-                e += 1
-                if PIECES == 2:
-                    wait(H.smem_addr(bars, EPI_EMPTY), (e % 2) ^ 1)
-                    stage_1(stage, acc, t % 128, 64 * (wg - 1), 0, ROWS, COLS)
-                    H.mbarrier_arrive(H.smem_addr(bars, EPI_FULL))
+                if to_tma:                   # stage it once the storer has read the last
+                    wait(H.smem_addr(bars, EPI_EMPTY + c), (e % 2) ^ 1)
+                    stage_0(stage, acc, t % 128, BOX_ROWS * c)
+                    H.fence_proxy_async()    # our stores, seen by the copy engine
+                    H.mbarrier_arrive(H.smem_addr(bars, EPI_FULL + c))
                     e += 1
+                    if PIECES == 2:
+                        wait(H.smem_addr(bars, EPI_EMPTY + c), (e % 2) ^ 1)
+                        stage_1(stage, acc, t % 128, BOX_ROWS * c)
+                        H.fence_proxy_async()
+                        H.mbarrier_arrive(H.smem_addr(bars, EPI_FULL + c))
+                        e += 1
+                else:
+                    store_acc(C, acc, t % 128, m0 + 64 * c, n0, M, N)
 
-    return wgmma_store_kernel, NT, STAGES * STAGE_BYTES + 1024
+    return wgmma_store_kernel, NT, STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, out)
 
 
-#: bytes of shared memory one block may have (dynamic ring + the static stage)
+#: bytes of shared memory one block may have
 SMEM_MAX = 227 * 1024
 
 
-def stage_bytes(BM: int, BN: int, out: str) -> int:
-    _, rows, _, row_len, dt = stage_shape(BM, BN, out)
-    return rows * row_len * (4 if dt is float32 else 2)
-
-
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = STORE_REGS, OUT: str = "fp32") -> KernelSpec:
+          GROUP_M: int = 8, REGS: tuple | None = DEFAULT_REGS, OUT: str = "fp32") -> KernelSpec:
     """``OUT``: C as float32 (staged in two halves), or in the inputs' own 16-bit type."""
     check_tile(BM, BN, STAGES, REGS)
     check_out(precision, OUT)
     if BM != 128:
-        raise ValueError(f"the stage holds the two consumers' 128 rows: BM must be 128, "
-                         f"got {BM}")
+        raise ValueError(f"one storer thread per consumer, the stage holds the two "
+                         f"consumers' 128 rows: BM must be 128, got {BM}")
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
-    if STAGES * STAGE_BYTES + 1024 + stage_bytes(BM, BN, OUT) > SMEM_MAX:
+    if STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, OUT) > SMEM_MAX:
         raise ValueError(f"{STAGES} stages of {STAGE_BYTES // 1024} KiB and a "
-                         f"{stage_bytes(BM, BN, OUT) // 1024} KiB epilogue stage need more "
+                         f"{stage_bytes(BN, OUT) // 1024} KiB epilogue stage need more "
                          f"than {SMEM_MAX // 1024} KiB of shared memory")
-    k_tile, stage_0, stage_1 = epilogue_code(precision, BN, OUT)
-    kernel, NT, SHARED = store_kernel(BM, BN, STAGES, REGS, OUT, k_tile, stage_0, stage_1,
-                                      tile_order(BM, BN, GROUP_M), load_stage, A_BYTES,
-                                      STAGE_BYTES)
-    default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, STORE_REGS)
+    k_tile, store_acc, stage_0, stage_1 = epilogue_code(precision, BN, OUT)
+    kernel, NT, SHARED = store_kernel(BM, BN, STAGES, REGS, OUT, k_tile, store_acc, stage_0,
+                                      stage_1, tile_order(BM, BN, GROUP_M), load_stage,
+                                      A_BYTES, STAGE_BYTES)
+    default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, DEFAULT_REGS)
     name = rung_name("wgmma_store", precision, default, BM, BN, STAGES, GROUP_M)
-    if REGS != STORE_REGS:
-        name += regs_suffix(REGS) or "_r" + "-".join(map(str, REGS))
-    name += out_suffix(OUT)
+    name += regs_suffix(REGS) + out_suffix(OUT)
     return KernelSpec(
         name=name,
         idea="wgmma_ws with the epilogue through shared memory: consumers stage each tile "
-             "and go on; three storer warps copy it to C in 16-byte pieces",
+             "in swizzled boxes and go on; a producer thread TMA-stores them to C",
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
@@ -230,11 +294,13 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM),
         tma_swizzle=128,
+        tma_store_box=c_box(OUT),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
-                  r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
-                  r"st\.global\.v4\.(?:b32|u32)") + (
-            (r"setmaxnreg\.inc",) if REGS else ()) + tuple(
-            p for p in out_ptx(OUT) if "st\\.global" not in p),
+                  r"cp\.async\.bulk\.tensor\.2d\.shared", r"mbarrier\.arrive\.shared",
+                  r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group",
+                  r"cp\.async\.bulk\.wait_group\.read 0", r"fence\.proxy\.async",
+                  r"st\.shared\.(?:v2\.f32|b32)") + (
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
     )
 
