@@ -1066,3 +1066,212 @@ def plot_steady(files, precision: str = "fp16", ax=None):
     ax.set_title(f"{precision}: gemmlib.matmul (auto) at the power cap")
     ax.legend(fontsize=8, loc="lower right")
     return ax
+
+
+def epilogue_files(directory=None):
+    """The committed epilogue measurements (``epilogue-*/epilogue-<gpu>.json``): wgmma_ws, the
+    same kernel with its store taken out, and wgmma_store, each beside cuBLAS."""
+    from gemmcourse.notebook import committed_json
+
+    return [(n, d) for n, d in committed_json("epilogue-*/epilogue-h*.json", directory)
+            if d.get("rows")]
+
+
+def epilogue_table(data: dict, name: str = ""):
+    """Kernel microseconds (one launch, L2 flushed, median of 30) and % of cuBLAS at each size:
+    ``ws`` (wgmma_ws), ``nostore`` (its tiles computed, never written: the mainloop alone) and
+    ``store`` (wgmma_store, the epilogue through shared memory and a TMA store)."""
+    from gemmcourse.notebook import Table
+
+    rows = data.get("rows", [])
+    blas = {r["n"]: r["us"] for r in rows if r["label"] == "cublas"}
+    body = [(f"{r['n']}^3", r["out"], r["stages"], r["label"], r["kernel"], f"{r['us']:.1f}",
+             f"{100 * blas[r['n']] / r['us']:.1f}%" if r["n"] in blas else "-")
+            for r in rows if r["label"] != "cublas"]
+    return Table(("size", "C", "stages", "variant", "kernel", "us", "% of cuBLAS"), body,
+                 caption="fp16 kernel timing, cuBLAS (torch.matmul) in the same run: "
+                         f"{data.get('meta', {}).get('gpu', '?')}" + (f" ({name})" if name else ""))
+
+
+def epilogue_costs(data: dict, n: int = 4096, out: str = "fp16", stages: int = 3,
+                   BM: int = 128, BN: int = 256) -> dict:
+    """Per tile of one persistent block, from a measured epilogue file at n^3: ``mainloop``
+    (the store-less kernel's time over the tiles a block walks), ``epilogue`` (what storing
+    from registers adds: wgmma_ws minus the store-less kernel) and ``stage`` (what
+    wgmma_store's staging adds), in microseconds."""
+    rows = {r["label"]: r["us"] for r in data.get("rows", [])
+            if r["n"] == n and r.get("out") == out and r.get("stages") == stages}
+    sms = int(data.get("meta", {}).get("sm_count") or 132)
+    per_block = -(-(-(-n // BM) * -(-n // BN)) // sms)
+    main = rows["nostore"] / per_block
+    return {"mainloop": main, "epilogue": rows["ws"] / per_block - main,
+            "stage": rows["store"] / per_block - main, "tiles_per_block": per_block}
+
+
+def epilogue_schedules(mainloop: float, epilogue: float, stage: float, tiles: int = 3) -> dict:
+    """One SM's tensor cores and epilogues over ``tiles`` tiles of 128 x 256, three ways:
+    {variant: [(row, start, end, label)]}.
+
+    * ``wgmma_ws``: both consumers run a tile's mainloop, then store it from registers
+      (``epilogue``); the next tile's wgmma waits for the store.
+    * ``wgmma_store``: the consumers put the tile into shared memory (``stage``) and go on; the
+      copy engine writes it to C (taking ``epilogue``, say) under the next mainloop.
+    * ping-pong: each consumer owns whole tiles of 128 x 128 (half the work: ``mainloop / 2``,
+      ``epilogue / 2``), and the two take the tensor cores in turn, so one's epilogue runs
+      under the other's mainloop (the model assumes the tensor cores keep their rate on the
+      smaller tiles: measured, wgmma_pingpong did not, chapter text)."""
+    ev = {"wgmma_ws": [], "wgmma_store": [], "ping-pong": []}
+    t = 0.0
+    for i in range(tiles):
+        ev["wgmma_ws"] += [("tensor cores", t, t + mainloop, f"tile {i}"),
+                           ("consumers", t + mainloop, t + mainloop + epilogue, f"store {i}")]
+        t += mainloop + epilogue
+    t = 0.0
+    for i in range(tiles):
+        ev["wgmma_store"] += [("tensor cores", t, t + mainloop, f"tile {i}"),
+                              ("consumers", t + mainloop, t + mainloop + stage, f"stage {i}"),
+                              ("copy engine", t + mainloop + stage,
+                               t + mainloop + stage + epilogue, f"C {i}")]
+        t += mainloop + stage
+    tc, free = 0.0, [0.0, 0.0]
+    for i in range(2 * tiles):
+        c = i % 2
+        start = max(tc, free[c])
+        end = start + mainloop / 2
+        ev["ping-pong"] += [("tensor cores", start, end, f"{i} (c{c})"),
+                            (f"consumer {c}", end, end + epilogue / 2, f"store {i}")]
+        tc, free[c] = end, end + epilogue / 2
+    return ev
+
+
+def busy_fraction(events) -> float:
+    """The tensor cores' share of the time until the last tensor-core work ends."""
+    mma = [(s, e) for row, s, e, _ in events if row == "tensor cores"]
+    return sum(e - s for s, e in mma) / max(e for _, e in mma)
+
+
+def plot_epilogue_timeline(data: dict, n: int = 4096, out: str = "fp16", tiles: int = 3):
+    """:func:`epilogue_schedules` drawn with the per-tile costs measured in ``data``."""
+    plt = _plt()
+    c = epilogue_costs(data, n, out)
+    ev = epilogue_schedules(c["mainloop"], c["epilogue"], c["stage"], tiles)
+    fig, axes = plt.subplots(3, 1, figsize=(11, 5.6), sharex=True)
+    colours = {"tensor cores": "#9fc5e8", "consumers": "#cccccc", "copy engine": "#b6d7a8",
+               "consumer 0": "#cccccc", "consumer 1": "#f9cb9c"}
+    for ax, (variant, events) in zip(axes, ev.items()):
+        rows = list(dict.fromkeys(r for r, *_ in events))
+        for row, s, e, label in events:
+            ax.barh(rows.index(row), e - s, left=s, color=colours[row], edgecolor="k",
+                    height=0.6)
+            if e - s > 4:
+                ax.text((s + e) / 2, rows.index(row), label, ha="center", va="center",
+                        fontsize=7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_title(f"{variant}: tensor cores busy {100 * busy_fraction(events):.0f}% of the "
+                     "time", fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[-1].set_xlabel("microseconds on one SM")
+    fig.suptitle(f"{tiles} tiles per SM at {n}^3, {out} C; per tile: mainloop "
+                 f"{c['mainloop']:.1f} us, store from registers {c['epilogue']:.1f} us, staging "
+                 f"{c['stage']:.1f} us (from the measured kernels: "
+                 f"{data.get('meta', {}).get('gpu', '?')})", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def store_steady_files(directory=None):
+    """The committed call-timing runs of wgmma_store beside wgmma_ws at the power cap
+    (``epilogue-*/steady-store-<gpu>.json``)."""
+    from gemmcourse.notebook import committed_json
+
+    return [(n, d) for n, d in committed_json("epilogue-*/steady-store-h*.json", directory)
+            if d.get("rows")]
+
+
+def rung_pct_table(data: dict, labels=("ws3", "st", "ws3_o16", "st_o16"), name: str = ""):
+    """% of torch.matmul per shape for the candidates ``labels`` of a steady-state file."""
+    from gemmcourse.notebook import Table
+
+    cells = {}
+    for r in data.get("rows", []):
+        key = (r["precision"], "x".join(map(str, (r["M"], r["N"], r["K"]))))
+        cells.setdefault(key, {})[r["label"]] = r["pct_of_torch"]
+    body = [(p, shape) + tuple(f"{v[l]:.1f}%" if l in v else "-" for l in labels)
+            for (p, shape), v in cells.items()]
+    return Table(("precision", "M x N x K") + tuple(labels), body,
+                 caption="% of torch.matmul, each candidate alternating with it at the power "
+                         f"cap: {data.get('meta', {}).get('gpu', '?')}"
+                         + (f" ({name})" if name else ""))
+
+
+# --------------------------------------------------------------------------
+# The tile order and what it costs in L2 and DRAM traffic (computed, not measured)
+
+
+def grouped_origin(pid: int, M: int, N: int, BM: int = 128, BN: int = 256,
+                   GROUP_M: int = 8) -> tuple:
+    """(m0, n0) of tile ``pid`` in the grouped order of ``wgmma_async.tile_order`` (plain
+    Python; tests/test_viz_hopper.py checks it against the device function)."""
+    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    rows = min(tiles_m - first_m, GROUP_M)
+    return ((first_m + (pid % (GROUP_M * tiles_n)) % rows) * BM,
+            ((pid % (GROUP_M * tiles_n)) // rows) * BN)
+
+
+def wave_traffic(M: int, N: int, K: int, BM: int = 128, BN: int = 256, GROUP_M: int = 8,
+                 sms: int = 132, elem_bytes: int = 2):
+    """Per wave of ``sms`` persistent blocks (block b takes tiles b, b + sms, ...): the wave
+    index of every tile (a tiles_m x tiles_n array), and per wave the bytes the SMs read from
+    L2 without clusters and with clusters of 2 along M (B multicast: tiles 2i, 2i + 1 share
+    it), and the bytes of the distinct A row panels and B column panels the wave touches
+    (what DRAM must deliver at least, if L2 keeps each panel for the wave)."""
+    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
+    tiles = tiles_m * tiles_n
+    wave_of = np.zeros((tiles_m, tiles_n), dtype=int)
+    waves = []
+    for w0 in range(0, tiles, sms):
+        ids = range(w0, min(w0 + sms, tiles))
+        origins = [grouped_origin(p, M, N, BM, BN, GROUP_M) for p in ids]
+        for m0, n0 in origins:
+            wave_of[m0 // BM, n0 // BN] = w0 // sms
+        a, b = BM * K * elem_bytes, BN * K * elem_bytes
+        clusters = {}
+        for p, (_, n0) in zip(ids, origins):
+            clusters.setdefault(p // 2, []).append(n0)
+        b_copies = sum(1 if len(set(ns)) == 1 else len(ns) for ns in clusters.values())
+        waves.append({"tiles": len(origins),
+                      "l2_bytes": len(origins) * (a + b),
+                      "l2_bytes_cluster2": len(origins) * a + b_copies * b,
+                      "dram_bytes": len({m for m, _ in origins}) * a
+                      + len({n for _, n in origins}) * b})
+    return wave_of, waves
+
+
+def plot_tile_order_traffic(M: int = 4096, N: int = 4096, K: int = 4096, sms: int = 132,
+                            GROUP_M: int = 8):
+    """Left: the wave in which each 128 x 256 tile of C is computed (grouped order, one
+    persistent block per SM). Right: per wave, GB read from L2 by the SMs without and with
+    2-block clusters, and the distinct A and B panels the wave needs from DRAM."""
+    plt = _plt()
+    wave_of, waves = wave_traffic(M, N, K, GROUP_M=GROUP_M, sms=sms)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.3]})
+    im = ax0.imshow(wave_of, cmap="viridis", aspect="auto")
+    ax0.set_xlabel("tile column (256 wide)")
+    ax0.set_ylabel("tile row (128 high)")
+    ax0.set_title(f"wave of each tile, GROUP_M = {GROUP_M}, {sms} SMs", fontsize=9)
+    fig.colorbar(im, ax=ax0, label="wave")
+    x = np.arange(len(waves))
+    for i, (key, label) in enumerate((("l2_bytes", "L2 -> SMs, no cluster"),
+                                      ("l2_bytes_cluster2", "L2 -> SMs, clusters of 2"),
+                                      ("dram_bytes", "distinct panels (DRAM at least)"))):
+        ax1.bar(x + (i - 1) * 0.27, [w[key] / 1e9 for w in waves], 0.27, label=label)
+    ax1.set_xticks(x, [f"wave {i}\n{w['tiles']} tiles" for i, w in enumerate(waves)], fontsize=8)
+    ax1.set_ylabel("GB per wave")
+    ax1.set_title(f"operand traffic per wave at {M}x{N}x{K} (computed from the tile order)",
+                  fontsize=9)
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -497,9 +497,56 @@ def test_steady_summary_takes_auto_and_the_best_rung():
     assert len(ax.patches) == 2 * 7
 
 
-def test_epilogue_table_reads_the_committed_diagnostic():
+def test_epilogue_table_reads_the_committed_measurement():
     files = vh.epilogue_files()
     assert [n for n, _ in files] == ["epilogue-h100.json"]
     t = vh.epilogue_table(files[0][1], files[0][0])
     labels = {r[3] for r in t.rows}
     assert labels == {"ws", "nostore", "store"} and all(r[6].endswith("%") for r in t.rows)
+
+
+def test_epilogue_schedules_follow_the_measured_costs():
+    data = vh.epilogue_files()[0][1]
+    c = vh.epilogue_costs(data)
+    assert c["tiles_per_block"] == 4 and 0 < c["stage"] < c["epilogue"] < c["mainloop"]
+    ev = vh.epilogue_schedules(10.0, 2.0, 1.0, tiles=3)
+    assert vh.busy_fraction(ev["wgmma_ws"]) == pytest.approx(30 / 34)   # ends before the last store
+    assert vh.busy_fraction(ev["wgmma_store"]) == pytest.approx(30 / 32)
+    assert vh.busy_fraction(ev["ping-pong"]) == pytest.approx(1.0)       # stores hide
+    copies = [e for e in ev["wgmma_store"] if e[0] == "copy engine"]
+    assert len(copies) == 3 and copies[0][1] == 11.0                     # after the staging
+    matplotlib.use("Agg")
+    fig = vh.plot_epilogue_timeline(data)
+    assert len(fig.axes) == 3
+
+
+def test_store_steady_table_has_every_candidate():
+    files = vh.store_steady_files()
+    assert [n for n, _ in files] == ["steady-store-h100.json"]
+    t = vh.rung_pct_table(files[0][1])
+    assert len(t.rows) == 8 and all(c.endswith("%") for r in t.rows for c in r[2:])
+
+
+def test_grouped_origin_is_the_kernels_tile_order():
+    from gemmlib.kernels.wgmma_async import tile_order
+
+    for M, N, BM, BN, G in ((4096, 4096, 128, 256, 8), (1000, 3000, 128, 128, 3),
+                            (300, 520, 64, 256, 8)):
+        dev = tile_order(BM, BN, G)
+        tiles = -(-M // BM) * -(-N // BN)
+        want = [tuple(int(v) for v in dev(p, M, N)) for p in range(tiles)]
+        got = [vh.grouped_origin(p, M, N, BM, BN, G) for p in range(tiles)]
+        assert got == want
+        assert len(set(got)) == tiles                                     # each tile once
+
+
+def test_wave_traffic_counts_each_tile_once():
+    wave_of, waves = vh.wave_traffic(4096, 4096, 4096)
+    assert wave_of.shape == (32, 16) and wave_of.max() == 3
+    assert [w["tiles"] for w in waves] == [132, 132, 132, 116]
+    a, b = 128 * 4096 * 2, 256 * 4096 * 2
+    assert waves[0]["l2_bytes"] == 132 * (a + b)
+    assert waves[0]["l2_bytes_cluster2"] == 132 * a + 66 * b              # pairs share B
+    assert waves[0]["dram_bytes"] < waves[0]["l2_bytes_cluster2"] < waves[0]["l2_bytes"]
+    matplotlib.use("Agg")
+    assert len(vh.plot_tile_order_traffic().axes) == 3                    # two plots, a colorbar
