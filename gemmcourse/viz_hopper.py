@@ -1275,3 +1275,32 @@ def plot_tile_order_traffic(M: int = 4096, N: int = 4096, K: int = 4096, sms: in
     ax1.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def wave_quantisation(M: int, N: int, BM: int = 128, BN: int = 256, sms: int = 132) -> dict:
+    """The persistent grid's last-wave loss: ``tiles``, ``rounds`` (tiles an SM walks at
+    most) and ``busy`` = tiles / (rounds x sms), the share of SM-rounds doing a tile. A perfect
+    tail split (stream-K) could save at most ``1 - busy`` of the mainloop (computed)."""
+    tiles = -(-M // BM) * -(-N // BN)
+    rounds = -(-tiles // sms)
+    return {"tiles": tiles, "rounds": rounds, "busy": tiles / (rounds * sms)}
+
+
+def tail_split_table(sms: int = 132, min_m: int = 4096):
+    """:func:`wave_quantisation` of ``wgmma_ws``'s 128 x 256 tiles on the target shapes: the
+    squares of the issue and the models suite's shapes with M >= ``min_m``."""
+    from gemmlib.bench_models import suite_shapes
+    from gemmcourse.notebook import Table
+
+    shapes = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192)]
+    for s in suite_shapes():
+        if s.M >= min_m and (s.M, s.N, s.K) not in shapes:
+            shapes.append((s.M, s.N, s.K))
+    body = []
+    for M, N, K in shapes:
+        q = wave_quantisation(M, N, sms=sms)
+        body.append((f"{M}x{N}x{K}", q["tiles"], f"{q['tiles'] / sms:.2f}", q["rounds"],
+                     f"{100 * q['busy']:.1f}%", f"{100 * (1 - q['busy']):.1f}%"))
+    return Table(("M x N x K", "tiles", "waves", "rounds", "SM-rounds busy",
+                  "at most saved by a tail split"), body,
+                 caption=f"128 x 256 tiles on {sms} SMs (computed from the tile counts)")

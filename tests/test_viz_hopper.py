@@ -550,3 +550,12 @@ def test_wave_traffic_counts_each_tile_once():
     assert waves[0]["dram_bytes"] < waves[0]["l2_bytes_cluster2"] < waves[0]["l2_bytes"]
     matplotlib.use("Agg")
     assert len(vh.plot_tile_order_traffic().axes) == 3                    # two plots, a colorbar
+
+
+def test_wave_quantisation_bounds_a_tail_split():
+    q = vh.wave_quantisation(4096, 4096)
+    assert (q["tiles"], q["rounds"]) == (512, 4) and q["busy"] == pytest.approx(512 / 528)
+    assert vh.wave_quantisation(4096, 59136)["busy"] == 1.0        # 7392 = 56 x 132 tiles
+    assert vh.wave_quantisation(8192, 256)["rounds"] == 1
+    t = vh.tail_split_table()
+    assert t.rows[0][0] == "2048x2048x2048" and all(r[0].split("x")[0] >= "2048" for r in t.rows)
