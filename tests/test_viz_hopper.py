@@ -558,4 +558,4 @@ def test_wave_quantisation_bounds_a_tail_split():
     assert vh.wave_quantisation(4096, 59136)["busy"] == 1.0        # 7392 = 56 x 132 tiles
     assert vh.wave_quantisation(8192, 256)["rounds"] == 1
     t = vh.tail_split_table()
-    assert t.rows[0][0] == "2048x2048x2048" and all(r[0].split("x")[0] >= "2048" for r in t.rows)
+    assert t.rows[0][0] == "2048x2048x2048" and all(int(r[0].split("x")[0]) >= 2048 for r in t.rows)
