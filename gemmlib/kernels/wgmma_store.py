@@ -49,13 +49,21 @@ BOX_ROW_BYTES = 128
 BOX_ROWS = 64
 
 
+def elem_bytes(out: str) -> int:
+    """Bytes of one element of C: float32, or 16-bit bits."""
+    return 4 if out == "fp32" else 2
+
+
+def box_cols(out: str) -> int:
+    """Columns of C in one 128-byte row of a box: 32 float32 or 64 16-bit elements."""
+    return BOX_ROW_BYTES // elem_bytes(out)
+
+
 def stage_shape(BN: int, out: str):
     """(pieces, columns per piece, bytes per element, columns per box, boxes per piece)."""
-    es = 4 if out == "fp32" else 2
     pieces = 2 if out == "fp32" else 1
     cols = BN // pieces
-    box_cols = BOX_ROW_BYTES // es
-    return pieces, cols, es, box_cols, cols // box_cols
+    return pieces, cols, elem_bytes(out), box_cols(out), cols // box_cols(out)
 
 
 def stage_bytes(BN: int, out: str) -> int:
@@ -66,7 +74,7 @@ def stage_bytes(BN: int, out: str) -> int:
 
 def c_box(out: str) -> tuple:
     """The box the tensor map of C stores: one consumer's 64 rows of 128 bytes."""
-    return (BOX_ROWS, stage_shape(64, out)[3])
+    return (BOX_ROWS, box_cols(out))
 
 
 def stage_offset(out: str):
@@ -74,7 +82,7 @@ def stage_offset(out: str):
     row r of every box at ``r * 128`` bytes, boxes of the tile's 128 rows one after another,
     and in a row the 16-byte chunk XOR-ed with ``r % 8`` (the copy engine's 128-byte swizzle:
     ``gemmlib.tma.swizzled_offset``).  A plain function, compiled by :func:`stage_put`."""
-    _, _, ES, BOX_COLS, _ = stage_shape(64, out)
+    ES, BOX_COLS = elem_bytes(out), box_cols(out)
     PER16 = 16 // ES                  # elements in a 16-byte chunk
     BOX_BYTES = 128 * BOX_ROW_BYTES   # the 128 rows of one box column (both consumers)
 
