@@ -32,6 +32,13 @@ def test_default_build_and_its_shared_memory():
         S.build(STAGES=4)
     with pytest.raises(ValueError, match="BM must be 128"):
         S.build(BM=64)
+    # a 16-bit C in two pieces of 32 KiB leaves room for a fourth stage
+    p2 = S.build(STAGES=4, OUT="fp16", PIECES=2)
+    assert p2.name == "wgmma_store_128x256_s4_o16_p2" and p2.params["PIECES"] == 2
+    assert p2.shared_bytes == 4 * 48 * 1024 + 1024 + 32 * 1024 <= S.SMEM_MAX
+    assert "PIECES" not in S.build(OUT="fp16", PIECES=1).params   # the default, named as such
+    with pytest.raises(ValueError, match="PIECES must be 1 or 2"):
+        S.build(BN=64, OUT="fp16", PIECES=2)                      # half a 64-column box
 
 
 @pytest.mark.parametrize("out", ["fp32", "bf16"])
@@ -97,6 +104,23 @@ def test_staged_16_bit_c_is_wgmma_ws_bit_for_bit(misaligned):
     assert dispatch.rung_of(S.build("fp16", OUT="fp16")) == "wgmma_store"
 
 
+@sim_only
+def test_16_bit_c_in_two_pieces_is_wgmma_ws_bit_for_bit():
+    """PIECES=2 with a 16-bit C: the consumers stage each half after the storer has read the
+    other (the stage's barriers change phase twice a tile)."""
+    rng = np.random.default_rng(11)
+    M, N, K = 130, 136, 64
+    A = rng.uniform(-1, 1, (M, K)).astype(np.float16).view(np.uint16)
+    B = rng.uniform(-1, 1, (K, N)).astype(np.float16).view(np.uint16)
+    got = np.full((M, N), 0xFFFF, np.uint16)
+    ref = np.full((M, N), 0xFFFF, np.uint16)
+    spec = on_blocks(S.build("fp16", BN=128, STAGES=2, OUT="fp16", PIECES=2), 2)
+    dispatch.launch(spec, A, B, got, M, N, K)
+    dispatch.launch(on_blocks(wgmma_ws.build("fp16", BM=128, BN=128, STAGES=2, OUT="fp16"), 2),
+                    A, B, ref, M, N, K)
+    assert np.array_equal(got, ref) and (ref != 0xFFFF).all()
+
+
 # --------------------------------------------------------------------------- the GPU
 
 
@@ -119,3 +143,35 @@ def test_store_on_large_shapes_gpu(precision):
     rng = np.random.default_rng(12)
     for M, N, K in ((4096, 4096, 4096), (4224, 4104, 4096), (8192, 8192, 1024)):
         check_sampled_rows(S.build(precision), precision, M, N, K, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_16_bit_c_in_two_pieces_with_four_stages_gpu(precision):
+    """PIECES=2 with a fourth stage: bit for bit the default build (one piece, three stages),
+    which the tests above check against float64; every element written."""
+    if not HOPPER:
+        pytest.skip("wgmma needs an H100/H200")
+    import gemmlib
+    from _reliability import operands16
+    from gemmlib.precision import BF16Array
+
+    xp = backend.array_module()
+    two = S.build(precision, STAGES=4, OUT=precision, PIECES=2)
+    one = S.build(precision, OUT=precision)
+    exp = 0x7C00 if precision == "fp16" else 0x7F80   # exponent bits all set: NaN or Inf
+
+    def poisoned(M, N):   # 0xFFFF is NaN in both types: an element nobody writes shows
+        bits = xp.full((M, N), 0xFFFF, np.uint16)
+        return bits.view(np.float16) if precision == "fp16" else BF16Array(bits)
+
+    for i, (M, N, K) in enumerate([(37, 24, 53), (257, 264, 65), (1025, 520, 4097),
+                                   (4096, 4096, 4096)]):
+        A, B, _, _ = operands16(precision, M, N, K, np.random.default_rng(i))
+        got, ref = poisoned(M, N), poisoned(M, N)
+        gemmlib.matmul(A, B, kernel=two, out=got)
+        gemmlib.matmul(A, B, kernel=one, out=ref)
+        got, ref = (np.asarray(backend.to_host(getattr(C, "bits", C))).view(np.uint16)
+                    for C in (got, ref))
+        assert np.array_equal(got, ref), (precision, M, N, K)
+        assert ((got & exp) != exp).all(), (precision, M, N, K)   # all written, all finite

@@ -59,16 +59,24 @@ def box_cols(out: str) -> int:
     return BOX_ROW_BYTES // elem_bytes(out)
 
 
-def stage_shape(BN: int, out: str):
+def default_pieces(out: str) -> int:
+    """A float32 C is staged in two halves (a whole tile and 3 stages do not fit), 16 bits whole."""
+    return 2 if out == "fp32" else 1
+
+
+def stage_shape(BN: int, out: str, pieces: int | None = None):
     """(pieces, columns per piece, bytes per element, columns per box, boxes per piece)."""
-    pieces = 2 if out == "fp32" else 1
+    pieces = pieces or default_pieces(out)
+    if pieces not in (1, 2) or (BN // pieces) % box_cols(out):
+        raise ValueError(f"PIECES must be 1 or 2, each a whole number of {box_cols(out)}-column "
+                         f"boxes (BN={BN}, PIECES={pieces})")
     cols = BN // pieces
     return pieces, cols, elem_bytes(out), box_cols(out), cols // box_cols(out)
 
 
-def stage_bytes(BN: int, out: str) -> int:
+def stage_bytes(BN: int, out: str, pieces: int | None = None) -> int:
     """Shared memory of the stage: one piece of the tile's 128 rows."""
-    _, cols, es, _, _ = stage_shape(BN, out)
+    _, cols, es, _, _ = stage_shape(BN, out, pieces)
     return 128 * cols * es
 
 
@@ -132,14 +140,14 @@ def stage_source(BN: int, span: tuple, convert: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def epilogue_code(precision: str, BN: int, out: str):
+def epilogue_code(precision: str, BN: int, out: str, pieces: int | None = None):
     """(k_tile, store_acc, stage_0, stage_1): the wgmma of one k-tile, ``wgmma_ws``'s store
     from registers (when C takes no TMA store), and the functions that stage pieces 0 and 1
     (a 16-bit C has one piece: stage_1 is stage_0, never called)."""
     from gemmlib.intrinsics.convert import float_to_bf16, float_to_half
 
     k_tile, store_acc = warpgroup_code(precision, BN, 1, out)
-    pieces, cols, _, _, _ = stage_shape(BN, out)
+    pieces, cols, _, _, _ = stage_shape(BN, out, pieces)
     env = {"put": stage_put(out), "to16": float_to_half if out == "fp16" else float_to_bf16}
     g = cols // 8
     srcs = [stage_source(BN, (p * g, (p + 1) * g), "" if out == "fp32" else "to16")
@@ -149,9 +157,10 @@ def epilogue_code(precision: str, BN: int, out: str):
 
 
 def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_acc, stage_0,
-                 stage_1, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int):
+                 stage_1, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int,
+                 pieces: int | None = None):
     """``wgmma_ws``'s kernel with the epilogue through shared memory (module docstring)."""
-    PIECES, COLS, ES, BOX_COLS, BOXES = stage_shape(BN, out)
+    PIECES, COLS, ES, BOX_COLS, BOXES = stage_shape(BN, out, pieces)
     VE = 16 // ES                             # elements of C in 16 bytes
     BOX_BYTES = 128 * BOX_ROW_BYTES
     CONSUMERS = BM // 64
@@ -262,7 +271,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                 else:
                     store_acc(C, acc, t % 128, m0 + 64 * c, n0, M, N)
 
-    return wgmma_store_kernel, NT, STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, out)
+    return wgmma_store_kernel, NT, STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, out, PIECES)
 
 
 #: bytes of shared memory one block may have
@@ -270,25 +279,31 @@ SMEM_MAX = 227 * 1024
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = DEFAULT_REGS, OUT: str = "fp32") -> KernelSpec:
-    """``OUT``: C as float32 (staged in two halves), or in the inputs' own 16-bit type."""
+          GROUP_M: int = 8, REGS: tuple | None = DEFAULT_REGS, OUT: str = "fp32",
+          PIECES: int | None = None) -> KernelSpec:
+    """``OUT``: C as float32 (staged in two halves), or in the inputs' own 16-bit type.
+    ``PIECES``: stage the tile in 1 or 2 pieces (default: 2 for float32, 1 for 16 bits); a
+    16-bit C in two pieces leaves room for a fourth stage of the ring."""
     check_tile(BM, BN, STAGES, REGS)
     check_out(precision, OUT)
+    PIECES = stage_shape(BN, OUT, PIECES)[0]
+    split = PIECES != default_pieces(OUT)
     if BM != 128:
         raise ValueError(f"one storer thread per consumer, the stage holds the two "
                          f"consumers' 128 rows: BM must be 128, got {BM}")
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
-    if STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, OUT) > SMEM_MAX:
+    epi = stage_bytes(BN, OUT, PIECES)
+    if STAGES * STAGE_BYTES + 1024 + epi > SMEM_MAX:
         raise ValueError(f"{STAGES} stages of {STAGE_BYTES // 1024} KiB and a "
-                         f"{stage_bytes(BN, OUT) // 1024} KiB epilogue stage need more "
+                         f"{epi // 1024} KiB epilogue stage need more "
                          f"than {SMEM_MAX // 1024} KiB of shared memory")
-    k_tile, store_acc, stage_0, stage_1 = epilogue_code(precision, BN, OUT)
+    k_tile, store_acc, stage_0, stage_1 = epilogue_code(precision, BN, OUT, PIECES)
     kernel, NT, SHARED = store_kernel(BM, BN, STAGES, REGS, OUT, k_tile, store_acc, stage_0,
                                       stage_1, tile_order(BM, BN, GROUP_M), load_stage,
-                                      A_BYTES, STAGE_BYTES)
+                                      A_BYTES, STAGE_BYTES, PIECES)
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, DEFAULT_REGS)
     name = rung_name("wgmma_store", precision, default, BM, BN, STAGES, GROUP_M)
-    name += regs_suffix(REGS) + out_suffix(OUT)
+    name += regs_suffix(REGS) + out_suffix(OUT) + (f"_p{PIECES}" if split else "")
     return KernelSpec(
         name=name,
         idea="wgmma_ws with the epilogue through shared memory: consumers stage each tile "
@@ -298,7 +313,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, **out_params(OUT)),
+                    REGS=REGS, **out_params(OUT), **({"PIECES": PIECES} if split else {})),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM),
         tma_swizzle=128,

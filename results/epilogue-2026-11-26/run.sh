@@ -18,12 +18,12 @@ timeout -k 5 ${T_TEST:-300} python3 -m pytest -q -m gpu -p no:cacheprovider test
 tail -n 3 $OUT/pytest-$TAG.log
 (cd results/loopgap-2026-11-25 && GEMMLIB_CACHE=/tmp/expcache timeout -k 5 ${T_EPI:-200} python3 \
   epilogue_gpu.py $OUT/epilogue-$TAG.json > $OUT/epilogue-$TAG.log 2>&1)
-grep -E "cublas| 3 " $OUT/epilogue-$TAG.log
+grep -E "cublas| 3 |store" $OUT/epilogue-$TAG.log
 OUT=/tmp/san timeout -k 5 ${T_SAN:-200} bash scripts/sanitize_hopper.sh \
   --kernels wgmma_store:fp16,wgmma_store:bf16 --deadline 150 > $OUT/sanitize-$TAG.log 2>&1
 tail -n 6 $OUT/sanitize-$TAG.log
 cp /tmp/san/sanitize-hopper/sanitize.json $OUT/sanitize-$TAG.json 2>/dev/null
-(cd results/loopgap-2026-11-25 && CANDS=${CANDS:-ws3,ws3_o16,st,st_o16} timeout -k 5 \
+(cd results/loopgap-2026-11-25 && CANDS=${CANDS:-ws3,ws3_o16,st,st_o16,st4p2_o16} timeout -k 5 \
   ${T_STEADY:-240} python3 steady_gpu.py $OUT/steady-store-$TAG.json fp16,bf16 \
   ${SHAPES:-4096x4096x4096,8192x8192x8192,2048x2048x2048,4096x28672x4096}) \
   > $OUT/steady-store-$TAG.log 2>&1

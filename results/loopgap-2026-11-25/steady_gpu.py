@@ -41,7 +41,8 @@ def candidates(prec):
          "pp4_o16": ("wgmma_pingpong", dict(STAGES=4, OUT=o)),
          "sk2": ("wgmma_split_k", dict(SPLITS=2)),
          "ws64_o16": ("wgmma_ws", dict(BM=64, STAGES=5, OUT=o)),
-         "st": ("wgmma_store", {}), "st_o16": ("wgmma_store", dict(OUT=o))}
+         "st": ("wgmma_store", {}), "st_o16": ("wgmma_store", dict(OUT=o)),
+         "st4p2_o16": ("wgmma_store", dict(STAGES=4, OUT=o, PIECES=2))}
     keep = os.environ.get("CANDS")
     if keep:
         c = {k: v for k, v in c.items() if k in keep.split(",")}
