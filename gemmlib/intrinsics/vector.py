@@ -36,10 +36,6 @@ Functions (all usable inside ``@cuda.jit`` kernels):
 ``store2(arr, i, j, a, b)`` / ``aligned8(arr) -> bool``
     the 8-byte forms (``st.global.v2.f32``): two floats to ``arr[i, j:j+2]``, for
     ``j`` even, an even row length and an 8-byte-aligned base pointer
-``copy16(dst, i, j, src, k, l)``
-    the 16 bytes at ``src[k, l]`` to ``dst[i, j]`` in one load and one store
-    (``ld.v4.b32`` / ``st.v4.b32``): four float32 or eight 16-bit elements of the same
-    type, both addresses multiples of 16 (e.g. a staged tile in shared memory to C)
 ``load4_or_zero(arr, i, j, vec) -> (a, b, c, d)``
     ``arr[i, j:j+4]`` with zeros for the elements outside ``arr``: one float4
     load when ``vec`` (the caller has checked that ``arr``'s rows are 16-byte
@@ -129,19 +125,6 @@ def _pair_store_py(name: str, itemsize: int):
 
     store.__name__ = f"{name}_py"
     return store
-
-
-def copy16_py(dst, i, j, src, k, l):
-    n = 16 // src.dtype.itemsize
-    for arr, r, c, what in ((dst, i, j, "destination"), (src, k, l, "source")):
-        x = _ndarray(arr)
-        if c < 0 or c + n > arr.shape[1]:
-            raise MisalignedAccess(f"copy16: {what} columns {c}..{c + n - 1} leave a row of "
-                                   f"{arr.shape[1]}")
-        if x is not None and (x.ctypes.data + int(r) * x.strides[0] + int(c) * x.strides[1]) % 16:
-            raise MisalignedAccess(f"copy16: {what} [{r}, {c}] is not 16-byte aligned")
-    for e in range(n):
-        dst[i, j + e] = src[k, l + e]
 
 
 aligned4_py, aligned8_py, aligned16_py = _aligned_py(4), _aligned_py(8), _aligned_py(16)
@@ -236,34 +219,6 @@ def _make_intrinsics():
     # two bf16 bit patterns in one 4-byte store
     store2_u16 = _pair_store("store2_u16", types.uint16, ir.VectorType(ir.IntType(16), 2), 4)
 
-    i4 = ir.VectorType(ir.IntType(32), 4)
-
-    @intrinsic
-    def copy16(typingctx, dst, i, j, src, k, l):
-        for arr in (dst, src):
-            if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C"
-                    and arr.dtype in (types.float32, types.uint16, types.int16)):
-                raise NumbaTypeError(f"copy16 needs C-contiguous 2-D float32 or 16-bit "
-                                     f"arrays, got {arr}")
-        if dst.dtype.bitwidth != src.dtype.bitwidth:
-            raise NumbaTypeError(f"copy16 copies between arrays of one element size, got "
-                                 f"{dst.dtype} and {src.dtype}")
-        sig = types.void(dst, i, j, src, k, l)
-
-        def codegen(context, builder, sig, args):
-            # _vector_pointer reads the array and its two indices from the first three
-            # (type, value) pairs: the destination's, then the source's
-            class _Sig:
-                def __init__(self, a):
-                    self.args = a
-
-            s_ptr = _vector_pointer(context, builder, _Sig(sig.args[3:]), args[3:], i4)
-            d_ptr = _vector_pointer(context, builder, _Sig(sig.args[:3]), args[:3], i4)
-            builder.store(builder.load(s_ptr, align=16), d_ptr, align=16)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
     def _aligned(nbytes):
         @intrinsic
         def aligned(typingctx, arr):
@@ -281,17 +236,15 @@ def _make_intrinsics():
 
         return aligned
 
-    return load4, store4, _aligned(16), store2, _aligned(8), store2_u16, _aligned(4), copy16
+    return load4, store4, _aligned(16), store2, _aligned(8), store2_u16, _aligned(4)
 
 
 if SIMULATOR:
     load4, store4, aligned16 = load4_py, store4_py, aligned16_py
     store2, aligned8 = store2_py, aligned8_py
     store2_u16, aligned4 = store2_u16_py, aligned4_py
-    copy16 = copy16_py
 else:
-    (load4, store4, aligned16, store2, aligned8, store2_u16, aligned4,
-     copy16) = _make_intrinsics()
+    load4, store4, aligned16, store2, aligned8, store2_u16, aligned4 = _make_intrinsics()
 
 
 # --------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def mma_source(BN: int, halves: int, ab: str) -> str:
 
 
 def store_source(BN: int, halves: int, convert: str = "", pair: str = "store2",
-                 aligned: str = "aligned8", span: tuple | None = None) -> str:
+                 aligned: str = "aligned8") -> str:
     """Source of ``store_acc(C, acc, t, m0, n0, M, N)``: thread ``t`` of a warpgroup writes
     its accumulators (``H.accumulator_coords``) of ``halves`` 64-row slices, inside C only.
 
@@ -90,8 +90,6 @@ def store_source(BN: int, halves: int, convert: str = "", pair: str = "store2",
     branch; else element-wise stores).  ``convert`` names a function applied to each value
     first (``bf16`` for a bf16 C of uint16 bits, with ``store2_u16`` and ``aligned4``).
     The columns here are even, so a pair is either wholly inside C or wholly outside.
-    ``span=(j0, j1)``: only the column groups j0 <= j < j1 (8 columns each), written from
-    column ``n0`` on (a slice of the tile, for an epilogue staged in pieces).
 
     Each of a thread's rows (two per slice: g and g + 8) is one loop along the columns.
     Its trip count is a constant and NVVM unrolls it completely, so every index of ``acc``
@@ -101,7 +99,6 @@ def store_source(BN: int, halves: int, convert: str = "", pair: str = "store2",
     above it.  (Written out pair by pair, as it once was, the function cost numba
     thousands of typed operations: most of a rung's cold compile.)"""
     R = BN // 2
-    j0, j1 = span or (0, BN // 8)
 
     def val(k):   # accumulator k + 4j: column pair j of the row
         i = f"acc[4 * j + {k}]" if k else "acc[4 * j]"
@@ -114,9 +111,8 @@ def store_source(BN: int, halves: int, convert: str = "", pair: str = "store2",
                 k = h * R + 2 * half
                 out += [f"r = r0 + {64 * h + 8 * half}" if h or half else "r = r0",
                         "if r < M:",
-                        f"    for j in range({j0}, {j1}):" if span else
                         f"    for j in range({BN // 8}):",
-                        f"        c = c0 + 8 * (j - {j0})" if j0 else "        c = c0 + 8 * j",
+                        "        c = c0 + 8 * j",
                         "        if c < N:"]
                 out += ["            " + ln for ln in store(k)]
         return ["        " + ln for ln in out]
@@ -174,22 +170,21 @@ def check_out(precision: str, out: str) -> None:
                          f"got {out!r}")
 
 
-def out_store(BN: int, halves: int, precision: str, out: str, env: dict,
-              span: tuple | None = None) -> str:
+def out_store(BN: int, halves: int, precision: str, out: str, env: dict) -> str:
     """The epilogue's source for a C of ``out``: float32 (``store_source``'s default), or
     16-bit bits (uint16) -- each accumulator rounded to nearest even (``cvt.rn.f16.f32`` /
     ``cvt.rn.bf16.f32``) and a thread's two adjacent columns stored as one 4-byte store
     (``store2_u16``; element-wise when N is odd or C is not 4-byte aligned).  Adds the
-    names the 16-bit source calls to ``env``.  ``span``: see :func:`store_source`."""
+    names the 16-bit source calls to ``env``."""
     check_out(precision, out)
     if out == "fp32":
-        return store_source(BN, halves, span=span)
+        return store_source(BN, halves)
     from gemmlib.intrinsics.convert import float_to_bf16, float_to_half
     from gemmlib.intrinsics.vector import aligned4, store2_u16
 
     env.update(to16=float_to_half if out == "fp16" else float_to_bf16,
                store2_u16=store2_u16, aligned4=aligned4)
-    return store_source(BN, halves, "to16", "store2_u16", "aligned4", span)
+    return store_source(BN, halves, "to16", "store2_u16", "aligned4")
 
 
 def out_fields(precision: str, out: str) -> dict:
