@@ -1209,32 +1209,24 @@ def rung_pct_table(data: dict, labels=("ws3", "st", "ws3_o16", "st_o16"), name: 
 # The tile order and what it costs in L2 and DRAM traffic (computed, not measured)
 
 
-def grouped_origin(pid: int, M: int, N: int, BM: int = 128, BN: int = 256,
-                   GROUP_M: int = 8) -> tuple:
-    """(m0, n0) of tile ``pid`` in the grouped order of ``wgmma_async.tile_order`` (plain
-    Python; tests/test_viz_hopper.py checks it against the device function)."""
-    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
-    group = pid // (GROUP_M * tiles_n)
-    first_m = group * GROUP_M
-    rows = min(tiles_m - first_m, GROUP_M)
-    return ((first_m + (pid % (GROUP_M * tiles_n)) % rows) * BM,
-            ((pid % (GROUP_M * tiles_n)) // rows) * BN)
-
-
 def wave_traffic(M: int, N: int, K: int, BM: int = 128, BN: int = 256, GROUP_M: int = 8,
                  sms: int = 132, elem_bytes: int = 2):
-    """Per wave of ``sms`` persistent blocks (block b takes tiles b, b + sms, ...): the wave
+    """Per wave of ``sms`` persistent blocks (block b takes tiles b, b + sms, ... in the
+    kernels' grouped order, ``wgmma_async.grouped_order``): the wave
     index of every tile (a tiles_m x tiles_n array), and per wave the bytes the SMs read from
     L2 without clusters and with clusters of 2 along M (B multicast: tiles 2i, 2i + 1 share
     it), and the bytes of the distinct A row panels and B column panels the wave touches
     (what DRAM must deliver at least, if L2 keeps each panel for the wave)."""
+    from gemmlib.kernels.wgmma_async import grouped_order
+
+    origin = grouped_order(BM, BN, GROUP_M)   # the kernels' tile order, as plain Python
     tiles_m, tiles_n = -(-M // BM), -(-N // BN)
     tiles = tiles_m * tiles_n
     wave_of = np.zeros((tiles_m, tiles_n), dtype=int)
     waves = []
     for w0 in range(0, tiles, sms):
         ids = range(w0, min(w0 + sms, tiles))
-        origins = [grouped_origin(p, M, N, BM, BN, GROUP_M) for p in ids]
+        origins = [origin(p, M, N) for p in ids]
         for m0, n0 in origins:
             wave_of[m0 // BM, n0 // BN] = w0 // sms
         a, b = BM * K * elem_bytes, BN * K * elem_bytes

@@ -527,15 +527,15 @@ def test_store_steady_table_has_every_candidate():
     assert len(t.rows) == 8 and all(c.endswith("%") for r in t.rows for c in r[2:])
 
 
-def test_grouped_origin_is_the_kernels_tile_order():
-    from gemmlib.kernels.wgmma_async import tile_order
+def test_grouped_order_is_the_kernels_tile_order():
+    from gemmlib.kernels.wgmma_async import grouped_order, tile_order
 
     for M, N, BM, BN, G in ((4096, 4096, 128, 256, 8), (1000, 3000, 128, 128, 3),
                             (300, 520, 64, 256, 8)):
         dev = tile_order(BM, BN, G)
         tiles = -(-M // BM) * -(-N // BN)
         want = [tuple(int(v) for v in dev(p, M, N)) for p in range(tiles)]
-        got = [vh.grouped_origin(p, M, N, BM, BN, G) for p in range(tiles)]
+        got = [grouped_order(BM, BN, G)(p, M, N) for p in range(tiles)]
         assert got == want
         assert len(set(got)) == tiles                                     # each tile once
 

@@ -130,11 +130,11 @@ def store_source(BN: int, halves: int, convert: str = "", pair: str = "store2",
     return "\n".join(lines) + "\n"
 
 
-def tile_order(BM: int, BN: int, GROUP_M: int):
-    """``tile_origin(pid, M, N) -> (m0, n0)``: block ``pid``'s tile in grouped order
-    (``mma_pipeline``'s): GROUP_M block-rows sweep the columns together, so the B tiles
-    they share are still in L2."""
-    @cuda.jit(device=True)
+def grouped_order(BM: int, BN: int, GROUP_M: int):
+    """``tile_origin(pid, M, N) -> (m0, n0)`` as a plain function: tile ``pid`` in grouped
+    order (``mma_pipeline``'s): GROUP_M block-rows sweep the columns together, so the B
+    tiles they share are still in L2.  :func:`tile_order` compiles it for the kernels; the
+    chapters call it as it is (``gemmcourse.viz_hopper.wave_traffic``)."""
     def tile_origin(pid, M, N):
         tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
         group = pid // (GROUP_M * tiles_n)
@@ -144,6 +144,11 @@ def tile_order(BM: int, BN: int, GROUP_M: int):
                 ((pid % (GROUP_M * tiles_n)) // rows) * BN)
 
     return tile_origin
+
+
+def tile_order(BM: int, BN: int, GROUP_M: int):
+    """``tile_origin(pid, M, N) -> (m0, n0)``: :func:`grouped_order`, a device function."""
+    return cuda.jit(device=True)(grouped_order(BM, BN, GROUP_M))
 
 
 def warpgroup_code(precision: str, BN: int, halves: int, out: str = "fp32"):
