@@ -948,7 +948,7 @@ def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
              scales: tuple = (), c_ptr: int = 0) -> int:
     """The maps' address, remembered for the last operands of this bound plan: a loop over
     the same A and B (and C, for a rung that stores C by TMA) skips building the lookup key."""
-    c_key = c_ptr if p.spec.tma_store_box else 0
+    c_key = c_ptr if p.spec.c_map_ok(p.N, c_ptr) else 0   # C's map goes along (0: none)
     last = b.maps
     if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == tma.GENERATION
             and last[4] == scales and last[5] == c_key):
@@ -961,7 +961,8 @@ def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
 def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (),
                  c_ptr: int = 0) -> int:
     """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``, then C's
-    (M x N) where the spec stores C by TMA and C can take it (``KernelSpec.c_map_ok``)."""
+    (M x N) when ``c_ptr`` is given (a spec that stores C by TMA, and a C that can take it:
+    ``KernelSpec.c_map_ok``, decided by :func:`_maps_of`)."""
     from gemmlib import tma
 
     spec, M, N, K = p.spec, p.M, p.N, p.K
@@ -974,7 +975,7 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
         raise ValueError(f"{spec.name} needs the device addresses of its two scales")
     ops = [(a_ptr, (M, K), K * isz, name, box_a, sw),
            (b_ptr, b_shape, b_shape[1] * isz, name, box_b, sw)]
-    if spec.c_map_ok(N, c_ptr):
+    if c_ptr:
         ops.append((c_ptr, (M, N), N * np.dtype(ic).itemsize, np.dtype(ic).name,
                     spec.tma_store_box, 128))
     return tma.operand_maps(tuple(ops), stream, tuple(scales) if spec.scale_words else ())

@@ -194,8 +194,9 @@ class KernelSpec:
 
     def c_map_ok(self, N: int, c_ptr: int) -> bool:
         """Whether this call's C gets a TMA map (``tma_store_box``; the kernel's own test)."""
-        isz = np.dtype(self.out_dtype).itemsize
-        return bool(self.tma_store_box) and (N * isz) % 16 == 0 and c_ptr % 16 == 0
+        if not self.tma_store_box:
+            return False
+        return (N * np.dtype(self.out_dtype).itemsize) % 16 == 0 and c_ptr % 16 == 0
 
     @property
     def scalar_args(self) -> tuple[str, ...]:

@@ -42,3 +42,12 @@ def bare(name: str, ptx: str):
 
     typer.__name__ = name
     return intrinsic(typer)
+
+
+def asm_call(builder, ret, args_ir, arg_types, ptx: str, cons: str):
+    """Emit ``ptx`` as inline assembly with side effects on ``args_ir`` (of LLVM types
+    ``arg_types``), returning a value of LLVM type ``ret`` (``VoidType()`` for none)."""
+    from llvmlite import ir
+
+    fnty = ir.FunctionType(ret, arg_types)
+    return builder.call(ir.InlineAsm(fnty, ptx, cons, side_effect=True), args_ir)

@@ -46,13 +46,9 @@ def _make():
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    from gemmlib.intrinsics._lower import bare
+    from gemmlib.intrinsics._lower import asm_call as _asm, bare
 
     i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-
-    def _asm(builder, ret, args_ir, arg_types, ptx, cons):
-        fnty = ir.FunctionType(ret, arg_types)
-        return builder.call(ir.InlineAsm(fnty, ptx, cons, side_effect=True), args_ir)
 
     def _u(context, builder, v, t, to):
         return context.cast(builder, v, t, to)

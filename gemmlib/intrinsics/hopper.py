@@ -86,13 +86,9 @@ def _make():
     from numba.cuda.core.errors import NumbaTypeError
     from numba.cuda.extending import intrinsic
 
-    from gemmlib.intrinsics._lower import bare, shared_address
+    from gemmlib.intrinsics._lower import asm_call as _asm, bare, shared_address
 
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-
-    def _asm(builder, ret, args_ir, arg_types, ptx, cons):
-        fnty = ir.FunctionType(ret, arg_types)
-        return builder.call(ir.InlineAsm(fnty, ptx, cons, side_effect=True), args_ir)
 
     def _u(context, builder, v, t, to):
         return context.cast(builder, v, t, to)

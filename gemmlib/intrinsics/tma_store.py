@@ -40,13 +40,12 @@ def _make():
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    from gemmlib.intrinsics._lower import bare
+    from gemmlib.intrinsics._lower import asm_call, bare
 
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
-    def _asm(builder, args_ir, arg_types, ptx, cons):
-        fnty = ir.FunctionType(ir.VoidType(), arg_types)
-        builder.call(ir.InlineAsm(fnty, ptx, cons, side_effect=True), args_ir)
+    def _asm(builder, args_ir, arg_types, ptx, cons):   # no result
+        asm_call(builder, ir.VoidType(), args_ir, arg_types, ptx, cons)
 
     def _u(context, builder, v, t, to):
         return context.cast(builder, v, t, to)

@@ -89,7 +89,10 @@ def stage_offset(out: str):
     """``offset(r, c)``: the byte offset in the stage of staged element (r, c) of one piece:
     row r of every box at ``r * 128`` bytes, boxes of the tile's 128 rows one after another,
     and in a row the 16-byte chunk XOR-ed with ``r % 8`` (the copy engine's 128-byte swizzle:
-    ``gemmlib.tma.swizzled_offset``).  A plain function, compiled by :func:`stage_put`."""
+    ``gemmlib.tma.swizzled_offset``, which tests/test_wgmma_store.py holds it to for every
+    element; written per chunk here, as the kernel ran on the GPU: compiled through
+    ``swizzled_offset``'s XOR on the byte address, the PTX differs).  A plain function,
+    compiled by :func:`stage_put`."""
     ES, BOX_COLS = elem_bytes(out), box_cols(out)
     PER16 = 16 // ES                  # elements in a 16-byte chunk
     BOX_BYTES = 128 * BOX_ROW_BYTES   # the 128 rows of one box column (both consumers)
@@ -130,7 +133,7 @@ def stage_source(BN: int, span: tuple, convert: str = "") -> str:
     def val(k):
         return f"{convert}(acc[4 * j + {k}])" if convert else f"acc[4 * j + {k}]"
 
-    lines = [f"def stage_p(base, acc, t, r0):",
+    lines = ["def stage_p(base, acc, t, r0):",
              "    r = r0 + 16 * (t // 32) + (t % 32) // 4",
              "    c0 = 2 * (t % 4)"]
     for half in range(2):
