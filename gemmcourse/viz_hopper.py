@@ -973,13 +973,17 @@ def lastmile_table(data: dict, name: str = "", base: str = "wgmma_ws_128x256_s4"
 # --------------------------------------------------------------------------
 # A loop of calls at the power cap (results/loopgap-*/)
 
+def _with_rows(pattern: str, directory=None):
+    """The committed JSON files matching ``pattern`` under results/ that hold ``rows``."""
+    from gemmcourse.notebook import committed_json
+
+    return [(n, d) for n, d in committed_json(pattern, directory) if d.get("rows")]
+
+
 def loopgap_files(directory=None):
     """The committed loop-gap runs (``loopgap-*/loopgap-<gpu>.json``): each call timed alone,
     in a short loop, in a long loop and call by call, with the SM clock and power seen."""
-    from gemmcourse.notebook import committed_json
-
-    return [(n, d) for n, d in committed_json("loopgap-*/loopgap-h*.json", directory)
-            if d.get("rows")]
+    return _with_rows("loopgap-*/loopgap-h*.json", directory)
 
 
 def power_table(data: dict, name: str = "", precision: str = "fp16"):
@@ -1006,10 +1010,7 @@ def power_table(data: dict, name: str = "", precision: str = "fp16"):
 def steady_files(directory=None):
     """The committed steady-state runs (``loopgap-*/steady-h100.json``, ``-h200.json``):
     candidates alternating with torch.matmul in ~0.25 s blocks, the GPU at its power cap."""
-    from gemmcourse.notebook import committed_json
-
-    return [(n, d) for n, d in committed_json("loopgap-*/steady-h[0-9]*.json", directory)
-            if d.get("rows")]
+    return _with_rows("loopgap-*/steady-h[0-9]*.json", directory)
 
 
 def steady_summary(data: dict):
@@ -1071,10 +1072,7 @@ def plot_steady(files, precision: str = "fp16", ax=None):
 def epilogue_files(directory=None):
     """The committed epilogue measurements (``epilogue-*/epilogue-<gpu>.json``): wgmma_ws, the
     same kernel with its store taken out, and wgmma_store, each beside cuBLAS."""
-    from gemmcourse.notebook import committed_json
-
-    return [(n, d) for n, d in committed_json("epilogue-*/epilogue-h*.json", directory)
-            if d.get("rows")]
+    return _with_rows("epilogue-*/epilogue-h*.json", directory)
 
 
 def epilogue_table(data: dict, name: str = ""):
@@ -1102,7 +1100,7 @@ def epilogue_costs(data: dict, n: int = 4096, out: str = "fp16", stages: int = 3
     rows = {r["label"]: r["us"] for r in data.get("rows", [])
             if r["n"] == n and r.get("out") == out and r.get("stages") == stages}
     sms = int(data.get("meta", {}).get("sm_count") or 132)
-    per_block = -(-(-(-n // BM) * -(-n // BN)) // sms)
+    per_block = wave_quantisation(n, n, BM, BN, sms)["rounds"]
     main = rows["nostore"] / per_block
     return {"mainloop": main, "epilogue": rows["ws"] / per_block - main,
             "stage": rows["store"] / per_block - main, "tiles_per_block": per_block}
@@ -1183,10 +1181,7 @@ def plot_epilogue_timeline(data: dict, n: int = 4096, out: str = "fp16", tiles: 
 def store_steady_files(directory=None):
     """The committed call-timing runs of wgmma_store beside wgmma_ws at the power cap
     (``epilogue-*/steady-store-<gpu>.json``)."""
-    from gemmcourse.notebook import committed_json
-
-    return [(n, d) for n, d in committed_json("epilogue-*/steady-store-h*.json", directory)
-            if d.get("rows")]
+    return _with_rows("epilogue-*/steady-store-h*.json", directory)
 
 
 def rung_pct_table(data: dict, labels=("ws3", "st", "ws3_o16", "st_o16"), name: str = ""):
