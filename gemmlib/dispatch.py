@@ -948,12 +948,13 @@ def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
              scales: tuple = (), c_ptr: int = 0) -> int:
     """The maps' address, remembered for the last operands of this bound plan: a loop over
     the same A and B (and C, for a rung that stores C by TMA) skips building the lookup key."""
-    c_key = c_ptr if p.spec.c_map_ok(p.N, c_ptr) else 0   # C's map goes along (0: none)
+    c_key = c_ptr if p.spec.tma_store_box else 0   # C matters only to a TMA-store rung
     last = b.maps
     if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == tma.GENERATION
             and last[4] == scales and last[5] == c_key):
         return last[3]
-    addr = _tensor_maps(p, a_ptr, b_ptr, stream, scales, c_key)
+    addr = _tensor_maps(p, a_ptr, b_ptr, stream, scales,
+                        c_key if p.spec.c_map_ok(p.N, c_key) else 0)
     b.maps = (a_ptr, b_ptr, tma.GENERATION, addr, scales, c_key)
     return addr
 
