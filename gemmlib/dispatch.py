@@ -389,12 +389,21 @@ def with_out(spec: KernelSpec, out: str) -> KernelSpec:
     return build(rung_of(spec), params)
 
 
+#: a C in the inputs' 16-bit type from one K slice of a 128 x 256 tile on Hopper: wgmma_store
+#: (the epilogue through shared memory and a TMA store) with four stages, the tile staged in
+#: two 32 KiB halves to make room for the fourth.  In a loop of calls at the power cap it ran
+#: 90-103% of torch.matmul where wgmma_ws_o16 ran 74-95%, at every shape measured
+#: (results/epilogue-2026-11-26/steady-store-*.json).
+HOPPER_OUT16 = ("wgmma_store", {"STAGES": 4, "PIECES": 2})
+
+
 def select_out(spec: KernelSpec, out: str, M: int, N: int, K: int) -> KernelSpec:
     """The ``auto`` choice ``spec`` (float32 C) for a C of 16-bit ``out``.  On Hopper the
-    choice is ``wgmma_split_k``: when its cost model keeps one slice it is ``wgmma_ws``
-    with the same tile, built with ``OUT``; when it cuts K the slices' sums are float32
-    (and the output is small), so the float32 choice stays and the result is cast.  Any
-    other choice (``skinny``, ``mma_pipeline``, ...) stays float32 too."""
+    choice is ``wgmma_split_k``: when its cost model keeps one slice it is
+    :data:`HOPPER_OUT16` for its 128 x 256 tile (``wgmma_ws`` for a 64-row tile), built with
+    ``OUT``; when it cuts K the slices' sums are float32 (and the output is small), so the
+    float32 choice stays and the result is cast.  Any other choice (``skinny``,
+    ``mma_pipeline``, ...) stays float32 too."""
     if rung_of(spec) != HOPPER_SPLIT:
         return with_out(spec, out)
     from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for
@@ -402,8 +411,11 @@ def select_out(spec: KernelSpec, out: str, M: int, N: int, K: int) -> KernelSpec
     p = spec.params
     if effective_splits(p["SPLITS"] or splits_for(M, N, K, p["BM"], p["BN"]), K) > 1:
         return spec
-    keep = ("precision", "BM", "BN", "STAGES", "GROUP_M", "REGS")
-    return build("wgmma_ws", dict({k: p[k] for k in keep}, OUT=out))
+    base = {k: p[k] for k in ("precision", "BM", "BN", "GROUP_M", "REGS")}
+    if (p["BM"], p["BN"]) == (128, 256):
+        rung, params = HOPPER_OUT16
+        return build(rung, dict(base, **params, OUT=out))
+    return build("wgmma_ws", dict(base, STAGES=p["STAGES"], OUT=out))
 
 
 def _known_registers(spec) -> int | None:

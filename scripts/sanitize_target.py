@@ -10,6 +10,9 @@ have the kernel's input dtype: float32 (fp32, tf32, 3xtf32), float16, bfloat16
 ``wgmma_fp8:e5m2`` uint8 arrays of FP8 bit patterns with per-tensor scales.
 The FP8 rung's output and B layout can follow: ``wgmma_fp8:e4m3:fp32:KN``
 (default ``bf16`` and ``NK``, B given (N, K) as ``torch._scaled_mm`` takes it).
+Another build of a rung follows its precision as ``KEY=VALUE`` items:
+``wgmma_store:fp16:OUT=fp16:STAGES=4:PIECES=2`` (what ``auto`` runs for a 16-bit C on
+Hopper; a 16-bit C's tolerance adds half an ulp of its type).
 ``hopper`` is :func:`hopper`: every Hopper rung in each of its precisions.
 
 SHAPE is MxNxK or ``tile+`` (one past a block tile in every dimension, with N
@@ -136,9 +139,16 @@ def kernel_spec(name: str):
         out = rest[1] if len(rest) > 1 else "bf16"
         layout = rest[2].upper() if len(rest) > 2 else "NK"
         return fp8.spec_for(fmt, out, layout)
-    if len(rest) > 1:
-        raise ValueError(f"{name!r}: only {', '.join(SCALED)} take more than a precision")
-    return dispatch.get_spec(rung, rest[0]) if rest else get(rung)
+    spec = dispatch.get_spec(rung, rest[0]) if rest else get(rung)
+    if len(rest) > 1:   # rung:PRECISION:KEY=VALUE...: another build of the rung
+        kv = dict(item.split("=", 1) for item in rest[1:] if "=" in item)
+        if len(kv) != len(rest) - 1:
+            raise ValueError(f"{name!r}: after the precision only KEY=VALUE items "
+                             f"(or {', '.join(SCALED)}'s forms)")
+        params = {k: v for k, v in spec.params.items() if k != "BK"}
+        params.update({k: int(v) if v.isdigit() else v for k, v in kv.items()})
+        spec = dispatch.build(rung, params)
+    return spec
 
 
 def grid_strided(spec) -> bool:
@@ -196,12 +206,20 @@ def inputs_16_32(spec, M, N, K, rng, nt):
 
 
 def run_16_32(spec, M, N, K, rng):
+    from gemmlib.precision import BF16Array, bf16_bits_to_float32
+
     nt = spec.b_operand == "NK"
     A, B, a, b = inputs_16_32(spec, M, N, K, rng, nt)
     ref = a @ (b.T if nt else b)
     C = gemmlib.matmul(A, B, kernel=spec, transpose_b=nt)
     backend.synchronize()
-    return backend.to_host(C).astype(np.float64), ref, spec_tolerance(spec, K)
+    tol = spec_tolerance(spec, K)
+    out = spec.params.get("OUT", "fp32")
+    if out != "fp32":   # a C in the inputs' 16-bit type: one more rounding, half an ulp
+        tol += {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}[out]
+    if isinstance(C, BF16Array):
+        return bf16_bits_to_float32(backend.to_host(C.bits)).astype(np.float64), ref, tol
+    return backend.to_host(C).astype(np.float64), ref, tol
 
 
 def run_fp8(spec, M, N, K, rng):

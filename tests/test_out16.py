@@ -302,8 +302,9 @@ def test_call_keys_and_choices_include_the_output_type():
 
 
 def test_hopper_auto_writes_16_bits_unless_k_is_split(monkeypatch):
-    """On an H100/H200 (faked here) "auto" with a 16-bit out runs wgmma_ws built with OUT
-    where wgmma_split_k keeps one slice, and keeps the float32 split-K choice (cast after)
+    """On an H100/H200 (faked here) "auto" with a 16-bit out runs wgmma_store (four stages,
+    the tile staged in two halves) built with OUT where wgmma_split_k keeps one slice with a
+    128-row tile (wgmma_ws with a 64-row one), and keeps the float32 split-K choice (cast after)
     where it cuts K; the skinny rung at decode sizes stays float32."""
     import dataclasses
 
@@ -314,13 +315,16 @@ def test_hopper_auto_writes_16_bits_unless_k_is_split(monkeypatch):
     try:
         for prec in ("fp16", "bf16"):
             big = dispatch.select_tc(prec, 4096, 4096, 4096, out=prec)
-            assert big.name == wgmma_async.rung_name("wgmma_ws", prec, True, 0, 0, 0, 0) + "_o16"
+            assert big.name == wgmma_async.rung_name("wgmma_store", prec, False, 128, 256, 4,
+                                                     8) + "_o16_p2"
+            assert (big.params["STAGES"], big.params["PIECES"]) == (4, 2)
             assert big.out_dtype == "uint16"
             assert dispatch.select_tc(prec, 4096, 4096, 4096).name.startswith("wgmma_split_k")
             small = dispatch.select_tc(prec, 64, 4096, 4096, out=prec)   # 16 tiles: split K
             assert small.name.startswith("wgmma_split_k") and small.out_dtype == "float32"
             wide64 = dispatch.select_tc(prec, 64, 32768, 1024, out=prec)  # 128 tiles
             assert wide64.out_dtype == "uint16" and wide64.params["BM"] == 64
+            assert dispatch.rung_of(wide64) == "wgmma_ws"
             decode = dispatch.select_tc(prec, 1, 4096, 4096, out=prec)
             assert decode.name.startswith("skinny") and decode.out_dtype == "float32"
     finally:
@@ -356,7 +360,7 @@ def _check_torch16(C, A, B, prec, what=""):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_torch_4096_cubed_matches_torch_matmul_gpu(dtype):
     """torch.matmul's convention at 4096^3: a 16-bit tensor written by the kernel itself
-    (wgmma_ws_o16 on an H100/H200), within one rounding of torch.matmul's result."""
+    (wgmma_store, 4 stages, on an H100/H200), within one rounding of torch.matmul's result."""
     torch = pytest.importorskip("torch")
     td = getattr(torch, dtype)
     prec = "fp16" if dtype == "float16" else "bf16"
@@ -383,7 +387,7 @@ def test_torch_4096_cubed_matches_torch_matmul_gpu(dtype):
 @pytest.mark.parametrize("shape", [(4095, 3073, 2047), (129, 127, 65), (1, 4096, 4096),
                                    (64, 4096, 4096), (1000, 1000, 1000)])
 def test_torch_odd_shapes_gpu(dtype, shape):
-    """Odd shapes through "auto" (wgmma_ws_o16, split-K or skinny cast after on Hopper;
+    """Odd shapes through "auto" (wgmma_store or wgmma_ws with OUT, split-K or skinny cast after on Hopper;
     the cast path elsewhere), into a poisoned out and a fresh tensor."""
     torch = pytest.importorskip("torch")
     td = getattr(torch, dtype)

@@ -4,7 +4,8 @@
 # tests that cover every 16-bit epilogue and non-finite inputs, kernel timing beside
 # wgmma_ws and its store-less twin (../loopgap-2026-11-25/epilogue_gpu.py), compute-sanitizer
 # on it (fp16 and bf16), then call timing in a loop against torch.matmul at the power cap
-# (../loopgap-2026-11-25/steady_gpu.py). At most 8 files come back: 7 here and sanitize.json.
+# (../loopgap-2026-11-25/steady_gpu.py). At most 8 files come back: 6 here, sanitize.json and
+# the sanitizer's per-run logs (sanitize-logs-TAG.tgz).
 set -u
 OUT=${1:-$OUT}; TAG=${2:-gpu}
 export PYTHONPATH=$PWD:${PYTHONPATH:-} NUMBA_ENABLE_CUDASIM=0 GEMMLIB_CACHE=$PWD/kcache \
@@ -23,6 +24,7 @@ OUT=/tmp/san timeout -k 5 ${T_SAN:-200} bash scripts/sanitize_hopper.sh \
   --kernels wgmma_store:fp16,wgmma_store:bf16 --deadline 150 > $OUT/sanitize-$TAG.log 2>&1
 tail -n 6 $OUT/sanitize-$TAG.log
 cp /tmp/san/sanitize-hopper/sanitize.json $OUT/sanitize-$TAG.json 2>/dev/null
+cp /tmp/san/sanitize-hopper/logs.tgz $OUT/sanitize-logs-$TAG.tgz 2>/dev/null
 (cd results/loopgap-2026-11-25 && CANDS=${CANDS:-ws3,ws3_o16,st,st_o16,st4p2_o16} timeout -k 5 \
   ${T_STEADY:-240} python3 steady_gpu.py $OUT/steady-store-$TAG.json fp16,bf16 \
   ${SHAPES:-4096x4096x4096,8192x8192x8192,2048x2048x2048,4096x28672x4096}) \

@@ -5,9 +5,11 @@
 ``loopgap_gpu.py`` showed that back-to-back 16-bit GEMMs on an H100 run into the 700 W power
 cap within a second (SM clock 1980 -> ~1400 MHz, throttle reason "SW power cap") for cuBLAS and
 gemmlib alike, so which one runs first, and for how long, moves a short loop's ratio.  Here
-each candidate alternates with torch.matmul in blocks of ~0.3 s (torch, cand, torch, cand,
-torch), all on the same rotating operand sets (past 3x L2); a candidate's number is the median
-of its blocks over the median of torch's, both at the clock the cap leaves.  Every candidate
+each candidate alternates with torch.matmul in blocks of ~BLOCK_S = 0.25 s (torch, cand,
+torch, ..., torch: BLOCKS = 7 blocks, after one unrecorded block of the candidate, since
+2026-11-26; 5 blocks before), all on the same rotating
+operand sets (past 3x L2); a candidate's number is the median of its blocks over the median
+of torch's, both at the clock the cap leaves.  Every candidate
 is a ``gemmlib.matmul`` call (the caller's whole path), output in the inputs' 16-bit type
 unless the label says ``fp32``.
 """
@@ -29,6 +31,8 @@ SHAPES = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[3] if len(sys.a
           "4096x4096x4096,2048x2048x2048,8192x8192x8192,4096x6144x4096,4096x28672x4096,"
           "4096x4096x14336,16384x4096x4096").split(",")]
 BLOCK_S = float(os.environ.get("BLOCK_S", 0.25))
+#: blocks per candidate, alternating and starting with torch (odd): (BLOCKS - 1) / 2 of its own
+BLOCKS = int(os.environ.get("BLOCKS", 7))
 
 
 def candidates(prec):
@@ -50,7 +54,7 @@ def candidates(prec):
 
 
 fw = BM.framework("torch")
-res = {"meta": bench.environment(), "block_s": BLOCK_S, "rows": []}
+res = {"meta": bench.environment(), "block_s": BLOCK_S, "blocks": BLOCKS, "rows": []}
 for prec in precs:
     specs = candidates(prec)
     for M, N, K in SHAPES:
@@ -72,12 +76,19 @@ for prec in precs:
             torch.cuda.synchronize()
             errs[label] = fw.rel_error(C, A, B, 128)
         print(f"{prec} {M}x{N}x{K}: warmed {len(calls)} in {time.time() - t0:.1f} s", flush=True)
-        probe = BM.loop_time(fw, ref, 3, 1)[0]
+        # The first torch calls at a shape pay cuBLAS's one-off costs (heuristics,
+        # workspace): probing with them gave blocks of 6-9 calls (~2 ms) at 4096^3 before
+        # 2026-11-26, not BLOCK_S.  Probe after a warm loop, with the median of three.
+        BM.loop_time(fw, ref, 3, 2)
+        probe = statistics.median(BM.loop_time(fw, ref, 3, 3))
         per = int(max(3, BLOCK_S * 1e3 / max(probe, 1e-3)))
         BM.loop_time(fw, ref, per, 2)   # into the cap before the first block
         for label, fns in calls.items():
+            # One unrecorded block of the candidate first: the first block after a switch of
+            # kernel ran 10-50% slow for whichever label came first (steady-repeat-h100.json).
+            BM.loop_time(fw, fns, per, 1)
             t_ref, t_c = [], []
-            for i in range(5):
+            for i in range(BLOCKS):   # torch, cand, torch, ..., torch
                 (t_ref if i % 2 == 0 else t_c).extend(BM.loop_time(fw, ref if i % 2 == 0
                                                                    else fns, per, 1))
             r, c = statistics.median(t_ref), statistics.median(t_c)
