@@ -1043,8 +1043,9 @@ def steady_table(data: dict, name: str = ""):
                          + (f" ({name})" if name else ""))
 
 
-def plot_steady(files, precision: str = "fp16", ax=None):
-    """Bars: ``auto``'s % of torch.matmul per shape, one bar per GPU file."""
+def plot_steady(files, precision: str = "fp16", ax=None, key: str = "auto"):
+    """Bars: ``auto``'s % of torch.matmul per shape, one bar per GPU file (``key="auto16"``:
+    ``auto`` with C in the inputs' 16-bit type, torch.matmul's own convention)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -1056,7 +1057,7 @@ def plot_steady(files, precision: str = "fp16", ax=None):
         shapes += [sh for (p, sh) in s if p == precision and sh not in shapes]
     width = 0.8 / max(1, len(sums))
     for i, (_, gpu, s) in enumerate(sums):
-        ys = [s.get((precision, sh), {}).get("auto", 0.0) for sh in shapes]
+        ys = [s.get((precision, sh), {}).get(key, 0.0) for sh in shapes]
         ax.bar([x + i * width for x in range(len(shapes))], ys, width, label=gpu)
     ax.axhline(100, color="k", lw=0.8)
     ax.axhline(95, color="k", lw=0.6, ls="--")
@@ -1064,9 +1065,47 @@ def plot_steady(files, precision: str = "fp16", ax=None):
     ax.set_xticklabels(["x".join(map(str, sh)) for sh in shapes], rotation=20, fontsize=8)
     ax.set_ylim(50, 105)
     ax.set_ylabel("% of torch.matmul")
-    ax.set_title(f"{precision}: gemmlib.matmul (auto) at the power cap")
+    ax.set_title(f"{precision}: gemmlib.matmul (auto"
+                 + (", 16-bit out" if key == "auto16" else "") + ") at the power cap")
     ax.legend(fontsize=8, loc="lower right")
     return ax
+
+
+def final_files(directory=None):
+    """The call-timing runs behind issue 19's table (``epilogue-*/steady-final-<gpu>.json``):
+    ``auto`` with a 16-bit C (``wgmma_store``, 4 stages, two pieces) and with a float32 C,
+    and the former 16-bit choice ``wgmma_ws_o16``, each alternating with torch.matmul at the
+    power cap (the probe fixed, one unrecorded block per candidate, 9 blocks)."""
+    return _with_rows("epilogue-*/steady-final-h*.json", directory)
+
+
+def target_of(M: int, N: int, K: int) -> float:
+    """The last mile's fp16/bf16 target, % of same-precision cuBLAS in a loop of calls: 95%
+    at 4096^3 and 8192^3, 90% at 2048^3 and on the model shapes with M >= 4096."""
+    return 95.0 if (M, N, K) in ((4096, 4096, 4096), (8192, 8192, 8192)) else 90.0
+
+
+def target_table(data: dict, name: str = ""):
+    """Per (precision, shape): torch.matmul's microseconds, % of it for ``auto`` with C in
+    the inputs' type (torch.matmul's convention), with a float32 C, and for the former 16-bit
+    choice ``wgmma_ws_o16``; the target and whether the 16-bit ``auto`` meets it."""
+    from gemmcourse.notebook import Table
+
+    body = []
+    for (prec, shape), s in steady_summary(data).items():
+        pct = {r["label"]: r["pct_of_torch"] for r in data["rows"]
+               if (r["precision"], (r["M"], r["N"], r["K"])) == (prec, shape)}
+        goal = target_of(*shape)
+        a16 = s.get("auto16", float("nan"))
+        body.append((prec, "x".join(map(str, shape)), f"{s['torch_us']:.1f}", f"{a16:.1f}%",
+                     f"{s.get('auto', float('nan')):.1f}%",
+                     f"{pct['ws3_o16']:.1f}%" if "ws3_o16" in pct else "-",
+                     f"{goal:.0f}%", "met" if a16 >= goal else "missed"))
+    return Table(("precision", "M x N x K", "torch.matmul us", "auto, 16-bit out",
+                  "auto, float32 out", "wgmma_ws_o16", "target", ""), body,
+                 caption="% of torch.matmul (cuBLAS, same precision and output type), blocks "
+                         f"alternating at the power cap: {data.get('meta', {}).get('gpu', '?')}"
+                         + (f" ({name})" if name else ""))
 
 
 def epilogue_files(directory=None):
