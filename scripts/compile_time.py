@@ -24,6 +24,7 @@ record also has the numba seconds per pass and per function (``by_function``).
 
     python scripts/compile_time.py                  # every rung in RUNGS, a table
     python scripts/compile_time.py wgmma_ws:bf16    # one (module[:precision])
+    python scripts/compile_time.py wgmma_store:fp16:OUT=fp16:STAGES=4:PIECES=2   # a build
     python scripts/compile_time.py --json out.json
     python scripts/compile_time.py --profile wgmma_ws   # cProfile of one compile (top 40)
 
@@ -46,7 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 #: module[:precision] of each Hopper rung measured by default
 RUNGS = ("wgmma_ws", "wgmma_ws:bf16", "wgmma_split_k", "wgmma_tf32", "wgmma_fp8",
-         "wgmma_tma", "wgmma_async")
+         "wgmma_tma", "wgmma_async", "wgmma_cluster", "wgmma_pingpong", "wgmma_store",
+         "wgmma_store:fp16:OUT=fp16:STAGES=4:PIECES=2")
 
 
 #: the clock of every phase: this process's CPU seconds (the host may be busy with other
@@ -61,9 +63,11 @@ def measure(rung: str) -> dict:
     import importlib
 
     from gemmlib import ptx as P
-    mod_name, _, precision = rung.partition(":")
+    mod_name, *rest = rung.split(":")
     mod = importlib.import_module(f"gemmlib.kernels.{mod_name}")
-    spec = mod.build(precision) if precision else mod.SPEC
+    # module[:precision[:KEY=VALUE...]]: another build of the rung, as sanitize_target takes it
+    kw = {k: int(v) if v.isdigit() else v for k, v in (x.split("=", 1) for x in rest[1:])}
+    spec = mod.build(rest[0], **kw) if rest else mod.SPEC
     t_build = CLOCK() - t0
 
     from numba import cuda
@@ -175,7 +179,8 @@ def profile(rung: str, top: int = 40) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("rungs", nargs="*", help="module[:precision] (default: %s)" % " ".join(RUNGS))
+    p.add_argument("rungs", nargs="*",
+                   help="module[:precision[:KEY=VALUE...]] (default: %s)" % " ".join(RUNGS))
     p.add_argument("--json", help="write the records to this file")
     p.add_argument("--profile", metavar="RUNG", help="cProfile one compile instead")
     p.add_argument("--one", metavar="RUNG", help=argparse.SUPPRESS)   # the child process
