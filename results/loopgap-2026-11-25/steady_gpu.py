@@ -87,10 +87,13 @@ for prec in precs:
             # One unrecorded block of the candidate first: the first block after a switch of
             # kernel ran 10-50% slow for whichever label came first (steady-repeat-h100.json).
             BM.loop_time(fw, fns, per, 1)
-            t_ref, t_c = [], []
+            t_ref, t_c, starts, host = [], [], [], []
             for i in range(BLOCKS):   # torch, cand, torch, ..., torch
+                starts.append(time.time())   # to line up with a clock log (nvidia-smi -lms)
+                h0 = time.perf_counter()
                 (t_ref if i % 2 == 0 else t_c).extend(BM.loop_time(fw, ref if i % 2 == 0
                                                                    else fns, per, 1))
+                host.append((time.perf_counter() - h0) / per)
             r, c = statistics.median(t_ref), statistics.median(t_c)
             name = (dispatch.select_tc(prec, M, N, K, out=prec).name if label == "auto" else
                     dispatch.select_tc(prec, M, N, K).name if label == "auto_fp32"
@@ -98,6 +101,7 @@ for prec in precs:
             row = dict(precision=prec, M=M, N=N, K=K, label=label, kernel=name,
                        us=c * 1e3, torch_us=r * 1e3, pct_of_torch=100 * r / c,
                        blocks_us=[x * 1e3 for x in t_c], torch_blocks_us=[x * 1e3 for x in t_ref],
+                       block_starts=starts, block_wall_us=[x * 1e6 for x in host],
                        tflops=2 * M * N * K / c / 1e9, rel_error=errs[label], per=per)
             res["rows"].append(row)
             print(f"{prec} {M}x{N}x{K} {label:9s} {name:36s} {c * 1e3:9.1f} us  torch "
