@@ -46,7 +46,10 @@ def candidates(prec):
          "sk2": ("wgmma_split_k", dict(SPLITS=2)),
          "ws64_o16": ("wgmma_ws", dict(BM=64, STAGES=5, OUT=o)),
          "st": ("wgmma_store", {}), "st_o16": ("wgmma_store", dict(OUT=o)),
-         "st4p2_o16": ("wgmma_store", dict(STAGES=4, OUT=o, PIECES=2))}
+         "st4p2_o16": ("wgmma_store", dict(STAGES=4, OUT=o, PIECES=2)),
+         # 128 x 128 tiles: twice the tiles, so a one-wave shape gets two per SM
+         "st128s4_o16": ("wgmma_store", dict(BN=128, STAGES=4, OUT=o)),
+         "st128s6_o16": ("wgmma_store", dict(BN=128, STAGES=6, OUT=o))}
     keep = os.environ.get("CANDS")
     if keep:
         c = {k: v for k, v in c.items() if k in keep.split(",")}
