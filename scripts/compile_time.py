@@ -66,7 +66,8 @@ def measure(rung: str) -> dict:
     mod_name, *rest = rung.split(":")
     mod = importlib.import_module(f"gemmlib.kernels.{mod_name}")
     # module[:precision[:KEY=VALUE...]]: another build of the rung, as sanitize_target takes it
-    kw = {k: int(v) if v.isdigit() else v for k, v in (x.split("=", 1) for x in rest[1:])}
+    kw = {k: (tuple(int(u) for u in v.split("/")) if "/" in v else int(v) if v.isdigit()
+              else v) for k, v in (x.split("=", 1) for x in rest[1:])}   # REGS=40/232
     spec = mod.build(rest[0], **kw) if rest else mod.SPEC
     t_build = CLOCK() - t0
 
