@@ -94,9 +94,11 @@
 #    groups): the manual describes no racecheck model of the copy engine reading the stage
 #    (the consumers restage it after the storer's wait_group.read and its epi_empty arrival),
 #    and does not say whether initcheck counts the bytes a TMA store writes as initialised.
-#    On the H100 (results/epilogue-2026-11-26/) initcheck reported 56575 uninitialised 4-byte
-#    global reads per precision for wgmma_store, every result right; which reads was not
-#    kept (logs.tgz stayed on the machine): open.
+#    It does not: on the H100 (results/epilogue-2026-11-26/, sanitize-*logs-h100*.tgz)
+#    initcheck reports 56575 (float32 C) / 46825 (16-bit C, auto's build) uninitialised
+#    global reads per precision, every result right, and every printed one is in CuPy's copy
+#    kernel (cupy_copy_*, gemmlib/api.py's copy of a padded C into the caller's array)
+#    reading bytes the TMA store wrote; none is in a gemmlib kernel.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-LAZY}

@@ -81,7 +81,8 @@ GRID_STRIDE = re.compile(r"range\(\s*cuda\.blockIdx\.x\s*,\s*\w+\s*,\s*cuda\.gri
 def hopper() -> tuple[str, ...]:
     """Every Hopper rung (``min_cc`` 9.0: wgmma_async, wgmma_tma, wgmma_ws, wgmma_split_k,
     wgmma_tf32, wgmma_fp8 and any later one) in each precision it computes in: fp16 and
-    bf16 where it takes them, the FP8 rung in :data:`FP8_FORMS`, else its own (tf32)."""
+    bf16 where it takes them, the FP8 rung in :data:`FP8_FORMS`, else its own (tf32); then
+    the build ``auto`` runs for a 16-bit C (:data:`gemmlib.dispatch.HOPPER_OUT16`)."""
     out = []
     for rung in LADDER:
         if tuple(get(rung).min_cc) < (9, 0):
@@ -97,6 +98,10 @@ def hopper() -> tuple[str, ...]:
             except ValueError:   # a rung of one other precision (wgmma_tf32)
                 pass
         out += [f"{rung}:{p}" for p in precisions] or [rung]
+    # and the build "auto" runs for a C in the inputs' 16-bit type (dispatch.HOPPER_OUT16)
+    rung, params = dispatch.HOPPER_OUT16
+    kv = "".join(f":{k}={v}" for k, v in params.items())
+    out += [f"{rung}:{p}:OUT={p}{kv}" for p in ("fp16", "bf16")]
     return tuple(out)
 
 

@@ -53,6 +53,8 @@ def test_sanitize_hopper_kernels_and_shapes():
     fp8 = specs["wgmma_fp8:e4m3:fp32:KN"]
     assert (fp8.precision, fp8.params["OUT"], fp8.b_operand) == ("e4m3", "fp32", "KN")
     assert (specs["wgmma_fp8:e5m2"].precision, specs["wgmma_fp8:e5m2"].b_operand) == ("e5m2", "NK")
+    assert {"wgmma_store:fp16:OUT=fp16:STAGES=4:PIECES=2",
+            "wgmma_store:bf16:OUT=bf16:STAGES=4:PIECES=2"} <= set(hopper)   # auto's 16-bit C
     # another build of a rung: KEY=VALUE items after the precision (auto's 16-bit C on Hopper)
     o16 = st.kernel_spec("wgmma_store:bf16:OUT=bf16:STAGES=4:PIECES=2")
     assert o16.name == "wgmma_store_bf16_128x256_s4_o16_p2" and o16.params["STAGES"] == 4
