@@ -966,8 +966,7 @@ def lastmile_table(data: dict, name: str = "", base: str = "wgmma_ws_128x256_s4"
             for r in rows]
     return Table(("kernel", "blocks", "us", "TFLOP/s", f"speed vs {base}",
                   "max error vs fp32 product"), body,
-                 caption=f"4096^3 fp16, kernel timing: {data.get('meta', {}).get('gpu', '?')}"
-                         + (f" ({name})" if name else ""))
+                 caption=f"4096^3 fp16, kernel timing: {_gpu_named(data, name)}")
 
 
 # --------------------------------------------------------------------------
@@ -978,6 +977,20 @@ def _with_rows(pattern: str, directory=None):
     from gemmcourse.notebook import committed_json
 
     return [(n, d) for n, d in committed_json(pattern, directory) if d.get("rows")]
+
+
+def _gpu_named(data: dict, name: str = "") -> str:
+    """The end of a table's caption: the file's GPU, then its name in brackets if given."""
+    return data.get("meta", {}).get("gpu", "?") + (f" ({name})" if name else "")
+
+
+def _pct_by_shape(data: dict) -> dict:
+    """{(precision, (M, N, K)): {label: % of torch.matmul}} of a steady-state file."""
+    cells = {}
+    for r in data.get("rows", []):
+        key = (r["precision"], (r["M"], r["N"], r["K"]))
+        cells.setdefault(key, {})[r["label"]] = r["pct_of_torch"]
+    return cells
 
 
 def loopgap_files(directory=None):
@@ -1003,8 +1016,7 @@ def power_table(data: dict, name: str = "", precision: str = "fp16"):
                      f"{smi['power_w']:.0f}" if smi.get("power_w") else "-"))
     return Table(("size", "call", "kernel", "alone us", "short loop us", "long loop us",
                   "SM MHz (long)", "W (long)"), body,
-                 caption=f"{precision}, {data.get('meta', {}).get('gpu', '?')}"
-                         + (f" ({name})" if name else ""))
+                 caption=f"{precision}, {_gpu_named(data, name)}")
 
 
 def steady_files(directory=None):
@@ -1039,8 +1051,7 @@ def steady_table(data: dict, name: str = ""):
     return Table(("precision", "M x N x K", "torch.matmul us", "auto", "auto, 16-bit out",
                   "best rung"), body,
                  caption="% of torch.matmul (cuBLAS, same precision), blocks alternating at "
-                         f"the power cap: {data.get('meta', {}).get('gpu', '?')}"
-                         + (f" ({name})" if name else ""))
+                         f"the power cap: {_gpu_named(data, name)}")
 
 
 def plot_steady(files, precision: str = "fp16", ax=None, key: str = "auto"):
@@ -1092,9 +1103,9 @@ def target_table(data: dict, name: str = ""):
     from gemmcourse.notebook import Table
 
     body = []
+    pcts = _pct_by_shape(data)
     for (prec, shape), s in steady_summary(data).items():
-        pct = {r["label"]: r["pct_of_torch"] for r in data["rows"]
-               if (r["precision"], (r["M"], r["N"], r["K"])) == (prec, shape)}
+        pct = pcts[(prec, shape)]
         goal = target_of(*shape)
         a16 = s.get("auto16", float("nan"))
         body.append((prec, "x".join(map(str, shape)), f"{s['torch_us']:.1f}", f"{a16:.1f}%",
@@ -1104,8 +1115,7 @@ def target_table(data: dict, name: str = ""):
     return Table(("precision", "M x N x K", "torch.matmul us", "auto, 16-bit out",
                   "auto, float32 out", "wgmma_ws_o16", "target", ""), body,
                  caption="% of torch.matmul (cuBLAS, same precision and output type), blocks "
-                         f"alternating at the power cap: {data.get('meta', {}).get('gpu', '?')}"
-                         + (f" ({name})" if name else ""))
+                         f"alternating at the power cap: {_gpu_named(data, name)}")
 
 
 def epilogue_files(directory=None):
@@ -1127,7 +1137,7 @@ def epilogue_table(data: dict, name: str = ""):
             for r in rows if r["label"] != "cublas"]
     return Table(("size", "C", "stages", "variant", "kernel", "us", "% of cuBLAS"), body,
                  caption="fp16 kernel timing, cuBLAS (torch.matmul) in the same run: "
-                         f"{data.get('meta', {}).get('gpu', '?')}" + (f" ({name})" if name else ""))
+                         f"{_gpu_named(data, name)}")
 
 
 def epilogue_costs(data: dict, n: int = 4096, out: str = "fp16", stages: int = 3,
@@ -1227,16 +1237,12 @@ def rung_pct_table(data: dict, labels=("ws3", "st", "ws3_o16", "st_o16"), name: 
     """% of torch.matmul per shape for the candidates ``labels`` of a steady-state file."""
     from gemmcourse.notebook import Table
 
-    cells = {}
-    for r in data.get("rows", []):
-        key = (r["precision"], "x".join(map(str, (r["M"], r["N"], r["K"]))))
-        cells.setdefault(key, {})[r["label"]] = r["pct_of_torch"]
-    body = [(p, shape) + tuple(f"{v[l]:.1f}%" if l in v else "-" for l in labels)
-            for (p, shape), v in cells.items()]
+    body = [(p, "x".join(map(str, shape))) + tuple(f"{v[l]:.1f}%" if l in v else "-"
+                                                   for l in labels)
+            for (p, shape), v in _pct_by_shape(data).items()]
     return Table(("precision", "M x N x K") + tuple(labels), body,
                  caption="% of torch.matmul, each candidate alternating with it at the power "
-                         f"cap: {data.get('meta', {}).get('gpu', '?')}"
-                         + (f" ({name})" if name else ""))
+                         f"cap: {_gpu_named(data, name)}")
 
 
 # --------------------------------------------------------------------------

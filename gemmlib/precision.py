@@ -50,6 +50,10 @@ INPUT_ROUNDOFF = {"fp32": 0.0, "tf32": 2.0 ** -11, "3xtf32": 2.0 ** -22, "fp16":
 #: unit roundoff of the accumulation (fp32 everywhere)
 ACC_ROUNDOFF = 2.0 ** -24
 
+#: unit roundoff of the final rounding of C to the inputs' 16-bit type (``OUT="fp16"`` /
+#: ``"bf16"`` builds: each element rounded once, to nearest even)
+OUT16_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
 
 def tolerance(precision: str, K: int) -> float:
     """Relative (Frobenius) error bound for C = A @ B with K-long dot products.

@@ -121,10 +121,12 @@ def _check_fp8(spec, M: int, N: int, K: int, rng=None) -> Check:
 
 def spec_tolerance(spec, K: int) -> float:
     """The error bound of ``spec``'s precision (:func:`gemmlib.precision.tolerance`; for
-    fp32 kernels it equals :func:`tolerance` of float32)."""
-    from gemmlib.precision import tolerance as precision_tolerance
+    fp32 kernels it equals :func:`tolerance` of float32), plus the final rounding for a
+    spec that writes C in the inputs' 16-bit type (``OUT``: half an ulp of that type)."""
+    from gemmlib.precision import OUT16_ROUNDOFF, tolerance as precision_tolerance
 
-    return precision_tolerance(spec.precision, K)
+    return (precision_tolerance(spec.precision, K)
+            + OUT16_ROUNDOFF.get(spec.params.get("OUT", "fp32"), 0.0))
 
 
 def verify(kernel, shapes, *, seed=None, raise_on_failure: bool = True) -> Report:

@@ -63,12 +63,11 @@ def measure(rung: str) -> dict:
     import importlib
 
     from gemmlib import ptx as P
+    from gemmlib.kernels import build_params
     mod_name, *rest = rung.split(":")
     mod = importlib.import_module(f"gemmlib.kernels.{mod_name}")
     # module[:precision[:KEY=VALUE...]]: another build of the rung, as sanitize_target takes it
-    kw = {k: (tuple(int(u) for u in v.split("/")) if "/" in v else int(v) if v.isdigit()
-              else v) for k, v in (x.split("=", 1) for x in rest[1:])}   # REGS=40/232
-    spec = mod.build(rest[0], **kw) if rest else mod.SPEC
+    spec = mod.build(rest[0], **build_params(rest[1:])) if rest else mod.SPEC
     t_build = CLOCK() - t0
 
     from numba import cuda

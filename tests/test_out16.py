@@ -27,7 +27,7 @@ from gemmlib.kernels import wgmma_async, wgmma_cluster, wgmma_pingpong, wgmma_ws
 
 sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins")
 #: unit roundoff of the final rounding to each 16-bit type
-U16 = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+U16 = P.OUT16_ROUNDOFF
 NAME = {"fp16": "float16", "bf16": "bfloat16"}
 POISON = 0xFFFF   # NaN in fp16 and in bf16: an element nobody writes shows
 

@@ -56,12 +56,8 @@ def test_sanitize_hopper_kernels_and_shapes():
     assert {"wgmma_store:fp16:OUT=fp16:STAGES=4:PIECES=2",
             "wgmma_store:bf16:OUT=bf16:STAGES=4:PIECES=2"} <= set(hopper)   # auto's 16-bit C
     # another build of a rung: KEY=VALUE items after the precision (auto's 16-bit C on Hopper)
-    o16 = st.kernel_spec("wgmma_store:bf16:OUT=bf16:STAGES=4:PIECES=2")
+    o16 = specs["wgmma_store:bf16:OUT=bf16:STAGES=4:PIECES=2"]
     assert o16.name == "wgmma_store_bf16_128x256_s4_o16_p2" and o16.params["STAGES"] == 4
-    import pytest as _pytest
-
-    with _pytest.raises(ValueError):
-        st.kernel_spec("wgmma_store:fp16:STAGES")
 
     assert st.parse_shape("300x520x528@4/3") == ("300x520x528", 4, 3)
     assert st.parse_shape("tile+") == ("tile+", None, None)
@@ -70,6 +66,8 @@ def test_sanitize_hopper_kernels_and_shapes():
 
     with pytest.raises(ValueError):
         st.parse_shape("67x45")
+    with pytest.raises(ValueError):
+        st.kernel_spec("wgmma_store:fp16:STAGES")
     # persistent rungs (grid-stride tile loops) take a capped grid; one tile per block do not
     for n, s in specs.items():
         rung = n.split(":")[0]
@@ -188,3 +186,24 @@ def test_models_table_reads_the_committed_suite():
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "## fp16: 52 shapes, geometric mean" in out.stdout
+
+
+def test_build_params_reads_key_value_items():
+    from gemmlib.kernels import build_params
+
+    import pytest
+
+    assert build_params(["OUT=bf16", "STAGES=4", "REGS=40/232"]) == dict(
+        OUT="bf16", STAGES=4, REGS=(40, 232))
+    for bad in ("STAGES", "=4"):
+        with pytest.raises(ValueError):
+            build_params([bad])
+
+
+def test_spec_tolerance_adds_a_16_bit_c_rounding():
+    from gemmlib.kernels import wgmma_store
+    from gemmlib.precision import OUT16_ROUNDOFF
+    from gemmlib.verify import spec_tolerance
+
+    f32, o16 = wgmma_store.build("bf16"), wgmma_store.build("bf16", OUT="bf16")
+    assert spec_tolerance(o16, 64) == spec_tolerance(f32, 64) + OUT16_ROUNDOFF["bf16"]

@@ -70,3 +70,18 @@ def module(name: str):
     """The module that implements rung ``name`` (to show its source)."""
     get(name)
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def build_params(items) -> dict:
+    """Build parameters from ``KEY=VALUE`` strings, as the scripts take a build on their
+    command line (``wgmma_store:fp16:OUT=fp16:STAGES=4:PIECES=2``): a whole number becomes
+    an int, ``a/b`` a tuple of ints (``REGS=40/232``), anything else stays a string.
+    ValueError for an item without ``=``."""
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not (key and eq):
+            raise ValueError(f"{item!r}: a build parameter is KEY=VALUE")
+        out[key] = (tuple(int(v) for v in value.split("/")) if "/" in value
+                    else int(value) if value.isdigit() else value)
+    return out

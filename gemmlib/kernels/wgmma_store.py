@@ -122,7 +122,7 @@ def stage_put(out: str):
     return put
 
 
-def stage_source(BN: int, span: tuple, convert: str = "") -> str:
+def stage_source(span: tuple, convert: str = "") -> str:
     """Source of ``stage_p(base, acc, t, r0)``: thread ``t`` of a consumer puts its
     accumulators of column groups span[0] <= j < span[1] (8 columns each) into the stage at
     rows from ``r0`` (the accumulator layout of ``wgmma_async.store_source``: rows g and g + 8
@@ -153,7 +153,7 @@ def epilogue_code(precision: str, BN: int, out: str, pieces: int | None = None):
     pieces, cols, _, _, _ = stage_shape(BN, out, pieces)
     env = {"put": stage_put(out), "to16": float_to_half if out == "fp16" else float_to_bf16}
     g = cols // 8
-    srcs = [stage_source(BN, (p * g, (p + 1) * g), "" if out == "fp32" else "to16")
+    srcs = [stage_source((p * g, (p + 1) * g), "" if out == "fp32" else "to16")
             .replace("def stage_p(", f"def stage_{p}(") for p in range(pieces)]
     stages = compile_sources(srcs, env)
     return k_tile, store_acc, stages[0], stages[-1]
