@@ -558,10 +558,11 @@ def _like_input(C, A):
 class _Known:
     """What the checks of an earlier call concluded, valid for operands described alike."""
 
-    __slots__ = ("plan", "out_dtype", "align", "bound", "devices", "kernel")
+    __slots__ = ("plan", "out_dtype", "align", "bound", "devices", "kernel", "out16")
 
-    def __init__(self, plan, out_dtype, align: int):
+    def __init__(self, plan, out_dtype, align: int, out16: str | None = None):
         self.plan = plan
+        self.out16 = out16          # "fp16"/"bf16": the plan writes float32, rounded into C
         self.kernel = None          # a KernelSpec the call named (its key holds only its id)
         self.out_dtype = out_dtype  # the output's dtype, in the inputs' framework
         self.align = align          # the kernel's operand alignment (16-byte pointers)
@@ -623,7 +624,11 @@ def _run_known(k: _Known, a, b, c, out, stream):
     bound = k.bound.get(device)
     if bound is None:   # loaded in this device's context once; then no context query
         bound = k.bound[device] = dispatch.bound(p)
-    dispatch.run(p, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream), bound=bound)
+    if k.out16 is None:
+        dispatch.run(p, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream), bound=bound)
+    else:
+        dispatch.run_rounded(p, a.ptr, b.ptr, c_ptr, k.out16, dispatch.stream_handle(stream),
+                             bound=bound)
     return C
 
 
@@ -645,10 +650,11 @@ def _out_ptr(C) -> int:
     return C.__cuda_array_interface__["data"][0]
 
 
-def _remember(plan, a: _Operand, C, align: int) -> None:
-    """The long path launched ``plan`` on these operands as they are: remember it."""
+def _remember(plan, a: _Operand, C, align: int, out16: str | None = None) -> None:
+    """The long path launched ``plan`` on these operands as they are (``out16``: through
+    dispatch.run_rounded): remember it."""
     if a.kind in ("cupy", "torch"):
-        _RECORD.known = _Known(plan, C.dtype, align)
+        _RECORD.known = _Known(plan, C.dtype, align, out16)
 
 
 def _matmul(a, b, c, out, kernel, stream, transpose_b, precision, o16=None):
@@ -742,8 +748,10 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None)
         spec = dispatch.select_tc(prec, M, N, K, out=okind)
     else:   # a rung by name: its 16-bit epilogue where it has one; a KernelSpec as given
         spec = dispatch.with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
-    #: the kernel writes the 16-bit C itself; else float32 into a scratch buffer, then a cast
+    #: the kernel writes the 16-bit C itself; else it writes float32, which one more kernel
+    #: rounds into C (dispatch.run_rounded), or -- when N is padded -- a cast of the array
     direct = o16 is not None and spec.out_dtype == "uint16"
+    rounded = o16 is not None and not direct
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
         xp = backend.array_module()
         with _staging_stream(stream):
@@ -775,8 +783,13 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None)
         # dst: what the kernel writes when nothing is padded or cast (16-bit C: its bits)
         dst = C if o16 is None else _bits_of(C, a.on_host, xp)
         kdt = np.uint16 if direct else np.float32
-        Ck = dst if Np == N and (o16 is None or direct) else xp.empty((M, Np), dtype=kdt)
-        if M != 0 and N != 0:
+        Ck = dst if Np == N else xp.empty((M, Np), dtype=kdt)
+        if M != 0 and N != 0 and rounded and Ck is dst:
+            plan = dispatch.plan(spec, M, N, Kp)  # ConstraintError here
+            dispatch.launch(plan, A_, B_, dst, M, N, Kp, stream=stream, out16=okind)
+            if not a.on_host and Kp == K and not misaligned and not _is_bf16array(C):
+                _remember(plan, a, C, al, okind)
+        elif M != 0 and N != 0:
             plan = dispatch.plan(spec, M, Np, Kp)  # ConstraintError here
             if a.on_host:  # simulator
                 dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream)

@@ -369,7 +369,7 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
 
 #: rungs whose epilogue writes C in the inputs' own 16-bit type when built with
 #: ``OUT="fp16"`` / ``"bf16"`` (``gemmlib.kernels.wgmma_async.out_store``)
-OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong", "wgmma_store")
+OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong", "wgmma_store", "wgmma_split_k")
 
 
 def rung_of(spec: KernelSpec) -> str:
@@ -401,16 +401,16 @@ def select_out(spec: KernelSpec, out: str, M: int, N: int, K: int) -> KernelSpec
     """The ``auto`` choice ``spec`` (float32 C) for a C of 16-bit ``out``.  On Hopper the
     choice is ``wgmma_split_k``: when its cost model keeps one slice it is
     :data:`HOPPER_OUT16` for its 128 x 256 tile (``wgmma_ws`` for a 64-row tile), built with
-    ``OUT``; when it cuts K the slices' sums are float32 (and the output is small), so the
-    float32 choice stays and the result is cast.  Any other choice (``skinny``,
-    ``mma_pipeline``, ...) stays float32 too."""
+    ``OUT``; when it cuts K, ``wgmma_split_k`` itself built with ``OUT`` (the last slice
+    rounds the float32 sum).  Any other choice (``skinny``, ``mma_pipeline``, ...) stays
+    float32 and ``gemmlib.matmul`` rounds its result into C (:func:`run_rounded`)."""
     if rung_of(spec) != HOPPER_SPLIT:
         return with_out(spec, out)
     from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for
 
     p = spec.params
     if effective_splits(p["SPLITS"] or splits_for(M, N, K, p["BM"], p["BN"]), K) > 1:
-        return spec
+        return with_out(spec, out)
     base = {k: p[k] for k in ("precision", "BM", "BN", "GROUP_M", "REGS")}
     if (p["BM"], p["BN"]) == (128, 256):
         rung, params = HOPPER_OUT16
@@ -720,6 +720,13 @@ def _compiled_prep(spec: KernelSpec) -> Compiled:
                     nargs=2)
 
 
+def _compiled_round16(out: str) -> Compiled:
+    from gemmlib.kernels import split_k
+
+    return compiled(split_k.REDUCE16[out], module=split_k.__name__, params={"OUT": out},
+                    dtype=("float32", "uint16"), nargs=2)
+
+
 def _compiled_reduce(spec: KernelSpec) -> Compiled:
     # the workspace and C are the kernel's output type (float32 also for 16-bit inputs)
     return compiled(spec.reduce_kernel, module=spec.module, params={}, dtype=spec.out_dtype,
@@ -797,7 +804,10 @@ class _Bound:
         if p.splits > 1:
             self.red = _compiled_reduce(spec).function(ctx)
             self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, N, item)
-            self.reduce_grid = p.reduce_grid   # computed once, not per launch
+        #: run_rounded: its rounding kernels (by output type, loaded on first use), words
+        self.round16 = {}
+        self.round_words = _array_words(0, c_rows, N, 4) + _array_words(0, M, N, 2)
+        self.reduce_grid = p.reduce_grid   # computed once, not per launch
 
 
     def parameters(self, which: str = "words"):
@@ -870,45 +880,81 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
         isz = np.dtype(p.spec.out_dtype).itemsize   # float32, or bf16 bits (FP8 rungs)
         backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, isz * p.M * p.N, stream)
         return
-    if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
-        b_ptr = _prepared_b(b, p, b_ptr, stream)
-    if p.splits <= 1:   # the common case: three (or four) words into a block packed once
-        values, pointers = b.parameters()
-        values[_A_WORD] = a_ptr
-        values[_B_WORD] = b_ptr
-        values[_C_WORD] = c_ptr
-        if p.workspace:   # the words after C: this stream's workspace arrays
-            ws = b.scratch.get(stream) or _scratch(b, p, stream)
-            for i, ptr in enumerate(ws[1]):
-                values[_C_WORD + _WORDS * (i + 1)] = ptr
-        if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
-            values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr)
-        drv = driver()
-        if p.spec.cluster > 1:
-            cfg = _cluster_config(b.grid, p.block, p.shared_bytes, stream, p.spec.cluster)
-            rc = drv.launch_kernel_ex(ctypes.byref(cfg), b.fn, pointers, None)
-        else:
-            rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers,
-                                   None)
-        if rc:
-            drv.check(rc, "cuLaunchKernel")
+    if p.splits <= 1:   # the common case: one launch
+        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales)
         return
     # The slices' sums: one buffer per bound plan and stream, kept (launches on one stream
     # run in order: the next call's slices are written after this call's sum has read them).
+    w_ptr = _partials(b, p, stream)
+    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales)
+    _launch_reduce(b.red, b, p, w_ptr, c_ptr, stream, "red_words")
+
+
+def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: int = 0,
+                bound=None) -> None:
+    """Plan ``p`` of a rung that writes float32, for a C of 16-bit ``out`` ("fp16" /
+    "bf16") at ``c_ptr`` (GPU only).  The rung writes its result -- or its K slices'
+    partial products -- into a float32 buffer kept per bound plan and stream, and one
+    more kernel (``split_k.REDUCE16``) adds the slices in order and rounds each sum to
+    nearest even: two launches, as split-K's float32 call, instead of a float32 C and a
+    cast of it by the array library."""
+    b = bound or _bound(p)
+    if p.spec.tma_boxes and p.K == 0:   # C = +0.0 (zero bits), as run's float32 C
+        backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, 2 * p.M * p.N, stream)
+        return
+    w_ptr = _partials(b, p, stream)
+    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, ())
+    fn = b.round16.get(out)
+    if fn is None:
+        fn = b.round16[out] = _compiled_round16(out).function(driver().current_context())
+    _launch_reduce(fn, b, p, w_ptr, c_ptr, stream, "round_words")
+
+
+def _partials(b: "_Bound", p: Plan, stream: int) -> int:
+    """The address of this bound plan's float32 (splits * M) x N buffer on ``stream``."""
     kept = b.scratch.get(("w", stream))
     if kept is None:
-        W = _workspace(p.splits * p.M, p.N, p.spec.out_dtype, stream)
+        W = _workspace(p.splits * p.M, p.N, "float32", stream)
         kept = _keep(b, ("w", stream), (W, int(W.data.ptr)), W.nbytes)
-    w_ptr = kept[1]
-    drv = driver()
+    return kept[1]
+
+
+def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
+                 scales: tuple) -> None:
+    """The main kernel of bound plan ``b`` writing ``c_ptr`` (C, or the slices' buffer):
+    the pointers into its parameter block, packed once (then its workspace arrays and the
+    address of its tensor maps where it takes them)."""
+    if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
+        b_ptr = _prepared_b(b, p, b_ptr, stream)
     values, pointers = b.parameters()
-    values[_A_WORD], values[_B_WORD], values[_C_WORD] = a_ptr, b_ptr, w_ptr
-    rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers, None)
+    values[_A_WORD] = a_ptr
+    values[_B_WORD] = b_ptr
+    values[_C_WORD] = c_ptr
+    if p.workspace:   # the words after C: this stream's workspace arrays
+        ws = b.scratch.get(stream) or _scratch(b, p, stream)
+        for i, ptr in enumerate(ws[1]):
+            values[_C_WORD + _WORDS * (i + 1)] = ptr
+    if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
+        values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr)
+    drv = driver()
+    if p.spec.cluster > 1:
+        cfg = _cluster_config(b.grid, p.block, p.shared_bytes, stream, p.spec.cluster)
+        rc = drv.launch_kernel_ex(ctypes.byref(cfg), b.fn, pointers, None)
+    else:
+        rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers,
+                               None)
     if rc:
         drv.check(rc, "cuLaunchKernel")
-    values, pointers = b.parameters("red_words")
+
+
+def _launch_reduce(fn: int, b: "_Bound", p: Plan, w_ptr: int, c_ptr: int, stream: int,
+                   which: str) -> None:
+    """A sum of the slices (``fn``: the spec's reduction, or a 16-bit rounding one) from
+    the buffer at ``w_ptr`` into C."""
+    values, pointers = b.parameters(which)
     values[_DATA[0]], values[_DATA[1]] = w_ptr, c_ptr
-    rc = drv.launch_kernel(b.red, *b.reduce_grid, *p.spec.reduce_block, 0, stream, pointers,
+    drv = driver()
+    rc = drv.launch_kernel(fn, *b.reduce_grid, *p.spec.reduce_block, 0, stream, pointers,
                            None)
     if rc:
         drv.check(rc, "cuLaunchKernel")
@@ -1014,20 +1060,35 @@ def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
 # Launching on arrays (the simulator, and callers that hold arrays)
 
 
-def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()) -> None:
+def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=(),
+           out16: str | None = None) -> None:
     """Launch on arrays the kernel can take as they are (no checks).
 
     On a GPU: any arrays with ``__cuda_array_interface__`` (CuPy, numba), through
-    :func:`run`.  In the simulator: numba's launch, with the split-K workspace
-    and reduction done the same way.
+    :func:`run` (:func:`run_rounded` with ``out16``: a 16-bit C of uint16 bits from a
+    rung that writes float32).  In the simulator: numba's launch, with the split-K
+    workspace, the reduction and the rounding done the same way.
     """
     p = spec_or_plan if isinstance(spec_or_plan, Plan) else plan(spec_or_plan, M, N, K)
     if not SIMULATOR:
         ptr = [x.__cuda_array_interface__["data"][0] for x in (A, B, C)]
-        run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales))
+        if out16 is not None:
+            run_rounded(p, *ptr, out16, stream=stream_handle(stream))
+        else:
+            run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales))
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
+    if out16 is not None:   # as run_rounded: float32 (or the slices) first, then one rounding
+        from gemmlib.kernels.split_k import REDUCE16
+
+        W = np.empty((p.splits * M, N), np.float32)
+        if p.splits > 1:
+            spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
+        else:
+            launch(p, A, B, W, M, N, K, stream)
+        REDUCE16[out16][p.reduce_grid, spec.reduce_block, s](W, C)
+        return
     if spec.tma_boxes:
         from gemmlib import tma
 

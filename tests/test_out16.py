@@ -1,10 +1,12 @@
 """16-bit outputs: ``gemmlib.matmul(A16, B16, out_dtype=...)`` returns the inputs' own type.
 
-On Hopper the epilogue of ``wgmma_ws`` (and ``wgmma_cluster``, ``wgmma_pingpong``) built
-with ``OUT="fp16"`` / ``"bf16"`` rounds each fp32 accumulator to nearest even and stores a
-thread's two adjacent columns as one 4-byte store; every other kernel writes float32 into
-a scratch buffer that is cast.  The simulator runs the epilogue (the packed stores, and the
-element-wise fallback for a C that is not 4-byte aligned), the cast path, the API
+On Hopper the epilogue of ``wgmma_ws`` (and ``wgmma_cluster``, ``wgmma_pingpong``,
+``wgmma_store``, ``wgmma_split_k``) built with ``OUT="fp16"`` / ``"bf16"`` rounds each fp32
+accumulator to nearest even and stores a thread's two adjacent columns as one 4-byte store;
+every other kernel writes float32 into a buffer that one more kernel rounds into C
+(``dispatch.run_rounded``; a cast of the array where N is padded).  The simulator runs the
+epilogue (the packed stores, and the element-wise fallback for a C that is not 4-byte
+aligned), the rounded path, the API
 (array types, ``out=``, refusals) and the choice of kernel; the GPU tests, torch tensors
 against ``torch.matmul``, are run by the lead on an H100/H200.
 
@@ -301,11 +303,12 @@ def test_call_keys_and_choices_include_the_output_type():
     assert {api._out_name(x) for x in ("bf16", "bfloat16")} == {"bfloat16"}
 
 
-def test_hopper_auto_writes_16_bits_unless_k_is_split(monkeypatch):
+def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
     """On an H100/H200 (faked here) "auto" with a 16-bit out runs wgmma_store (four stages,
     the tile staged in two halves) built with OUT where wgmma_split_k keeps one slice with a
-    128-row tile (wgmma_ws with a 64-row one), and keeps the float32 split-K choice (cast after)
-    where it cuts K; the skinny rung at decode sizes stays float32."""
+    128-row tile (wgmma_ws with a 64-row one), and wgmma_split_k built with OUT where it cuts
+    K (the last slice rounds the sum); the skinny rung at decode sizes writes float32, which
+    matmul rounds into C with one more kernel (dispatch.run_rounded)."""
     import dataclasses
 
     fake = dataclasses.replace(backend.device_info(), compute_capability=(9, 0), sm_count=132)
@@ -321,7 +324,9 @@ def test_hopper_auto_writes_16_bits_unless_k_is_split(monkeypatch):
             assert big.out_dtype == "uint16"
             assert dispatch.select_tc(prec, 4096, 4096, 4096).name.startswith("wgmma_split_k")
             small = dispatch.select_tc(prec, 64, 4096, 4096, out=prec)   # 16 tiles: split K
-            assert small.name.startswith("wgmma_split_k") and small.out_dtype == "float32"
+            assert small.name.startswith("wgmma_split_k") and small.name.endswith("_o16")
+            assert small.out_dtype == "uint16" and small.params["OUT"] == prec
+            assert small.params["BM"] == dispatch.select_tc(prec, 64, 4096, 4096).params["BM"]
             wide64 = dispatch.select_tc(prec, 64, 32768, 1024, out=prec)  # 128 tiles
             assert wide64.out_dtype == "uint16" and wide64.params["BM"] == 64
             assert dispatch.rung_of(wide64) == "wgmma_ws"
@@ -329,6 +334,45 @@ def test_hopper_auto_writes_16_bits_unless_k_is_split(monkeypatch):
             assert decode.name.startswith("skinny") and decode.out_dtype == "float32"
     finally:
         dispatch._CHOICES.clear()
+
+
+@sim_only
+@pytest.mark.parametrize("prec", ["fp16", "bf16"])
+def test_split_k_slices_round_once(prec):
+    """wgmma_split_k with OUT over 3 slices: the last slice's thread writes the float32
+    build's sum rounded to nearest even, bit for bit, every element."""
+    from gemmlib.kernels import wgmma_split_k
+
+    M, N, K = 67, 72, 300
+    A, B, _, _, a64, b64 = _raw16(prec, M, N, K, seed=9)
+    spec16 = on_blocks(wgmma_split_k.build(prec, BM=64, BN=64, STAGES=2, SPLITS=3, OUT=prec), 2)
+    spec32 = on_blocks(wgmma_split_k.build(prec, BM=64, BN=64, STAGES=2, SPLITS=3), 2)
+    assert "_k3_o16" in spec16.name and spec16.out_dtype == "uint16"
+    C16 = gemmlib.matmul(A, B, kernel=spec16)     # a spec built with OUT: its type
+    C32 = gemmlib.matmul(A, B, kernel=spec32)
+    assert np.array_equal(_bits(C16), _round16(C32, prec))
+    check16(C16, prec, a64, b64)
+
+
+@sim_only
+@pytest.mark.parametrize("prec, splits", [("fp16", 3), ("bf16", 1)])
+def test_rounded_path_sums_the_slices_then_rounds(prec, splits):
+    """A rung without a 16-bit epilogue (skinny, K in ``splits`` slices): its float32
+    partials, added in slice order and rounded by split_k.REDUCE16 -- the float32 call's
+    result rounded, bit for bit, into a poisoned C, nothing written past it."""
+    from gemmlib.kernels import skinny
+
+    M, N, K = 3, 40, 600
+    A, B, _, _, a64, b64 = _raw16(prec, M, N, K, seed=13)
+    spec = skinny.build(prec, MT=4, NT=64, SPLITS=splits)
+    assert dispatch.plan(spec, M, N, K).splits == splits
+    buf = np.full(M * N + 1, POISON, np.uint16)
+    out = buf[:M * N].reshape(M, N)
+    out = out.view(np.float16) if prec == "fp16" else P.BF16Array(out)
+    assert gemmlib.matmul(A, B, kernel=spec, out_dtype=prec, out=out) is out
+    assert np.array_equal(_bits(out), _round16(gemmlib.matmul(A, B, kernel=spec), prec))
+    assert buf[-1] == POISON
+    check16(out, prec, a64, b64)
 
 
 # --------------------------------------------------------------------------- the GPU
@@ -385,10 +429,13 @@ def test_torch_4096_cubed_matches_torch_matmul_gpu(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(4095, 3073, 2047), (129, 127, 65), (1, 4096, 4096),
-                                   (64, 4096, 4096), (1000, 1000, 1000)])
+                                   (64, 4096, 4096), (1000, 1000, 1000), (3, 6144, 4096),
+                                   (16, 4096, 14336), (1, 4099, 4096)])
 def test_torch_odd_shapes_gpu(dtype, shape):
-    """Odd shapes through "auto" (wgmma_store or wgmma_ws with OUT, split-K or skinny cast after on Hopper;
-    the cast path elsewhere), into a poisoned out and a fresh tensor."""
+    """Odd shapes through "auto" (on Hopper: wgmma_store or wgmma_ws with OUT, wgmma_split_k
+    with OUT where K is cut, skinny rounded by run_rounded at decode; elsewhere the rounded
+    path), into a poisoned out and a fresh tensor; a repeat takes the short path and
+    writes the same bits."""
     torch = pytest.importorskip("torch")
     td = getattr(torch, dtype)
     prec = "fp16" if dtype == "float16" else "bf16"
@@ -400,6 +447,10 @@ def test_torch_odd_shapes_gpu(dtype, shape):
     out = torch.full((M, N), float("nan"), dtype=td, device="cuda")
     gemmlib.matmul(A, B, out=out)
     _check_torch16(out, A, B, prec, shape)
+    for _ in range(2):
+        again = gemmlib.matmul(A, B, out_dtype=td)
+        torch.cuda.synchronize()
+        assert torch.equal(again, C), shape
 
 
 @pytest.mark.gpu
@@ -449,7 +500,8 @@ def test_cupy_float16_out_dtype_gpu():
 def test_o16_builds_compile_for_sm_90a_without_local_memory():
     """The real compiler (offline, no GPU): the 16-bit epilogue's conversions and paired
     stores are in the PTX, and the accumulators stay in registers (no local memory, no
-    spills) -- what the compile gate checks of the registered rungs."""
+    spills) -- what the compile gate checks of the registered rungs -- for wgmma_ws and
+    wgmma_split_k; run_rounded's kernels round with cvt.rn."""
     from _reliability import run_offline
 
     recs = run_offline(
@@ -457,12 +509,23 @@ def test_o16_builds_compile_for_sm_90a_without_local_memory():
         "from gemmlib import ptx\n"
         "from gemmlib.kernels import wgmma_ws\n"
         "out = []\n"
+        "from gemmlib.kernels import wgmma_split_k, split_k\n"
+        "from numba import cuda, types\n"
+        "out = []\n"
         "for p in ('fp16', 'bf16'):\n"
-        "    s = wgmma_ws.build(p, OUT=p)\n"
-        "    code = ptx.compile_ptx(s)\n"
-        "    res = ptx.resources(code, arch='sm_90a')\n"
-        "    out.append(dict(name=s.name, problems=ptx.problems(s, code, res), **res))\n"
+        "    for s in (wgmma_ws.build(p, OUT=p), wgmma_split_k.build(p, BM=64, OUT=p)):\n"
+        "        code = ptx.compile_ptx(s)\n"
+        "        res = ptx.resources(code, arch='sm_90a')\n"
+        "        out.append(dict(name=s.name, problems=ptx.problems(s, code, res), **res))\n"
+        "    with ptx._offline_device((9, 0)):\n"
+        "        code, _ = cuda.compile_ptx(split_k.REDUCE16[p].py_func,\n"
+        "            (types.float32[:, ::1], types.uint16[:, ::1]), cc=(9, 0))\n"
+        "    out.append(dict(name='reduce16_' + p, cvt=('cvt.rn.' + ('f16' if p == 'fp16' else\n"
+        "        'bf16') + '.f32') in code, problems=[], spill_stores=0, stack_bytes=0))\n"
         "print(json.dumps(out))\n")
-    assert [r["name"] for r in recs] == ["wgmma_ws_o16", "wgmma_ws_bf16_o16"]
+    assert [r["name"] for r in recs] == [
+        "wgmma_ws_o16", "wgmma_split_k_64x256_s3_o16", "reduce16_fp16",
+        "wgmma_ws_bf16_o16", "wgmma_split_k_bf16_64x256_s3_o16", "reduce16_bf16"]
     for r in recs:
         assert not r["problems"] and not r["spill_stores"] and not r["stack_bytes"], r
+        assert r.get("cvt", True), r

@@ -28,6 +28,7 @@ from functools import lru_cache
 
 from gemmlib import backend
 from gemmlib.backend import cuda, float32
+from gemmlib.intrinsics import convert
 from gemmlib.kernels import warptile
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
@@ -52,6 +53,30 @@ def reduce_slices(W, C):
         for z in range(1, S):
             acc += W[z * M + i, j]
         C[i, j] = acc
+
+
+def _rounding_reduce(to16):
+    def reduce_slices_to16(W, C):
+        """C[i, j] = reduce_slices' sum (same order) rounded once, to C's 16-bit type (C
+        holds its bits).  One slice (W is M x N): the rounding of a float32 result."""
+        M, N = C.shape
+        S = W.shape[0] // M
+        i = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+        j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if i < M and j < N:
+            acc = W[i, j]
+            for z in range(1, S):
+                acc += W[z * M + i, j]
+            C[i, j] = to16(acc)
+
+    return cuda.jit(reduce_slices_to16)
+
+
+#: a 16-bit C ("fp16" / "bf16") from a float32 result or K slices of one, for the rungs
+#: without a 16-bit epilogue (``gemmlib.dispatch.run_rounded``): the slices' sum and the
+#: rounding (nearest even; cvt.rn.f16.f32 / cvt.rn.bf16.f32) in the one launch
+REDUCE16 = {"fp16": _rounding_reduce(convert.float_to_half),
+            "bf16": _rounding_reduce(convert.float_to_bf16)}
 
 
 def reduce_grid(M: int, N: int) -> tuple[int, int, int]:

@@ -44,8 +44,9 @@ from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
 from gemmlib.intrinsics.vector import load4, store4
-from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, rung_name, spec_fields, tile_order,
-                                         warpgroup_code)
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, check_out, out_fields, out_params,
+                                         out_ptx, out_suffix, rung_name, spec_fields,
+                                         tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import register_roles, regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
@@ -148,7 +149,10 @@ def _sum_slices(quads: int, nc: int, groups: int = SUM_GROUPS):
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
-          SUM: int = SUM_GROUPS) -> KernelSpec:
+          SUM: int = SUM_GROUPS, OUT: str = "fp32") -> KernelSpec:
+    """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
+    the last slice's thread rounds the slices' float32 sum once, in ``wgmma_ws``'s 16-bit
+    epilogue (``wgmma_async.out_store``)."""
     if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
         raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
                          f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
@@ -158,7 +162,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     if REGS is not None and 128 * (REGS[0] + CONSUMERS * REGS[1]) > 65536:
         raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
                          "SM's 65536 registers")
-    k_tile, store_acc = warpgroup_code(precision, BN, 1)
+    check_out(precision, OUT)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT)
     tile_origin = tile_order(BM, BN, GROUP_M)
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
     ACC = BN // 2
@@ -283,6 +288,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         name += f"_k{SPLITS}"
     if SUM != SUM_GROUPS:
         name += f"_g{SUM}"
+    name += out_suffix(OUT)
     return KernelSpec(
         name=name,
         idea="wgmma_ws's persistent blocks walk (tile, slice of K) units; each consumer "
@@ -293,7 +299,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, SPLITS=SPLITS, SUM=SUM),
+                    REGS=REGS, SPLITS=SPLITS, SUM=SUM, **out_params(OUT)),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM),
         tma_swizzle=128,
@@ -303,8 +309,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"atom\.global\.add",
                   r"membar\.gl|fence\.sc\.gpu|fence\.acq_rel\.gpu") + (
-            (r"setmaxnreg\.inc",) if REGS else ()),
-        **spec_fields(precision, __name__),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
+        **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
     )
 
 
