@@ -480,11 +480,16 @@ def _show_parts(mod, name: str, parts) -> bool:
     return True
 
 
-def show_skinny_source(start: str = "    def skinny_kernel(",
-                       stop: str = "    kernel = cuda.jit(skinny_kernel)") -> bool:
-    """Show the skinny rung's kernel (the whole module if the markers are not found);
-    print a line instead when the rung is not in gemmlib.  True if shown."""
-    return _show_parts(skinny_module(), "skinny", [(start, stop)])
+#: the parts of skinny that the chapter shows: the kernel, then its stores of the block's
+#: result (to C, or to the workspace whose slices the last block adds)
+SKINNY_PARTS = (("    def skinny_kernel(", "    kernel = cuda.jit(skinny_kernel)"),
+                ("    # The block's result, out of shared memory", "    store_c = "))
+
+
+def show_skinny_source(parts=SKINNY_PARTS) -> bool:
+    """Show the skinny rung's kernel and its stores (the whole module if a marker is not
+    found); print a line instead when the rung is not in gemmlib.  True if shown."""
+    return _show_parts(skinny_module(), "skinny", parts)
 
 
 #: the parts of wgmma_split_k that the chapter shows: the unit's k-tiles and the slices'

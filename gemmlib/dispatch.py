@@ -368,8 +368,9 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
 
 
 #: rungs whose epilogue writes C in the inputs' own 16-bit type when built with
-#: ``OUT="fp16"`` / ``"bf16"`` (``gemmlib.kernels.wgmma_async.out_store``)
-OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong", "wgmma_store", "wgmma_split_k")
+#: ``OUT="fp16"`` / ``"bf16"`` (``gemmlib.kernels.wgmma_async.out_store``; skinny's own)
+OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong", "wgmma_store", "wgmma_split_k",
+               "skinny")
 
 
 def rung_of(spec: KernelSpec) -> str:
@@ -380,7 +381,7 @@ def rung_of(spec: KernelSpec) -> str:
 def with_out(spec: KernelSpec, out: str) -> KernelSpec:
     """``spec``'s rung and parameters built to write C as ``out`` ("fp32", "fp16",
     "bf16") where the rung has that epilogue (OUT16_RUNGS); else ``spec`` itself, which
-    writes float32 (``gemmlib.matmul`` then casts into the 16-bit C: one more copy)."""
+    writes float32 (``gemmlib.matmul`` then rounds it into the 16-bit C: run_rounded)."""
     if spec.params.get("OUT", "fp32") == out or rung_of(spec) not in OUT16_RUNGS:
         return spec
     params = {k: v for k, v in spec.params.items() if k not in ("BK", "OUT")}
@@ -402,8 +403,9 @@ def select_out(spec: KernelSpec, out: str, M: int, N: int, K: int) -> KernelSpec
     choice is ``wgmma_split_k``: when its cost model keeps one slice it is
     :data:`HOPPER_OUT16` for its 128 x 256 tile (``wgmma_ws`` for a 64-row tile), built with
     ``OUT``; when it cuts K, ``wgmma_split_k`` itself built with ``OUT`` (the last slice
-    rounds the float32 sum).  Any other choice (``skinny``, ``mma_pipeline``, ...) stays
-    float32 and ``gemmlib.matmul`` rounds its result into C (:func:`run_rounded`)."""
+    rounds the float32 sum).  ``skinny`` is built with ``OUT`` too; any other choice
+    (``mma_pipeline``, ...) stays float32 and ``gemmlib.matmul`` rounds its result into C
+    (:func:`run_rounded`)."""
     if rung_of(spec) != HOPPER_SPLIT:
         return with_out(spec, out)
     from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for
@@ -1112,8 +1114,9 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         if dC is not None:
             C[...] = dC._ary
         return
-    if p.splits <= 1:
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C)
+    if p.splits <= 1:   # (a rung that sums its K slices itself takes its workspace after C)
+        work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *work)
         return
     W = np.empty((p.splits * M, N), dtype=spec.out_dtype)
     spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)

@@ -307,8 +307,7 @@ def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
     """On an H100/H200 (faked here) "auto" with a 16-bit out runs wgmma_store (four stages,
     the tile staged in two halves) built with OUT where wgmma_split_k keeps one slice with a
     128-row tile (wgmma_ws with a 64-row one), and wgmma_split_k built with OUT where it cuts
-    K (the last slice rounds the sum); the skinny rung at decode sizes writes float32, which
-    matmul rounds into C with one more kernel (dispatch.run_rounded)."""
+    K (the last slice rounds the sum), and the skinny rung built with OUT at decode sizes."""
     import dataclasses
 
     fake = dataclasses.replace(backend.device_info(), compute_capability=(9, 0), sm_count=132)
@@ -331,7 +330,8 @@ def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
             assert wide64.out_dtype == "uint16" and wide64.params["BM"] == 64
             assert dispatch.rung_of(wide64) == "wgmma_ws"
             decode = dispatch.select_tc(prec, 1, 4096, 4096, out=prec)
-            assert decode.name.startswith("skinny") and decode.out_dtype == "float32"
+            assert decode.name.startswith("skinny") and decode.out_dtype == "uint16"
+            assert decode.name.endswith("_o16") and decode.params["OUT"] == prec
     finally:
         dispatch._CHOICES.clear()
 
@@ -357,14 +357,15 @@ def test_split_k_slices_round_once(prec):
 @sim_only
 @pytest.mark.parametrize("prec, splits", [("fp16", 3), ("bf16", 1)])
 def test_rounded_path_sums_the_slices_then_rounds(prec, splits):
-    """A rung without a 16-bit epilogue (skinny, K in ``splits`` slices): its float32
+    """A rung without a 16-bit epilogue (mma_split_k, K in ``splits`` slices): its float32
     partials, added in slice order and rounded by split_k.REDUCE16 -- the float32 call's
     result rounded, bit for bit, into a poisoned C, nothing written past it."""
-    from gemmlib.kernels import skinny
+    from gemmlib.kernels import mma_split_k
 
-    M, N, K = 3, 40, 600
+    M, N, K = 9, 8, 48
     A, B, _, _, a64, b64 = _raw16(prec, M, N, K, seed=13)
-    spec = skinny.build(prec, MT=4, NT=64, SPLITS=splits)
+    spec = mma_split_k.build(prec, SPLITS=splits, BM=32, BN=32, BK=16, WM=32, WN=32, STAGES=2)
+    assert dispatch.rung_of(spec) not in dispatch.OUT16_RUNGS
     assert dispatch.plan(spec, M, N, K).splits == splits
     buf = np.full(M * N + 1, POISON, np.uint16)
     out = buf[:M * N].reshape(M, N)
@@ -373,6 +374,24 @@ def test_rounded_path_sums_the_slices_then_rounds(prec, splits):
     assert np.array_equal(_bits(out), _round16(gemmlib.matmul(A, B, kernel=spec), prec))
     assert buf[-1] == POISON
     check16(out, prec, a64, b64)
+
+
+@sim_only
+@pytest.mark.parametrize("prec, splits", [("bf16", 3), ("fp16", 1)])
+def test_skinny_writes_16_bits(prec, splits):
+    """skinny with OUT, K in 3 slices (the last block of a slab rounds the slices' sum) and
+    whole: the float32 build's result rounded, bit for bit, every element written."""
+    from gemmlib.kernels import skinny
+
+    M, N, K = 5, 40, 600
+    A, B, _, _, a64, b64 = _raw16(prec, M, N, K, seed=17)
+    kw = dict(MT=4, CT=4, NT=16, U=2, SPLITS=splits)
+    spec16, spec32 = skinny.build(prec, OUT=prec, **kw), skinny.build(prec, **kw)
+    assert spec16.out_dtype == "uint16" and spec16.name.endswith("_o16")
+    assert dispatch.plan(spec16, M, N, K).grid[2] == splits
+    C16 = gemmlib.matmul(A, B, kernel=spec16)
+    assert np.array_equal(_bits(C16), _round16(gemmlib.matmul(A, B, kernel=spec32), prec))
+    check16(C16, prec, a64, b64)
 
 
 # --------------------------------------------------------------------------- the GPU

@@ -156,12 +156,24 @@ def test_split_k_is_right_and_bit_identical(precision):
     spec = small(precision, SPLITS=3)
     p = dispatch.plan(spec, M, N, K)
     KG = (spec.threads // spec.params["CT"]) * spec.params["U"]
-    assert p.splits == 3 == skinny.effective_splits(3, K, KG) and p.grid[2] == 3
+    # one launch: the slices' sum is the last block's, not a second kernel's
+    assert p.grid[2] == 3 == skinny.effective_splits(3, K, KG) and p.splits == 1
+    assert p.workspace == ((3 * M, N, "float32"), (p.grid[0], p.grid[1], "int32"))
     rng = np.random.default_rng(1)
     A, B = precision_operands(precision, M, N, K, rng)
     C1 = gemmlib.matmul(A, B, kernel=spec)
     C2 = gemmlib.matmul(A, B, kernel=spec)
     assert C1.tobytes() == C2.tobytes()
+    # the kernel itself, twice on one workspace: the tickets are back at zero after each
+    # launch, and the sum is the slices' in slice order (as split-K's reduction adds them)
+    bits = [getattr(x, "bits", x) for x in (A, B)]
+    bits = [x.view(np.uint16) if x.dtype.itemsize == 2 else x for x in bits]
+    W, L = np.full((3 * M, N), np.nan, np.float32), np.zeros(p.grid[:2], np.int32)
+    for _ in range(2):
+        C = np.full((M, N), np.nan, np.float32)
+        spec.kernel[p.grid, p.block, 0](bits[0], bits[1], C, W, L)
+        assert not L.any() and C.tobytes() == C1.tobytes()
+    assert np.array_equal(C1, (W[:M] + W[M:2 * M]) + W[2 * M:])
     err = backend.relative_error(C1, _f64(A) @ _f64(B))
     assert err <= P.tolerance(precision, K), err
     # the unsplit kernel sums in another order: close, and also right
@@ -303,7 +315,8 @@ json.dump(out, sys.stdout)
 #: (tests/test_compile_gate.py); these are the other forms the dispatch runs
 GATED = [("bf16", dict(MT=8), [(8, 0), (9, 0)]),
          ("fp32", dict(MT=16), [(7, 5), (9, 0)]),
-         ("fp16", dict(MT=1, NC=1), [(7, 5), (8, 0)])]
+         ("fp16", dict(MT=1, NC=1), [(7, 5), (8, 0)]),
+         ("fp16", dict(MT=1, U=8, OUT="fp16"), [(9, 0)])]   # auto's decode build, 16-bit C
 
 
 @pytest.fixture(scope="module")

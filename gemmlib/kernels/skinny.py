@@ -34,10 +34,16 @@ This rung turns the problem around:
 * **K is split** across the KT groups of a block (their partial sums are added
   through shared memory in group order, and the block writes its MT x BN
   result row by row, coalesced), and across blocks when the slabs alone are
-  too few to fill the GPU: ``SPLITS`` slices along the grid's z
-  write partial products into a (S*M) x N workspace, and split-K's reduction
-  kernel (:func:`gemmlib.kernels.split_k.reduce_slices`) adds them in slice
-  order.  Every order is fixed, so results are bit-identical run to run.
+  too few to fill the GPU: ``SPLITS`` slices along the grid's z write partial
+  products into a (S*M) x N workspace, and the last block of a slab to finish
+  adds them, in slice order, inside the same launch (a *ticket*: each block
+  increments its slab's counter after a ``threadfence``; the one that draws
+  S - 1 knows every other slice is written, as in ``wgmma_split_k``).  Every
+  order is fixed, so results are bit-identical run to run.  One launch where
+  a reduction kernel would be a second: at decode sizes a call's time is
+  mostly launches.
+* **C in float32, or in the inputs' 16-bit type** (``OUT``): each sum is
+  rounded once to nearest even as it is stored.
 
 Any shape works: a column chunk past N is predicated off, rows past M are
 zero in shared memory and never stored, K past the slice is never read.  B is
@@ -51,7 +57,8 @@ block, compiled in: the accumulators are MT x VEC registers), ``CT`` (lanes
 per row of the slab), ``NT`` (threads per block), ``U`` (loads in flight per
 thread), ``NC`` (1: B through the read-only path with no L1 allocation,
 ``ld.global.nc.L1::no_allocate``), ``SPLITS`` (slices of K across blocks; 0:
-:func:`splits_for` per shape; a launch parameter only).
+:func:`splits_for` per shape; a launch parameter only), ``OUT`` ("fp32", or the 16-bit
+inputs' own type: C holds its bits).
 """
 
 from __future__ import annotations
@@ -60,12 +67,11 @@ import dataclasses
 from functools import lru_cache
 
 from gemmlib import backend
-from gemmlib.backend import cuda, float32, uint32
+from gemmlib.backend import cuda, float32, int32, uint32
 from gemmlib.intrinsics import convert
 from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.mma import as_bits, as_float
 from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
-from gemmlib.kernels import split_k
 from gemmlib.precision import INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
@@ -75,6 +81,8 @@ VEC = {"fp16": 8, "bf16": 8, "fp32": 4}
 #: the kernel's argument dtypes (A, B, C): 16-bit inputs travel as their bit patterns
 ARG_DTYPES = {"fp16": ("uint16", "uint16", "float32"), "bf16": ("uint16", "uint16", "float32"),
               "fp32": ("float32", "float32", "float32")}
+#: the arrays after C: the slices' partial products (float32) and the slabs' tickets
+WORKSPACE_DTYPES = ("float32", "int32")
 
 #: decode: up to this many rows of A go through B in one pass (the dispatch uses the rung
 #: for M <= MMAX; larger M runs ceil(M / MT) passes and is better served by a tiled rung)
@@ -95,7 +103,7 @@ MAX_SPLITS = 32
 WORKSPACE_SHARE = 0.125
 
 #: the default configuration (``kernel="skinny"``): fp16, all 16 decode rows in one pass
-DEFAULTS = dict(precision="fp16", MT=16, CT=32, NT=256, U=4, NC=0, SPLITS=0)
+DEFAULTS = dict(precision="fp16", MT=16, CT=32, NT=256, U=4, NC=0, SPLITS=0, OUT="fp32")
 
 
 def rows_for(M: int) -> int:
@@ -158,11 +166,23 @@ CONSTRAINTS = (
 )
 
 
+def workspace_for(grid):
+    """``KernelSpec.workspace`` of a skinny spec with launch grid ``grid(M, N, K)``: the
+    (S*M) x N partial products and one ticket counter per slab (placeholders when S = 1)."""
+    def workspace(M, N, K):
+        gx, gy, S = grid(M, N, K)
+        if S == 1:
+            return ((1, 4, "float32"), (1, 1, "int32"))
+        return ((S * M, N, "float32"), (max(gx, 1), max(gy, 1), "int32"))
+
+    return workspace
+
+
 def build(precision: str = "fp16", MT: int = 16, CT: int = 32, NT: int = 256, U: int = 4,
-          NC: int = 0, SPLITS: int = 0) -> KernelSpec:
+          NC: int = 0, SPLITS: int = 0, OUT: str = "fp32") -> KernelSpec:
     """A skinny spec.  ``SPLITS`` changes only the grid's z: every slice count shares
     the kernel compiled for the other parameters."""
-    base = _code(precision, MT, CT, NT, U, int(bool(NC)))
+    base = _code(precision, MT, CT, NT, U, int(bool(NC)), OUT)
     if not SPLITS:
         return base
     p = base.params
@@ -172,17 +192,21 @@ def build(precision: str = "fp16", MT: int = 16, CT: int = 32, NT: int = 256, U:
         gx, gy, _ = base.grid(M, N, K)
         return (gx, gy, effective_splits(SPLITS, K, KG))
 
-    return dataclasses.replace(base, name=f"{base.name}_s{SPLITS}", grid=grid,
+    name = base.name.replace("_o16", "") + f"_s{SPLITS}" + ("_o16" if OUT != "fp32" else "")
+    return dataclasses.replace(base, name=name, grid=grid, workspace=workspace_for(grid),
                                params=dict(p, SPLITS=SPLITS))
 
 
 @lru_cache(maxsize=None)
-def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int) -> KernelSpec:
+def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) -> KernelSpec:
     """The spec with SPLITS = 0 (slices per shape) of one compiled configuration."""
     if precision not in PRECISIONS:
         raise ValueError(f"the skinny rung computes {', '.join(PRECISIONS)}; got {precision!r} "
                          "(tf32 and 3xtf32 calls use its fp32 form: an fp32 product is within "
                          "their error bounds)")
+    if OUT not in ("fp32", precision) or OUT not in PRECISIONS:
+        raise ValueError(f"OUT must be 'fp32' or the inputs' own 16-bit type ({precision!r}); "
+                         f"got {OUT!r}")
     if MT < 1 or CT < 1 or U < 1 or NT % CT or not CT <= NT <= 1024:
         raise ValueError(f"need MT, CT, U >= 1 and CT <= NT <= 1024 with CT | NT "
                          f"(MT={MT}, CT={CT}, NT={NT}, U={U})")
@@ -251,6 +275,12 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int) -> KernelS
                 j = n + e
                 raw[o + e] = as_bits(B[uidx(k), uidx(j)]) if j < N else uint32(0)
 
+    def _same(x):
+        return x
+
+    # what C holds: the float32 sum, or it rounded to nearest even (cvt.rn) as 16-bit bits
+    to_out = (cuda.jit(device=True)(_same) if OUT == "fp32" else
+              convert.float_to_half if OUT == "fp16" else convert.float_to_bf16)
     to_f32 = cuda.jit(device=True)(_to_f32)
     expand = cuda.jit(device=True)(_expand)
     scalar_words = cuda.jit(device=True)(_scalar_words)
@@ -293,8 +323,42 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int) -> KernelS
             for v in range(V):
                 acc[i * V + v] += a * bf[v]
 
-    def skinny_kernel(A, B, C):
+    # The block's result, out of shared memory: into C, or into its slice of the workspace.
+    @cuda.jit(device=True)
+    def store_rows(X, sh, tid, row0, m0, n0, M, N):
+        """The block's MT x BN result (in ``sh``) into float32 X from row ``row0``, row by
+        row (coalesced, 16 bytes a thread where X's rows are 16-byte aligned)."""
+        x_vec = N % 4 == 0 and aligned16(X)
+        for t in range(tid, MT * BN4, NT):
+            i = t // BN4
+            j = n0 + (t - i * BN4) * 4
+            if m0 + i < M and j < N:
+                s0, s1, s2, s3 = load4(sh, uidx(t), 0)
+                if x_vec:
+                    store4(X, uidx(row0 + i), uidx(j), s0, s1, s2, s3)
+                else:
+                    X[uidx(row0 + i), uidx(j)] = s0
+                    if j + 1 < N:
+                        X[uidx(row0 + i), uidx(j + 1)] = s1
+                    if j + 2 < N:
+                        X[uidx(row0 + i), uidx(j + 2)] = s2
+                    if j + 3 < N:
+                        X[uidx(row0 + i), uidx(j + 3)] = s3
+
+    @cuda.jit(device=True)
+    def store_rows16(X, sh, tid, row0, m0, n0, M, N):
+        """The block's result into a 16-bit C (its bits), each value rounded once."""
+        for t in range(tid, MT * BN, NT):
+            i = t // BN
+            j = n0 + t - i * BN
+            if m0 + i < M and j < N:
+                X[uidx(row0 + i), uidx(j)] = to_out(sh[uidx(t // 4), uidx(t % 4)])
+
+    store_c = store_rows if OUT == "fp32" else store_rows16
+
+    def skinny_kernel(A, B, C, W, L):
         sh = cuda.shared.array((SH, 4), float32, alignment=SHARED_ALIGN)
+        last = cuda.shared.array(1, int32)
         acc = cuda.local.array(ACC, float32)
         raw = cuda.local.array(RAW, uint32)
         bf = cuda.local.array(V, float32)
@@ -356,27 +420,34 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int) -> KernelS
                         store4(sh, uidx(f), 0, acc[i * V + 4 * q], acc[i * V + 4 * q + 1],
                                acc[i * V + 4 * q + 2], acc[i * V + 4 * q + 3])
             cuda.syncthreads()
-        # ... which the whole block writes to C, row by row (coalesced, 16 bytes a thread
-        # where C's rows are 16-byte aligned).  When K is split, C is the (S*M) x N
-        # workspace and this block's rows start at z*M + m0.
-        row0 = z * M + m0
+        # ... which the block writes to C -- or, when K is split, to its slice of the
+        # workspace W, after which the last block of the slab to finish adds the slices.
         n0 = cuda.blockIdx.y * BN
-        c_vec = N % 4 == 0 and aligned16(C)
-        for t in range(tid, MT * BN4, NT):
-            i = t // BN4
-            j = n0 + (t - i * BN4) * 4
+        S = cuda.gridDim.z
+        if S == 1:
+            store_c(C, sh, tid, m0, m0, n0, M, N)
+            return
+        store_rows(W, sh, tid, z * M + m0, m0, n0, M, N)
+        cuda.threadfence()                   # the partials are visible before the ticket
+        cuda.syncthreads()
+        if tid == 0:
+            last[0] = cuda.atomic.add(L, (cuda.blockIdx.x, cuda.blockIdx.y), 1) == S - 1
+        cuda.syncthreads()
+        if last[0] == 0:
+            return
+        cuda.threadfence()
+        # W[i] + W[M + i] + ... + W[(S-1)M + i], always in slice order (whichever block
+        # was last), so the bits never depend on timing; one element a thread, coalesced
+        for t in range(tid, MT * BN, NT):
+            i = t // BN
+            j = n0 + t - i * BN
             if m0 + i < M and j < N:
-                s0, s1, s2, s3 = load4(sh, uidx(t), 0)
-                if c_vec:
-                    store4(C, uidx(row0 + i), uidx(j), s0, s1, s2, s3)
-                else:
-                    C[uidx(row0 + i), uidx(j)] = s0
-                    if j + 1 < N:
-                        C[uidx(row0 + i), uidx(j + 1)] = s1
-                    if j + 2 < N:
-                        C[uidx(row0 + i), uidx(j + 2)] = s2
-                    if j + 3 < N:
-                        C[uidx(row0 + i), uidx(j + 3)] = s3
+                acc = W[uidx(m0 + i), uidx(j)]
+                for zz in range(1, S):
+                    acc += W[uidx(zz * M + m0 + i), uidx(j)]
+                C[uidx(m0 + i), uidx(j)] = to_out(acc)
+        if tid == 0:
+            L[cuda.blockIdx.x, cuda.blockIdx.y] = 0   # ready for the next launch
 
     kernel = cuda.jit(skinny_kernel)
     itemsize = 2 if SIXTEEN else 4
@@ -385,18 +456,25 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int) -> KernelS
         S = splits_for(M, N, K, MT, BN, NT, KG, itemsize)
         return (cdiv(M, MT), cdiv(N, BN), effective_splits(S, K, KG))
 
-    params = dict(precision=precision, MT=MT, CT=CT, NT=NT, U=U, NC=NC, SPLITS=0)
+    params = dict(precision=precision, MT=MT, CT=CT, NT=NT, U=U, NC=NC, SPLITS=0,
+                  **({} if OUT == "fp32" else {"OUT": OUT}))
     name = "skinny" + ("" if precision == "fp16" else f"_{precision}")
     for key, tag in (("MT", "m"), ("CT", "c"), ("NT", "t"), ("U", "u")):
         if params[key] != DEFAULTS[key]:
             name += f"_{tag}{params[key]}"
     if NC:
         name += "_nc"
-    # 16-byte loads of B, fp32 FMAs, the sums through shared memory and C in 16-byte pieces
+    if OUT != "fp32":
+        name += "_o16"
+    # 16-byte loads of B, fp32 FMAs, the sums through shared memory and C (or the slices'
+    # partials) in 16-byte pieces, the tickets
     must = [r"ld\.global(\.nc)?(\.L1::no_allocate)?\.v4\.(u32|b32)", r"fma\.rn\.f32",
-            r"st\.shared\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.global\.v4\.f32"]
+            r"st\.shared\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.global\.v4\.f32",
+            r"atom\.global\.add"]
     if FP16:
         must.append(r"cvt\.f32\.f16")
+    if OUT != "fp32":
+        must.append(rf"cvt\.rn\.{'f16' if OUT == 'fp16' else 'bf16'}\.f32")
     return KernelSpec(
         name=name,
         chapter="18-models",
@@ -411,7 +489,8 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int) -> KernelS
         shared_bytes=SH * 16,
         min_cc=(7, 0) if NC else (5, 0),
         dtype=INPUT_DTYPE[precision],
-        arg_dtypes=ARG_DTYPES[precision] if SIXTEEN else (),
+        arg_dtypes=(ARG_DTYPES[precision][:2] + ("float32" if OUT == "fp32" else "uint16",)
+                    if SIXTEEN else ()),
         precision=precision,
         operand_align=0,
         constraints=CONSTRAINTS,
@@ -419,8 +498,8 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int) -> KernelS
         index={"thread_cols": thread_cols, "rows_of": rows_of,
                "k_slices": lambda K, S: k_slices(K, S, KG)},
         module=__name__,
-        reduce_kernel=split_k.reduce_slices,
-        reduce_block=split_k.REDUCE_BLOCK,
+        workspace=workspace_for(grid),
+        workspace_dtypes=WORKSPACE_DTYPES,
         launch_only=("SPLITS",),
     )
 
