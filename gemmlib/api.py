@@ -426,11 +426,14 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         ``ml_dtypes.bfloat16`` or the names ``"float16"``, ``"fp16"``,
         ``"bfloat16"``, ``"bf16"``.  An ``out`` array of the inputs' 16-bit type
         asks for it too.  The product is accumulated in fp32 and each element
-        rounded once to the 16-bit type (nearest even): on an H100/H200 by the
-        epilogue of ``wgmma_ws`` (``wgmma_cluster``, ``wgmma_pingpong``; builds
-        with ``OUT``), which halves the bytes C costs; every other kernel (other
-        GPUs, ``mma_*``, split-K and decode choices) writes float32 into a scratch
-        buffer that is then cast into C (one more pass over C).  The result has the
+        rounded once to the 16-bit type (nearest even): by the kernel itself where
+        it has a 16-bit epilogue (builds with ``OUT``: the wgmma rungs and
+        ``wgmma_split_k`` on an H100/H200, ``skinny`` at decode sizes), which halves
+        the bytes C costs; every other kernel (``mma_*`` and the CUDA-core rungs,
+        e.g. ``auto`` on other GPUs) writes float32 into a buffer kept per plan and
+        stream, and one more kernel adds its K slices (if any) and rounds the sums
+        into C (``gemmlib.dispatch.run_rounded``; a padded N: a cast of the array).
+        The result has the
         inputs' own array type (a torch bf16 tensor, a ``BF16Array`` for BF16Array
         inputs).  Float32 inputs (any ``precision``) are written as float32 only.
         Any other ``out_dtype`` raises ValueError; one that does not match the
