@@ -497,6 +497,34 @@ def test_named_hopper_rungs_write_16_bits_gpu(rung, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rung", ["mma_pipeline", "mma_split_k", "skinny"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_named_rungs_without_or_with_own_16_bit_store_gpu(rung, dtype):
+    """A named rung with a 16-bit ``out_dtype`` on any GPU: mma_pipeline and mma_split_k
+    write float32 that dispatch.run_rounded's kernel rounds into C (the split one adds its
+    slices there), or a cast where N is padded (N = 29); skinny rounds in its own store
+    (its slices added by the last block).  Poisoned out, fresh tensor, and the short path
+    twice (the same bits)."""
+    torch = pytest.importorskip("torch")
+    td = getattr(torch, dtype)
+    prec = "fp16" if dtype == "float16" else "bf16"
+    spec = dispatch.with_out(dispatch.get_spec(rung, prec), prec)
+    assert (spec.out_dtype == "uint16") == (rung == "skinny")
+    shapes = ([(1, 1, 1), (3, 4096, 4096), (16, 520, 1100), (5, 29, 300)] if rung == "skinny"
+              else [(1, 1, 1), (37, 64, 300), (129, 256, 4096), (200, 264, 136), (65, 29, 72)])
+    for i, (M, N, K) in enumerate(shapes):
+        A, B = _torch_pair(M, N, K, td, seed=40 + i)
+        out = torch.full((M, N), float("nan"), dtype=td, device="cuda")
+        gemmlib.matmul(A, B, kernel=rung, out=out)
+        _check_torch16(out, A, B, prec, (rung, M, N, K))
+        C = gemmlib.matmul(A, B, kernel=rung, out_dtype=td)
+        for _ in range(2):
+            again = gemmlib.matmul(A, B, kernel=rung, out_dtype=td)
+            torch.cuda.synchronize()
+            assert torch.equal(again, C) and torch.equal(out, C), (rung, M, N, K)
+
+
+@pytest.mark.gpu
 def test_cupy_float16_out_dtype_gpu():
     cp = pytest.importorskip("cupy")
     rng = np.random.default_rng(4)
