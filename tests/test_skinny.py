@@ -150,15 +150,17 @@ def test_nan_and_inf_propagate_like_a_dot_product(precision):
 # --------------------------------------------------------------------------- split-K
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-def test_split_k_is_right_and_bit_identical(precision):
+@pytest.mark.parametrize("precision, S", [("fp16", 3), ("bf16", 6), ("fp32", 9)])
+def test_split_k_is_right_and_bit_identical(precision, S):
+    """S = 3: the last block's sum takes its slices one by one; 6 and 9 also four at a
+    time (loads first, adds in order)."""
     M, N, K = 5, 33, 260
-    spec = small(precision, SPLITS=3)
+    spec = small(precision, SPLITS=S)
     p = dispatch.plan(spec, M, N, K)
     KG = (spec.threads // spec.params["CT"]) * spec.params["U"]
     # one launch: the slices' sum is the last block's, not a second kernel's
-    assert p.grid[2] == 3 == skinny.effective_splits(3, K, KG) and p.splits == 1
-    assert p.workspace == ((3 * M, N, "float32"), (p.grid[0], p.grid[1], "int32"))
+    assert p.grid[2] == S == skinny.effective_splits(S, K, KG) and p.splits == 1
+    assert p.workspace == ((S * M, N, "float32"), (p.grid[0], p.grid[1], "int32"))
     rng = np.random.default_rng(1)
     A, B = precision_operands(precision, M, N, K, rng)
     C1 = gemmlib.matmul(A, B, kernel=spec)
@@ -168,12 +170,15 @@ def test_split_k_is_right_and_bit_identical(precision):
     # launch, and the sum is the slices' in slice order (as split-K's reduction adds them)
     bits = [getattr(x, "bits", x) for x in (A, B)]
     bits = [x.view(np.uint16) if x.dtype.itemsize == 2 else x for x in bits]
-    W, L = np.full((3 * M, N), np.nan, np.float32), np.zeros(p.grid[:2], np.int32)
+    W, L = np.full((S * M, N), np.nan, np.float32), np.zeros(p.grid[:2], np.int32)
     for _ in range(2):
         C = np.full((M, N), np.nan, np.float32)
         spec.kernel[p.grid, p.block, 0](bits[0], bits[1], C, W, L)
         assert not L.any() and C.tobytes() == C1.tobytes()
-    assert np.array_equal(C1, (W[:M] + W[M:2 * M]) + W[2 * M:])
+    want = W[:M]
+    for z in range(1, S):
+        want = want + W[z * M:(z + 1) * M]   # float32 adds, slice order
+    assert np.array_equal(C1, want)
     err = backend.relative_error(C1, _f64(A) @ _f64(B))
     assert err <= P.tolerance(precision, K), err
     # the unsplit kernel sums in another order: close, and also right

@@ -437,15 +437,30 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) 
             return
         cuda.threadfence()
         # W[i] + W[M + i] + ... + W[(S-1)M + i], always in slice order (whichever block
-        # was last), so the bits never depend on timing; one element a thread, coalesced
+        # was last), so the bits never depend on timing; one element a thread, coalesced.
+        # Four slices' loads are issued before their adds: one wait on L2 per four slices,
+        # not one per slice (the additions keep their order)
         for t in range(tid, MT * BN, NT):
             i = t // BN
             j = n0 + t - i * BN
             if m0 + i < M and j < N:
-                acc = W[uidx(m0 + i), uidx(j)]
-                for zz in range(1, S):
-                    acc += W[uidx(zz * M + m0 + i), uidx(j)]
-                C[uidx(m0 + i), uidx(j)] = to_out(acc)
+                r = m0 + i
+                acc = W[uidx(r), uidx(j)]
+                zz = 1
+                while zz + 3 < S:
+                    w1 = W[uidx(r + zz * M), uidx(j)]
+                    w2 = W[uidx(r + (zz + 1) * M), uidx(j)]
+                    w3 = W[uidx(r + (zz + 2) * M), uidx(j)]
+                    w4 = W[uidx(r + (zz + 3) * M), uidx(j)]
+                    acc += w1
+                    acc += w2
+                    acc += w3
+                    acc += w4
+                    zz += 4
+                while zz < S:
+                    acc += W[uidx(r + zz * M), uidx(j)]
+                    zz += 1
+                C[uidx(r), uidx(j)] = to_out(acc)
         if tid == 0:
             L[cuda.blockIdx.x, cuda.blockIdx.y] = 0   # ready for the next launch
 
