@@ -345,8 +345,12 @@ HOPPER_BM64_MMAX = 64
 HOPPER_BM64_MMAX_NARROW = 128
 #: Hopper, fp16/bf16: the skinny rung at M = 1, and up to this M on layers of at most
 #: HOPPER_SKINNY_WEIGHTS weights, when 64 x 256 tiles would cover less than half the SMs
-#: (wide layers, e.g. N = 28672, fill the GPU with whole tiles instead)
-HOPPER_SKINNY_MMAX = 4
+#: (wide layers, e.g. N = 28672, fill the GPU with whole tiles instead).  4 until
+#: 2026-11-26; then, kernels alone on an H100 (results/out16-2026-11-26/
+#: decode-kernels-m2to4-h100.json), wgmma_split_k's 64-row tiles beat skinny at M = 2-4 on
+#: all 11 layer shapes measured, fp16 and bf16, by 3-19%; at M = 1 skinny stays 10-13%
+#: ahead at 4096 x 4096 (decode-kernels-unroll-h100.json).  The H200 was not re-measured
+HOPPER_SKINNY_MMAX = 1
 HOPPER_SKINNY_WEIGHTS = 2 ** 26
 
 

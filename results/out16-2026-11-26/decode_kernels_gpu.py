@@ -1,5 +1,5 @@
 """Decode and small-batch kernels alone against torch.matmul's whole call:
-``python3 decode_kernels_gpu.py OUT.json``.  Per shape: auto's kernel (16-bit C) launched by
+``python3 decode_kernels_gpu.py OUT.json [MxNxK,...]``.  Per shape: auto's kernel (16-bit C) launched by
 dispatch.run on its plan, the skinny rung and wgmma_split_k where auto picks the other,
 and torch.matmul, each as CUDA events around 200 back-to-back calls on 6 rotated operand
 sets (past L2), median of 5 loops, interleaved.  Which side of the loop gap is the GPU's."""
@@ -12,10 +12,11 @@ import torch
 from gemmlib import bench, dispatch
 from gemmlib.kernels import skinny, wgmma_split_k
 
+SHAPES = [tuple(int(v) for v in x.split("x")) for x in (sys.argv[2] if len(sys.argv) > 2 else
+          "1x4096x4096,4x4096x4096,8x4096x4096,16x4096x4096,64x4096x4096,1x6144x4096").split(",")]
 res = {"meta": bench.environment(), "rows": []}
 for prec, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-    for M, N, K in ((1, 4096, 4096), (4, 4096, 4096), (8, 4096, 4096), (16, 4096, 4096),
-                    (64, 4096, 4096), (1, 6144, 4096)):
+    for M, N, K in SHAPES:
         sets = [((torch.rand(M, K, device="cuda") - 0.5).to(dt),
                  (torch.rand(K, N, device="cuda") - 0.5).to(dt)) for _ in range(6)]
         C16 = torch.empty(M, N, device="cuda", dtype=dt)
