@@ -432,7 +432,7 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         the bytes C costs; every other kernel (``mma_*`` and the CUDA-core rungs,
         e.g. ``auto`` on other GPUs) writes float32 into a buffer kept per plan and
         stream, and one more kernel adds its K slices (if any) and rounds the sums
-        into C (``gemmlib.dispatch.run_rounded``; a padded N: a cast of the array).
+        into C (``gemmlib.dispatch.run_rounded``).
         The result has the
         inputs' own array type (a torch bf16 tensor, a ``BF16Array`` for BF16Array
         inputs).  Float32 inputs (any ``precision``) are written as float32 only.
@@ -752,7 +752,7 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None)
     else:   # a rung by name: its 16-bit epilogue where it has one; a KernelSpec as given
         spec = dispatch.with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
     #: the kernel writes the 16-bit C itself; else it writes float32, which one more kernel
-    #: rounds into C (dispatch.run_rounded), or -- when N is padded -- a cast of the array
+    #: rounds into C (dispatch.run_rounded)
     direct = o16 is not None and spec.out_dtype == "uint16"
     rounded = o16 is not None and not direct
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
@@ -783,28 +783,24 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None)
             C = np.empty((M, N), dtype=np.float32)
         else:
             C = _allocate_output(M, N, np.float32, like=a)
-        # dst: what the kernel writes when nothing is padded or cast (16-bit C: its bits)
+        # dst: what the kernel writes when N is not padded (16-bit C: its bits)
         dst = C if o16 is None else _bits_of(C, a.on_host, xp)
-        kdt = np.uint16 if direct else np.float32
-        Ck = dst if Np == N else xp.empty((M, Np), dtype=kdt)
-        if M != 0 and N != 0 and rounded and Ck is dst:
-            plan = dispatch.plan(spec, M, N, Kp)  # ConstraintError here
-            dispatch.launch(plan, A_, B_, dst, M, N, Kp, stream=stream, out16=okind)
-            if not a.on_host and Kp == K and not misaligned and not _is_bf16array(C):
-                _remember(plan, a, C, al, okind)
-        elif M != 0 and N != 0:
+        Ck = dst if Np == N else xp.empty((M, Np), dtype=np.float32 if o16 is None else np.uint16)
+        if M != 0 and N != 0:
             plan = dispatch.plan(spec, M, Np, Kp)  # ConstraintError here
+            out16 = okind if rounded else None
             if a.on_host:  # simulator
-                dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream)
+                dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream, out16=out16)
             else:
-                dispatch.run(plan, _ptr(A_), _ptr(B_), _ptr(Ck), dispatch.stream_handle(stream))
-                if Ck is dst and Kp == K and not misaligned and not _is_bf16array(C):
-                    _remember(plan, a, C, al)   # no staging: a repeat can skip it all
-            if Ck is not dst:   # drop the padded columns / cast (in order on the same stream)
-                if o16 is None or direct:
-                    (dst if a.on_host else xp.asarray(dst))[...] = Ck[:, :N]
+                args = (plan, _ptr(A_), _ptr(B_), _ptr(Ck))
+                if rounded:
+                    dispatch.run_rounded(*args, okind, dispatch.stream_handle(stream))
                 else:
-                    _cast16(dst, Ck[:, :N], o16, xp)
+                    dispatch.run(*args, dispatch.stream_handle(stream))
+                if Ck is dst and Kp == K and not misaligned and not _is_bf16array(C):
+                    _remember(plan, a, C, al, out16)   # no staging: a repeat can skip it all
+            if Ck is not dst:   # drop the padded columns (in order on the same stream)
+                (dst if a.on_host else xp.asarray(dst))[...] = Ck[:, :N]
     return C if out is None else out
 
 
@@ -855,17 +851,6 @@ def _allocate16(M: int, N: int, o16: str, a: _Operand):
     from gemmlib.precision import BF16Array
 
     return BF16Array(_allocate_output(M, N, np.uint16, like=a))
-
-
-def _cast16(bits, Cf, o16: str, xp) -> None:
-    """``bits`` (uint16) = float32 ``Cf`` rounded to ``o16``, nearest even."""
-    if o16 == "float16":
-        with np.errstate(over="ignore"):   # beyond fp16's range: Inf, as on the GPU
-            bits.view(np.float16)[...] = Cf
-    else:
-        from gemmlib.precision import to_bf16_bits
-
-        bits[...] = to_bf16_bits(Cf)
 
 
 def _kernel_array(op: _Operand, xp):

@@ -343,15 +343,6 @@ HOPPER_SPLIT = "wgmma_split_k"
 #: quarter of the SMs: fewer rows computed for nothing, more tiles to spread
 HOPPER_BM64_MMAX = 64
 HOPPER_BM64_MMAX_NARROW = 128
-#: Hopper, fp16/bf16: the skinny rung at M = 1, and up to this M on layers of at most
-#: HOPPER_SKINNY_WEIGHTS weights, when 64 x 256 tiles would cover less than half the SMs
-#: (wide layers, e.g. N = 28672, fill the GPU with whole tiles instead).  4 until
-#: 2026-11-26; then, kernels alone on an H100 (results/out16-2026-11-26/
-#: decode-kernels-m2to4-h100.json), wgmma_split_k's 64-row tiles beat skinny at M = 2-4 on
-#: all 11 layer shapes measured, fp16 and bf16, by 3-19%; at M = 1 skinny stays 10-13%
-#: ahead at 4096 x 4096 (decode-kernels-unroll-h100.json).  The H200 was not re-measured
-HOPPER_SKINNY_MMAX = 1
-HOPPER_SKINNY_WEIGHTS = 2 ** 26
 
 
 def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
@@ -362,7 +353,12 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
     from its cost model (one where the tiles fill the GPU: then it is ``wgmma_ws``)."""
     dev = backend.device_info()
     narrow = cdiv(N, 256) < dev.sm_count / 2
-    if narrow and (M == 1 or (M <= HOPPER_SKINNY_MMAX and N * K <= HOPPER_SKINNY_WEIGHTS)):
+    # skinny only at M = 1.  Until 2026-11-26 also at M <= 4 on layers of at most 2^26
+    # weights; then, kernels alone on an H100 (results/out16-2026-11-26/
+    # decode-kernels-m2to4-h100.json), wgmma_split_k's 64-row tiles beat it at M = 2-4 on
+    # all 11 layer shapes measured, fp16 and bf16, by 3-19%; at M = 1 skinny stays 10-13%
+    # ahead at 4096 x 4096 (decode-kernels-unroll-h100.json).  The H200 was not re-measured
+    if narrow and M == 1:
         skinny = select_skinny(precision, M, N, K)
         if skinny is not None:
             return skinny
@@ -1085,14 +1081,11 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
-    if out16 is not None:   # as run_rounded: float32 (or the slices) first, then one rounding
-        from gemmlib.kernels.split_k import REDUCE16
+    from gemmlib.kernels.split_k import REDUCE16   # run_rounded's: sum the slices, round
 
-        W = np.empty((p.splits * M, N), np.float32)
-        if p.splits > 1:
-            spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
-        else:
-            launch(p, A, B, W, M, N, K, stream)
+    if out16 is not None and p.splits <= 1:   # as run_rounded: float32 first, then rounded
+        W = np.empty((M, N), np.float32)
+        launch(p, A, B, W, M, N, K, stream)
         REDUCE16[out16][p.reduce_grid, spec.reduce_block, s](W, C)
         return
     if spec.tma_boxes:
@@ -1122,9 +1115,10 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *work)
         return
-    W = np.empty((p.splits * M, N), dtype=spec.out_dtype)
+    W = np.empty((p.splits * M, N), dtype=np.float32)
     spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
-    spec.reduce_kernel[p.reduce_grid, spec.reduce_block, s](W, C)
+    reduce = spec.reduce_kernel if out16 is None else REDUCE16[out16]
+    reduce[p.reduce_grid, spec.reduce_block, s](W, C)
 
 
 def _simulated_device_copy(C):

@@ -4,7 +4,7 @@ On Hopper the epilogue of ``wgmma_ws`` (and ``wgmma_cluster``, ``wgmma_pingpong`
 ``wgmma_store``, ``wgmma_split_k``) built with ``OUT="fp16"`` / ``"bf16"`` rounds each fp32
 accumulator to nearest even and stores a thread's two adjacent columns as one 4-byte store;
 every other kernel writes float32 into a buffer that one more kernel rounds into C
-(``dispatch.run_rounded``; a cast of the array where N is padded).  The simulator runs the
+(``dispatch.run_rounded``, also where N is padded).  The simulator runs the
 epilogue (the packed stores, and the element-wise fallback for a C that is not 4-byte
 aligned), the rounded path, the API
 (array types, ``out=``, refusals) and the choice of kernel; the GPU tests, torch tensors
@@ -143,7 +143,7 @@ def test_builds_names_and_argument_types():
                 dict(precision="fp16", OUT="fp64")):
         with pytest.raises(ValueError, match="OUT must be"):
             wgmma_ws.build(**bad)
-    # a rung without a 16-bit epilogue keeps its float32 spec (matmul casts)
+    # a rung without a 16-bit epilogue keeps its float32 spec (matmul rounds its result)
     mp = dispatch.get_spec("mma_pipeline", "fp16")
     assert dispatch.with_out(mp, "fp16") is mp
     # the float32 epilogue's source is the one store_source writes by default
@@ -217,9 +217,9 @@ def test_named_wgmma_ws_writes_the_inputs_type_through_matmul():
 @pytest.mark.parametrize("prec, out_dtype, M", [("fp16", "fp16", 19), ("fp16", np.float16, 8),
                                                 ("bf16", "bfloat16", 8)])
 def test_auto_casts_where_no_epilogue_writes_16_bits(prec, out_dtype, M):
-    """The simulator's "auto" is mma_pipeline, or skinny at M <= 8 (no 16-bit epilogue):
-    float32 into a scratch buffer, then cast -- the float32 call's result rounded, bit for
-    bit."""
+    """The simulator's "auto" is mma_pipeline (no 16-bit epilogue: float32, then one
+    rounding kernel) or skinny at M <= 8 (its own 16-bit store): either way the float32
+    call's result rounded, bit for bit."""
     N, K = 24, 40
     A, B, _, _, a64, b64 = _raw16(prec, M, N, K, seed=7)
     C = gemmlib.matmul(A, B, out_dtype=out_dtype)
@@ -502,7 +502,7 @@ def test_named_hopper_rungs_write_16_bits_gpu(rung, dtype):
 def test_named_rungs_without_or_with_own_16_bit_store_gpu(rung, dtype):
     """A named rung with a 16-bit ``out_dtype`` on any GPU: mma_pipeline and mma_split_k
     write float32 that dispatch.run_rounded's kernel rounds into C (the split one adds its
-    slices there), or a cast where N is padded (N = 29); skinny rounds in its own store
+    slices there), also where N is padded (N = 29); skinny rounds in its own store
     (its slices added by the last block).  Poisoned out, fresh tensor, and the short path
     twice (the same bits)."""
     torch = pytest.importorskip("torch")
