@@ -56,7 +56,9 @@ Parameters: ``precision`` ("fp16", "bf16" or "fp32"), ``MT`` (rows of A per
 block, compiled in: the accumulators are MT x VEC registers), ``CT`` (lanes
 per row of the slab), ``NT`` (threads per block), ``U`` (loads in flight per
 thread), ``NC`` (1: B through the read-only path with no L1 allocation,
-``ld.global.nc.L1::no_allocate``), ``SPLITS`` (slices of K across blocks; 0:
+``ld.global.nc.L1::no_allocate``), ``PIPE`` (1: two register buffers of U loads, the
+next round's loads issued before this round's FMAs, and a chunk's first round before A is
+staged; 2 U x 16 bytes of registers a thread), ``SPLITS`` (slices of K across blocks; 0:
 :func:`splits_for` per shape; a launch parameter only), ``OUT`` ("fp32", or the 16-bit
 inputs' own type: C holds its bits).
 """
@@ -103,7 +105,8 @@ MAX_SPLITS = 32
 WORKSPACE_SHARE = 0.125
 
 #: the default configuration (``kernel="skinny"``): fp16, all 16 decode rows in one pass
-DEFAULTS = dict(precision="fp16", MT=16, CT=32, NT=256, U=4, NC=0, SPLITS=0, OUT="fp32")
+DEFAULTS = dict(precision="fp16", MT=16, CT=32, NT=256, U=4, NC=0, SPLITS=0, OUT="fp32",
+                PIPE=0)
 
 
 def rows_for(M: int) -> int:
@@ -179,10 +182,10 @@ def workspace_for(grid):
 
 
 def build(precision: str = "fp16", MT: int = 16, CT: int = 32, NT: int = 256, U: int = 4,
-          NC: int = 0, SPLITS: int = 0, OUT: str = "fp32") -> KernelSpec:
+          NC: int = 0, SPLITS: int = 0, OUT: str = "fp32", PIPE: int = 0) -> KernelSpec:
     """A skinny spec.  ``SPLITS`` changes only the grid's z: every slice count shares
     the kernel compiled for the other parameters."""
-    base = _code(precision, MT, CT, NT, U, int(bool(NC)), OUT)
+    base = _code(precision, MT, CT, NT, U, int(bool(NC)), OUT, int(bool(PIPE)))
     if not SPLITS:
         return base
     p = base.params
@@ -198,7 +201,8 @@ def build(precision: str = "fp16", MT: int = 16, CT: int = 32, NT: int = 256, U:
 
 
 @lru_cache(maxsize=None)
-def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) -> KernelSpec:
+def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
+          PIPE: int) -> KernelSpec:
     """The spec with SPLITS = 0 (slices per shape) of one compiled configuration."""
     if precision not in PRECISIONS:
         raise ValueError(f"the skinny rung computes {', '.join(PRECISIONS)}; got {precision!r} "
@@ -306,6 +310,13 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) 
                 raw[o + e] = uint32(0)
 
     @cuda.jit(device=True)
+    def fetch_round(B, k0, kk, kc, n, vec, raw):
+        """One round: rows k0 + kk, kk + KT, ... (U of them) of the thread's columns."""
+        for u in range(U):       # U independent 16-byte loads, issued before any is used
+            ku = kk + u * KT
+            fetch(B, k0 + ku, n, ku < kc, vec, raw, 4 * u)
+
+    @cuda.jit(device=True)
     def fma_row(sh, kk, acc, bf):
         """acc[i, v] += A[i, k] * B[k, v] for the MT rows of A at chunk column kk."""
         base = kk * MT            # A's values for kk: flat floats base .. base+MT-1
@@ -322,6 +333,15 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) 
             a = sh[uidx(f // 4), uidx(f % 4)]
             for v in range(V):
                 acc[i * V + v] += a * bf[v]
+
+    @cuda.jit(device=True)
+    def use_round(sh, kk, kc, raw, acc, bf):
+        """The FMAs of the round fetched for rows kk, kk + KT, ... (those below kc)."""
+        for u in range(U):
+            ku = kk + u * KT
+            if ku < kc:
+                expand(raw, 4 * u, bf)
+                fma_row(sh, ku, acc, bf)
 
     # The block's result, out of shared memory: into C, or into its slice of the workspace.
     @cuda.jit(device=True)
@@ -361,6 +381,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) 
         last = cuda.shared.array(1, int32)
         acc = cuda.local.array(ACC, float32)
         raw = cuda.local.array(RAW, uint32)
+        raw2 = cuda.local.array(RAW if PIPE else 1, uint32)
         bf = cuda.local.array(V, float32)
         M, K = A.shape
         N = B.shape[1]
@@ -380,6 +401,8 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) 
 
         for k0 in range(kb, ke, KC):
             kc = min(KC, ke - k0)
+            if PIPE and active:   # the chunk's first round of B is in flight while A stages
+                fetch_round(B, k0, kr, kc, n, b_vec, raw)
             # Stage A[m0:m0+MT, k0:k0+kc] as fp32, k-major (zeros for rows past M).
             for t in range(tid, MT * kc, NT):
                 kk = t // MT
@@ -389,17 +412,25 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) 
                     v = to_f32(A[uidx(m0 + i), uidx(k0 + kk)])
                 sh[uidx(t // 4), uidx(t % 4)] = v
             cuda.syncthreads()
-            if active:
+            if active and PIPE:
+                # Two register buffers: the next round's U loads are issued before this
+                # round's FMAs, so B's loads never stop while a thread computes.  (The loop
+                # is unrolled by two so each buffer keeps constant indices: registers.)
                 kk = kr
                 while kk < kc:
-                    for u in range(U):       # U independent 16-byte loads in flight
-                        ku = kk + u * KT
-                        fetch(B, k0 + ku, n, ku < kc, b_vec, raw, 4 * u)
-                    for u in range(U):
-                        ku = kk + u * KT
-                        if ku < kc:
-                            expand(raw, 4 * u, bf)
-                            fma_row(sh, ku, acc, bf)
+                    fetch_round(B, k0, kk + KG, kc, n, b_vec, raw2)
+                    use_round(sh, kk, kc, raw, acc, bf)
+                    kk += KG
+                    if kk >= kc:
+                        break
+                    fetch_round(B, k0, kk + KG, kc, n, b_vec, raw)
+                    use_round(sh, kk, kc, raw2, acc, bf)
+                    kk += KG
+            elif active:
+                kk = kr
+                while kk < kc:
+                    fetch_round(B, k0, kk, kc, n, b_vec, raw)   # U 16-byte loads in flight
+                    use_round(sh, kk, kc, raw, acc, bf)
                     kk += KG
             cuda.syncthreads()
 
@@ -472,13 +503,15 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str) 
         return (cdiv(M, MT), cdiv(N, BN), effective_splits(S, K, KG))
 
     params = dict(precision=precision, MT=MT, CT=CT, NT=NT, U=U, NC=NC, SPLITS=0,
-                  **({} if OUT == "fp32" else {"OUT": OUT}))
+                  **({} if OUT == "fp32" else {"OUT": OUT}), **({"PIPE": 1} if PIPE else {}))
     name = "skinny" + ("" if precision == "fp16" else f"_{precision}")
     for key, tag in (("MT", "m"), ("CT", "c"), ("NT", "t"), ("U", "u")):
         if params[key] != DEFAULTS[key]:
             name += f"_{tag}{params[key]}"
     if NC:
         name += "_nc"
+    if PIPE:
+        name += "_p"
     if OUT != "fp32":
         name += "_o16"
     # 16-byte loads of B, fp32 FMAs, the sums through shared memory and C (or the slices'
