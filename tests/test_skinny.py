@@ -150,10 +150,10 @@ def test_nan_and_inf_propagate_like_a_dot_product(precision):
 # --------------------------------------------------------------------------- split-K
 
 
-@pytest.mark.parametrize("precision, S", [("fp16", 3), ("bf16", 6), ("fp32", 9)])
+@pytest.mark.parametrize("precision, S", [("fp16", 3), ("bf16", 6), ("fp32", 9), ("fp16", 17)])
 def test_split_k_is_right_and_bit_identical(precision, S):
-    """S = 3: the last block's sum takes its slices one by one; 6 and 9 also four at a
-    time (loads first, adds in order)."""
+    """The last block loads SB = 16 slices before adding them in order: S = 17 takes two
+    such batches."""
     M, N, K = 5, 33, 260
     spec = small(precision, SPLITS=S)
     p = dispatch.plan(spec, M, N, K)
@@ -184,6 +184,30 @@ def test_split_k_is_right_and_bit_identical(precision, S):
     # the unsplit kernel sums in another order: close, and also right
     C0 = gemmlib.matmul(A, B, kernel=small(precision))
     assert backend.relative_error(C0, _f64(C1)) <= P.tolerance("fp32", K)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_group_sums_and_pipelined_loads_keep_the_bits(monkeypatch, precision):
+    """Every thread reads the same rows of B in the same order whatever the chunking of A
+    (KC is a multiple of KT x U) and whether its loads are double-buffered (PIPE), and the
+    groups' sums are always added in group order, however many fit in shared memory at
+    once (G): so all of these give the same bits."""
+    M, N, K = 6, 45, 300
+    rng = np.random.default_rng(4)
+    A, B = precision_operands(precision, M, N, K, rng)
+    kw = dict(MT=4, CT=4, NT=16, U=2)
+    base = gemmlib.matmul(A, B, kernel=skinny.build(precision, **kw))
+    assert backend.relative_error(base, _f64(A) @ _f64(B)) <= P.tolerance(precision, K)
+    piped = gemmlib.matmul(A, B, kernel=skinny.build(precision, PIPE=1, **kw))
+    assert piped.tobytes() == base.tobytes()
+    BN = 4 * skinny.VEC[precision]
+    for groups in (2, 1):   # staging areas that hold 2 and 1 groups' MT x BN sums: G < KT = 4
+        monkeypatch.setattr(skinny, "A_SHARED_BYTES", 4 * groups * 4 * BN)
+        skinny._code.cache_clear()
+        spec = skinny.build(precision, **kw)
+        assert spec.shared_bytes == 4 * groups * 4 * BN
+        assert gemmlib.matmul(A, B, kernel=spec).tobytes() == base.tobytes()
+    skinny._code.cache_clear()
 
 
 def test_slices_cover_k_once():
@@ -321,7 +345,8 @@ json.dump(out, sys.stdout)
 GATED = [("bf16", dict(MT=8), [(8, 0), (9, 0)]),
          ("fp32", dict(MT=16), [(7, 5), (9, 0)]),
          ("fp16", dict(MT=1, NC=1), [(7, 5), (8, 0)]),
-         ("fp16", dict(MT=1, U=8, OUT="fp16"), [(9, 0)])]   # auto's decode build, 16-bit C
+         ("fp16", dict(MT=1, U=8, OUT="fp16"), [(9, 0)]),
+         ("fp16", dict(MT=1, U=4, PIPE=1, OUT="fp16"), [(9, 0)])]   # auto's decode build
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,7 @@ import dataclasses
 from functools import lru_cache
 
 from gemmlib import backend
-from gemmlib.backend import cuda, float32, int32, uint32
+from gemmlib.backend import SIMULATOR, cuda, float32, int32, uint32
 from gemmlib.intrinsics import convert
 from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.mma import as_bits, as_float
@@ -100,6 +100,10 @@ TARGET_WARPS_PER_SM = 12
 #: a slice of K is at least this many rows of B
 MIN_SLICE_K = 256
 MAX_SPLITS = 32
+#: blocks an SM the compiler must leave room for (registers): PIPE with MT x VEC <= 32
+MIN_BLOCKS = 2
+#: the last block of a slab loads this many slices' partials before adding them
+SB = 16
 #: the workspace's traffic (S partial products written and read) stays below this share
 #: of B's bytes
 WORKSPACE_SHARE = 0.125
@@ -224,6 +228,8 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
     RAW = 4 * U                   # words of B in flight per thread
     MT4 = MT // 4                 # rows of A read as one ld.shared.v4
     SH = cdiv(max(KC * MT, MT * BN), 4)   # shared rows of 4 floats: A chunk, then the sums
+    G = min(KT, SH * 4 // (MT * BN))      # groups whose partial sums fit in shared at once
+    EPT = cdiv(MT * BN, NT)               # the block's sums each thread adds up
     SIXTEEN = precision != "fp32"
     FP16 = precision == "fp16"
     NC_ = bool(NC)
@@ -382,6 +388,8 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         acc = cuda.local.array(ACC, float32)
         raw = cuda.local.array(RAW, uint32)
         raw2 = cuda.local.array(RAW if PIPE else 1, uint32)
+        tot = cuda.local.array(EPT, float32)
+        ws = cuda.local.array(SB, float32)
         bf = cuda.local.array(V, float32)
         M, K = A.shape
         N = B.shape[1]
@@ -434,23 +442,34 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
                     kk += KG
             cuda.syncthreads()
 
-        # The KT groups' partial sums, added through shared memory in group order
-        # (((g0 + g1) + g2) + ...), leave the block's MT x BN result in shared memory ...
+        # The KT groups' partial sums, added in group order (((g0 + g1) + g2) + ...): G
+        # groups at a time park theirs in shared memory (every group at once when they fit,
+        # as at MT <= 4), then each thread adds, for the EPT sums it owns, the parked groups
+        # in order -- one barrier pair per G groups, not one barrier per group ...
         c0 = (tid % CT) * V
-        for r in range(KT):
-            if kr == r and active:
+        for g0 in range(0, KT, G):
+            if kr >= g0 and kr < g0 + G:
+                slot = (kr - g0) * (MT * BN)
                 for i in range(MT):
                     for q in range(V // 4):
-                        f = (i * BN + c0 + 4 * q) // 4
-                        if r > 0:
-                            s0, s1, s2, s3 = load4(sh, uidx(f), 0)
-                            acc[i * V + 4 * q] += s0
-                            acc[i * V + 4 * q + 1] += s1
-                            acc[i * V + 4 * q + 2] += s2
-                            acc[i * V + 4 * q + 3] += s3
+                        f = (slot + i * BN + c0 + 4 * q) // 4
                         store4(sh, uidx(f), 0, acc[i * V + 4 * q], acc[i * V + 4 * q + 1],
                                acc[i * V + 4 * q + 2], acc[i * V + 4 * q + 3])
             cuda.syncthreads()
+            for r in range(min(G, KT - g0)):
+                for e in range(EPT):   # innermost and constant: tot stays in registers
+                    t = tid + e * NT
+                    if t < MT * BN:
+                        f = r * (MT * BN) + t
+                        x = sh[uidx(f // 4), uidx(f % 4)]
+                        tot[e] = x if g0 + r == 0 else tot[e] + x
+            cuda.syncthreads()
+        # ... and puts them back where the stores read the block's MT x BN result
+        for e in range(EPT):
+            t = tid + e * NT
+            if t < MT * BN:
+                sh[uidx(t // 4), uidx(t % 4)] = tot[e]
+        cuda.syncthreads()
         # ... which the block writes to C -- or, when K is split, to its slice of the
         # workspace W, after which the last block of the slab to finish adds the slices.
         n0 = cuda.blockIdx.y * BN
@@ -469,33 +488,33 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         cuda.threadfence()
         # W[i] + W[M + i] + ... + W[(S-1)M + i], always in slice order (whichever block
         # was last), so the bits never depend on timing; one element a thread, coalesced.
-        # Four slices' loads are issued before their adds: one wait on L2 per four slices,
-        # not one per slice (the additions keep their order)
         for t in range(tid, MT * BN, NT):
             i = t // BN
             j = n0 + t - i * BN
             if m0 + i < M and j < N:
                 r = m0 + i
-                acc = W[uidx(r), uidx(j)]
-                zz = 1
-                while zz + 3 < S:
-                    w1 = W[uidx(r + zz * M), uidx(j)]
-                    w2 = W[uidx(r + (zz + 1) * M), uidx(j)]
-                    w3 = W[uidx(r + (zz + 2) * M), uidx(j)]
-                    w4 = W[uidx(r + (zz + 3) * M), uidx(j)]
-                    acc += w1
-                    acc += w2
-                    acc += w3
-                    acc += w4
-                    zz += 4
-                while zz < S:
-                    acc += W[uidx(r + zz * M), uidx(j)]
-                    zz += 1
+                # SB slices' loads are issued before their adds: one wait on L2 per SB
+                # slices, not one per slice (the additions keep their order)
+                acc = float32(0.0)
+                z0 = 0
+                while z0 < S:
+                    for q in range(SB):
+                        if z0 + q < S:
+                            ws[q] = W[uidx(r + (z0 + q) * M), uidx(j)]
+                    for q in range(SB):
+                        if z0 + q < S:
+                            acc = ws[q] if z0 + q == 0 else acc + ws[q]
+                    z0 += SB
                 C[uidx(r), uidx(j)] = to_out(acc)
         if tid == 0:
             L[cuda.blockIdx.x, cuda.blockIdx.y] = 0   # ready for the next launch
 
-    kernel = cuda.jit(skinny_kernel)
+    # PIPE's two buffers with few accumulators (MT x VEC <= 32): two blocks an SM, so ptxas
+    # keeps a thread within 65536 / (2 NT) registers (one block of 256 threads an SM has
+    # too few loads in flight); every other form keeps the compiler's choice.
+    jit_opts = ({"launch_bounds": (NT, MIN_BLOCKS)} if PIPE and ACC <= 32 and not SIMULATOR
+                else {})
+    kernel = cuda.jit(**jit_opts)(skinny_kernel)
     itemsize = 2 if SIXTEEN else 4
 
     def grid(M, N, K):
@@ -566,8 +585,11 @@ def params_for(precision: str, M: int) -> dict:
 #: scripts/skinny_gpu.py measured best.  On an H100 (results/models-2026-11-24/
 #: skinny-h100.json) eight 16-byte loads in flight a thread (U=8) were fastest for fp16 at
 #: M = 1 on 5 of the 7 decode shapes and at M = 4 on 4 of 7; the other precisions and
-#: row counts keep the defaults (not measured better)
-TUNED: dict = {("fp16", 1): {"U": 8}, ("fp16", 4): {"U": 8}}
+#: row counts keep the defaults (not measured better).  At M = 1 (fp16 and bf16) four loads
+#: double-buffered (PIPE=1, U=4) then beat U=8 on 5 of 6 layer shapes by 2.4-5.1% (0.5%
+#: behind on 1 x 28672 x 4096; results/decode-2026-11-26/skinny-compare-h100.json)
+TUNED: dict = {("fp16", 1): {"U": 4, "PIPE": 1}, ("bf16", 1): {"U": 4, "PIPE": 1},
+               ("fp16", 4): {"U": 8}}
 
 
 SPEC = build()
