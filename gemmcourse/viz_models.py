@@ -480,9 +480,12 @@ def _show_parts(mod, name: str, parts) -> bool:
     return True
 
 
-#: the parts of skinny that the chapter shows: the kernel, then its stores of the block's
-#: result (to C, or to the workspace whose slices the last block adds)
-SKINNY_PARTS = (("    def skinny_kernel(", "    kernel = cuda.jit(skinny_kernel)"),
+#: the parts of skinny that the chapter shows: the kernel, its rounds of loads and FMAs,
+#: then its stores of the block's result (to C, or to the workspace whose slices the last
+#: block adds)
+SKINNY_PARTS = (("    def skinny_kernel(", "    # PIPE's two buffers"),
+                ("    def fetch_round(", "    @cuda.jit(device=True)\n    def fma_row("),
+                ("    def use_round(", "    # The block's result, out of shared memory"),
                 ("    # The block's result, out of shared memory", "    store_c = "))
 
 
