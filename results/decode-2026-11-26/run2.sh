@@ -19,6 +19,6 @@ echo "suite rc=$?" >> $OUT/gpu-suite-final-h100.log
 tail -n 3 $OUT/gpu-suite-final-h100.log
 grep -E "^FAILED|^ERROR" $OUT/gpu-suite-final-h100.log | head -20
 timeout -k 5 150 python3 results/decode-2026-11-26/skinny_compare_gpu.py \
-  $OUT/skinny-compare-final-h100.json results/decode-2026-11-26/skinny_fb61aef.py 2>&1 \
+  $OUT/skinny-compare-final-h100.json /tmp/skinny_fb61aef.py 2>&1 \
   | grep -v Warn > $OUT/skinny-compare-final-h100.log
 cat $OUT/skinny-compare-final-h100.log

@@ -1,5 +1,6 @@
 """The decode rung before and after a change, kernel alone:
-``python3 skinny_compare_gpu.py OUT.json OLD_MODULE.py``.
+``python3 skinny_compare_gpu.py OUT.json OLD_MODULE.py``
+(OLD_MODULE.py: e.g. ``git show fb61aef:gemmlib/kernels/skinny.py > /tmp/skinny_fb61aef.py``).
 
 OLD_MODULE.py is gemmlib/kernels/skinny.py as it was (loaded under another name); each
 shape times its configurations, then the current module's, then torch.matmul's whole call
