@@ -751,10 +751,9 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None)
         spec = dispatch.select_tc(prec, M, N, K, out=okind)
     else:   # a rung by name: its 16-bit epilogue where it has one; a KernelSpec as given
         spec = dispatch.with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
-    #: the kernel writes the 16-bit C itself; else it writes float32, which one more kernel
-    #: rounds into C (dispatch.run_rounded)
-    direct = o16 is not None and spec.out_dtype == "uint16"
-    rounded = o16 is not None and not direct
+    #: a 16-bit C the kernel does not write itself ("fp16"/"bf16", else None): it writes
+    #: float32, which one more kernel rounds into C (dispatch.run_rounded)
+    out16 = okind if o16 is not None and spec.out_dtype != "uint16" else None
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
         xp = backend.array_module()
         with _staging_stream(stream):
@@ -788,13 +787,12 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None)
         Ck = dst if Np == N else xp.empty((M, Np), dtype=np.float32 if o16 is None else np.uint16)
         if M != 0 and N != 0:
             plan = dispatch.plan(spec, M, Np, Kp)  # ConstraintError here
-            out16 = okind if rounded else None
             if a.on_host:  # simulator
                 dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream, out16=out16)
             else:
                 args = (plan, _ptr(A_), _ptr(B_), _ptr(Ck))
-                if rounded:
-                    dispatch.run_rounded(*args, okind, dispatch.stream_handle(stream))
+                if out16:
+                    dispatch.run_rounded(*args, out16, dispatch.stream_handle(stream))
                 else:
                     dispatch.run(*args, dispatch.stream_handle(stream))
                 if Ck is dst and Kp == K and not misaligned and not _is_bf16array(C):

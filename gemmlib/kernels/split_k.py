@@ -41,33 +41,36 @@ MAX_SPLITS = 16
 LAUNCH_S = 5e-6
 
 
+@cuda.jit(device=True)
+def slice_sum(W, M, i, j):
+    """W[i, j] + W[M + i, j] + ... + W[(S-1)*M + i, j], always in that order (W holds the
+    S = rows / M slices' M x N partial products, one under the other)."""
+    S = W.shape[0] // M
+    acc = W[i, j]
+    for z in range(1, S):
+        acc += W[z * M + i, j]
+    return acc
+
+
 @cuda.jit
 def reduce_slices(W, C):
-    """C[i, j] = W[i, j] + W[M + i, j] + ... + W[(S-1)*M + i, j], always in that order."""
+    """C[i, j] = the slices' sum at (i, j), one thread an element."""
     M, N = C.shape
-    S = W.shape[0] // M
     i = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
     j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if i < M and j < N:
-        acc = W[i, j]
-        for z in range(1, S):
-            acc += W[z * M + i, j]
-        C[i, j] = acc
+        C[i, j] = slice_sum(W, M, i, j)
 
 
 def _rounding_reduce(to16):
     def reduce_slices_to16(W, C):
-        """C[i, j] = reduce_slices' sum (same order) rounded once, to C's 16-bit type (C
-        holds its bits).  One slice (W is M x N): the rounding of a float32 result."""
+        """C[i, j] = reduce_slices' sum rounded once, to C's 16-bit type (C holds its
+        bits).  One slice (W is M x N): the rounding of a float32 result."""
         M, N = C.shape
-        S = W.shape[0] // M
         i = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
         j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if i < M and j < N:
-            acc = W[i, j]
-            for z in range(1, S):
-                acc += W[z * M + i, j]
-            C[i, j] = to16(acc)
+            C[i, j] = to16(slice_sum(W, M, i, j))
 
     return cuda.jit(reduce_slices_to16)
 
