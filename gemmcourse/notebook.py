@@ -505,6 +505,19 @@ def check_value(answer, expected, what: str, rel: float = 1e-9) -> bool:
                     "which is not it. Look at the hint and try again.")
 
 
+def check_hidden(answer, expected, what: str, rel: float = 1e-9) -> bool:
+    """Like :func:`check_value`, but the verdict never shows the expected value (the
+    exercise checks of :mod:`gemmcourse.exercises`)."""
+    if answer is None or answer is Ellipsis:
+        return _verdict(False, f"{what}: replace the placeholder with your answer.")
+    try:
+        ok = abs(float(answer) - float(expected)) <= rel * max(1.0, abs(float(expected)))
+    except (TypeError, ValueError):
+        ok = answer == expected
+    return _verdict(ok, f"{what}: right." if ok else f"{what}: you have {answer!r}, which is "
+                    "not it. Look at the hint and try again.")
+
+
 def check_function(candidate, reference, cases, what: str) -> bool:
     """Call ``candidate`` and ``reference`` on every argument tuple in ``cases``; report the
     first disagreement."""
