@@ -257,10 +257,10 @@ def torch_allgather_matmul(Al, Bl, gather, P):
     """What a torch user writes for the same split: all-gather, then torch.matmul."""
     if gather == "A":
         full = torch.empty((P * Al.shape[0], Al.shape[1]), dtype=Al.dtype, device=Al.device)
-        gd._all_gather_flat(full.view(-1), Al.reshape(-1), None)
+        gd.all_gather_flat(full.view(-1), Al.reshape(-1), None)
         return torch.matmul(full, Bl)
     buf = torch.empty((P, Bl.numel()), dtype=Bl.dtype, device=Bl.device)
-    gd._all_gather_flat(buf.view(-1), Bl.reshape(-1), None)
+    gd.all_gather_flat(buf.view(-1), Bl.reshape(-1), None)
     full = torch.cat([buf[r].view(Bl.shape) for r in range(P)], dim=1)
     return torch.matmul(Al, full)
 
@@ -276,7 +276,7 @@ def allgather_bandwidth(reps: int) -> list[dict]:
         n = size // 2 // P                      # fp16 elements per rank
         x = torch.ones(n, dtype=torch.float16, device=DEV)
         out = torch.empty(n * P, dtype=torch.float16, device=DEV)
-        t = timed(lambda: gd._all_gather_flat(out, x, None), reps)
+        t = timed(lambda: gd.all_gather_flat(out, x, None), reps)
         alg = n * P * 2 / (t["median_ms"] * 1e-3) / 1e9
         rows.append(dict(bytes=n * P * 2, time_ms=t["median_ms"], algbw_gbs=alg,
                          busbw_gbs=alg * (P - 1) / P))

@@ -40,7 +40,10 @@ WORLD = 4
 #: (M, N, K): uneven everywhere, K = 1, M < P, N < P, K = 0
 SHAPES = [(13, 7, 11), (5, 9, 1), (2, 3, 6), (6, 2, 5), (4, 5, 0)]
 LOW = {"float16": (torch.float16, 2e-6), "bfloat16": (torch.bfloat16, 2e-6)}
-AG_OPTS = [dict(overlap=False), dict(overlap=True, chunks=1), dict(overlap=True, chunks=3)]
+AG_OPTS = [dict(overlap=False), dict(overlap=True, chunks=1), dict(overlap=True, chunks=3),
+           dict(transport="copy"), dict(transport="copy", chunks=3), dict(transport="direct")]
+RS_OPTS = [dict(overlap=False), dict(overlap=True, chunks=3), dict(transport="copy"),
+           dict(transport="direct")]
 SUMMA_OPTS = [dict(pipelined=False), dict(pipelined=True), dict(pipelined=True, panel=2),
               dict(pipelined=False, panel=3)]
 
@@ -124,6 +127,15 @@ def _worker(rank, world):
                     ok = C.dtype == torch.float32 and tuple(C.shape) == R[rs, cs].shape
                     err = _rel(C, R[rs, cs]) if ok else float("inf")
                     report[key] = (ok and err < 1e-6, f"shape {tuple(C.shape)}, error {err:.1e}")
+            ok_ = gd.offsets(gd.split_sizes(K, P))
+            Ak, Bk = A[:, ok_[rank]:ok_[rank + 1]].contiguous(), B[ok_[rank]:ok_[rank + 1]]
+            rs = slice(*gd.offsets(gd.split_sizes(M, P))[rank:rank + 2])
+            for opts in RS_OPTS:
+                key = ("reduce_scatter", P, (M, N, K), tuple(sorted(opts.items())))
+                C = gd.matmul_reduce_scatter(Ak, Bk.contiguous(), group=g, **opts)
+                ok = C.dtype == torch.float32 and tuple(C.shape) == R[rs].shape
+                err = _rel(C, R[rs]) if ok else float("inf")
+                report[key] = (ok and err < 1e-6, f"shape {tuple(C.shape)}, error {err:.1e}")
             for shape in grids(P):
                 rs, cs = gd.result_slices(M, N, P, rank, grid=shape)
                 Ab, Bb = _blocks_2d(A, B, shape, rank)
@@ -281,6 +293,62 @@ def _failures(reports, select):
 def test_allgather_matmul(reports, P):
     n, bad = _failures(reports, lambda k: k[0] == "allgather" and k[1] == P)
     assert n == P * len(SHAPES) * 2 * len(AG_OPTS) and not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("P", range(1, WORLD + 1))
+def test_matmul_reduce_scatter(reports, P):
+    n, bad = _failures(reports, lambda k: k[0] == "reduce_scatter" and k[1] == P)
+    assert n == P * len(SHAPES) * len(RS_OPTS) and not bad, "\n".join(bad)
+
+
+def _deferred_worker(rank, world):
+    """Collectives that run late, as NCCL's do on their own stream: the fake all-gather
+    holds only a weak reference to what it sends and reads it when waited on.  A staging
+    buffer the caller let go of before then is reported (on a GPU, the caching allocator
+    would already have handed its memory to the next piece: the wrong product seen on 4 GPUs
+    at three chunks)."""
+    import weakref
+
+    from gemmlib.distributed import allgather as ag
+
+    lost, real = [], ag._all_gather_flat
+
+    class Late:
+        def __init__(self, out, inp, group):
+            self.out, self.inp, self.group = out, weakref.ref(inp), group
+
+        def wait(self):
+            inp = self.inp()
+            if inp is None:
+                lost.append(self.out.numel())
+                inp = torch.full((self.out.numel() // world,), float("nan"), dtype=self.out.dtype)
+            real(self.out, inp, self.group)
+            return True
+
+    ag._all_gather_flat = lambda out, inp, group, async_op=False: (
+        Late(out, inp, group) if async_op else real(out, inp, group))
+    report = {}
+    try:
+        for M, N, K in ((1000, 777, 13), (13, 7, 11), (9, 30, 5)):
+            A, B, R = _matrices(M, N, K)
+            Al, Bl = _shards_1d(A, B, world, rank)
+            for gather in "AB":
+                for chunks in (2, 3, 4):
+                    rs, cs = gd.result_slices(M, N, world, rank, gather=gather)
+                    C = gd.allgather_matmul(Al, Bl, gather=gather, overlap=True, chunks=chunks)
+                    report[(M, N, K, gather, chunks)] = (not lost and _rel(C, R[rs, cs]) < 1e-6,
+                                                         f"{len(lost)} sends freed early")
+                    lost.clear()
+    finally:
+        ag._all_gather_flat = real
+    return report
+
+
+def test_staging_buffers_outlive_their_collectives():
+    reports = gd.spawn_cpu(_deferred_worker, WORLD, timeout=300)
+    bad = [f"rank {r} {k}: {v[1]}" for r, rep in enumerate(reports) for k, v in rep.items()
+           if not v[0]]
+    assert len(reports[0]) == 18 and not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("P", range(1, WORLD + 1))
