@@ -1,9 +1,10 @@
-"""Distributed GEMM on several GPUs (issue 21): correctness and measurements.
+"""Distributed GEMM on several GPUs: correctness and measurements.
 
 Run under torchrun, one process per GPU (scripts/distributed_gpu.sh runs P = 2, 4, 8)::
 
     torchrun --standalone --nproc-per-node=4 scripts/distributed_gpu.py check
     torchrun --standalone --nproc-per-node=4 scripts/distributed_gpu.py bench [--quick]
+    torchrun --standalone --nproc-per-node=4 scripts/distributed_gpu.py block [--quick]
 
 ``check``  every algorithm of gemmlib.distributed on CUDA tensors over NCCL, uneven
            shapes, fp32/fp16/bf16, against a float64 product; refusals on every rank.
@@ -19,6 +20,12 @@ Run under torchrun, one process per GPU (scripts/distributed_gpu.sh runs P = 2, 
            * torch doing the same split: all_gather + torch.matmul (what a torch user
              writes), and gemmlib's schedules with torch.matmul as the local product;
            * GPUs, clocks, topology, versions.
+
+``block``  a tensor-parallel Llama-3.1-8B layer's projections (QKV and gate/up
+           column-parallel with an all-gather of the token-sharded input, O and down
+           row-parallel with a reduce-scatter), gemmlib's overlapped collectives against
+           torch.matmul + NCCL and torch's async tensor parallel, prefill (2048 tokens) and
+           decode (16): tokens/s, into the same results file's "block" rows.
 
 ``--cpu`` runs the same code on CPU processes with gloo and tiny sizes (a check of the code
 paths, not a measurement; its file goes to --out, by default a temporary folder):
@@ -48,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-ARGS.add_argument("step", choices=("check", "bench"))
+ARGS.add_argument("step", choices=("check", "bench", "block"))
 ARGS.add_argument("--cpu", action="store_true", help="gloo on CPU processes, tiny sizes")
 ARGS.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
 ARGS.add_argument("--dtypes", default="fp16,bf16,fp32")
@@ -144,8 +151,17 @@ def blocks_2d(A, B, grid, r):
             B[kb[i]:kb[i + 1], on[j]:on[j + 1]].contiguous())
 
 
+#: every schedule, uneven chunk counts included (3 chunks of uneven shards failed on 4 GPUs
+#: before the staging buffers were held on the comm stream)
+AG_CHECKS = [dict(overlap=False)] + [dict(overlap=True, chunks=c) for c in (1, 2, 3, 4)] + [
+    dict(transport="copy"), dict(transport="copy", chunks=3), dict(transport="direct")]
+RS_CHECKS = [dict(overlap=False), dict(overlap=True, chunks=2), dict(overlap=True, chunks=3),
+             dict(transport="copy"), dict(transport="direct")]
+
+
 def check() -> int:
-    shapes = [(1000, 777, 513), (13, 7, 11), (3, 5000, 1), (P - 1 or 1, 300, 200), (64, 64, 0)]
+    shapes = [(1000, 777, 513), (13, 7, 11), (3, 5000, 1), (P - 1 or 1, 300, 200), (64, 64, 0),
+              (4097, 1031, 257)]
     grids = [(pr, P // pr) for pr in range(1, P + 1) if P % pr == 0]
     pgrids = {s: gd.ProcessGrid(s) for s in grids}
     bad, n = [], 0
@@ -157,12 +173,20 @@ def check() -> int:
             Al, Bl = shards_1d(A, B, RANK, P)
             for gather in "AB":
                 rs, cs = gd.result_slices(M, N, P, RANK, gather=gather)
-                for opts in (dict(overlap=False), dict(overlap=True, chunks=1),
-                             dict(overlap=True, chunks=3)):
+                for opts in AG_CHECKS:
                     C = gd.allgather_matmul(Al, Bl, gather=gather, **opts)
                     e, n = rel_err(C, R[rs, cs]), n + 1
                     if not e < tol:
                         bad.append(f"{name} {M}x{N}x{K} gather={gather} {opts}: error {e:.1e}")
+            ok_ = gd.offsets(gd.split_sizes(K, P))
+            Ak = A[:, ok_[RANK]:ok_[RANK + 1]].contiguous()
+            Bk = B[ok_[RANK]:ok_[RANK + 1]].contiguous()
+            rs = slice(*gd.offsets(gd.split_sizes(M, P))[RANK:RANK + 2])
+            for opts in RS_CHECKS:
+                C = gd.matmul_reduce_scatter(Ak, Bk, **opts)
+                e, n = rel_err(C, R[rs]), n + 1
+                if not e < tol:
+                    bad.append(f"{name} {M}x{N}x{K} reduce-scatter {opts}: error {e:.1e}")
             for s in grids:
                 rs, cs = gd.result_slices(M, N, P, RANK, grid=s)
                 Ab, Bb = blocks_2d(A, B, s, RANK)
@@ -172,6 +196,22 @@ def check() -> int:
                     e, n = rel_err(C, R[rs, cs]), n + 1
                     if not e < tol:
                         bad.append(f"{name} {M}x{N}x{K} summa {s} {opts}: error {e:.1e}")
+    # calls in a row on the same workspace (its two slots alternate), each with new data
+    for it in range(6):
+        A, B = rand((515, 260), torch.bfloat16, 500 + it), rand((260, 333), torch.bfloat16, 600 + it)
+        R = A.double() @ B.double()
+        Al, Bl = shards_1d(A, B, RANK, P)
+        rs, cs = gd.result_slices(515, 333, P, RANK, gather="A")
+        C = gd.allgather_matmul(Al, Bl, gather="A", transport="copy", chunks=2)
+        ok_ = gd.offsets(gd.split_sizes(260, P))
+        C2 = gd.matmul_reduce_scatter(A[:, ok_[RANK]:ok_[RANK + 1]].contiguous(),
+                                      B[ok_[RANK]:ok_[RANK + 1]].contiguous(), transport="copy")
+        r2 = slice(*gd.offsets(gd.split_sizes(515, P))[RANK:RANK + 2])
+        for what, e in (("allgather copy", rel_err(C, R[rs, cs])),
+                        ("reduce-scatter copy", rel_err(C2, R[r2]))):
+            n += 1
+            if not e < 2e-3:
+                bad.append(f"call {it} in a row, {what}: error {e:.1e}")
     # a refusal raised on every rank (here: one rank's dtype differs)
     A = rand((64, 32), torch.float16 if RANK == P - 1 else torch.float32, 99)
     B = rand((32, 16 * P), A.dtype, 98)
@@ -265,6 +305,36 @@ def torch_allgather_matmul(Al, Bl, gather, P):
     return torch.matmul(Al, full)
 
 
+def _group_name():
+    g = dist.group.WORLD
+    try:
+        import torch.distributed._symmetric_memory as symm
+
+        symm.enable_symm_mem_for_group(g.group_name)
+    except Exception:  # noqa: BLE001 - newer torch needs no enabling
+        pass
+    return g.group_name
+
+
+def torch_async_tp_allgather(Al, Bl):
+    """torch's async tensor parallel: the fused all-gather + matmul (symmetric memory)."""
+    _, outs = torch.ops.symm_mem.fused_all_gather_matmul(Al, [Bl], 0, _group_name())
+    return outs[0]
+
+
+def torch_async_tp_reduce_scatter(Ak, Bk):
+    """torch's async tensor parallel: the fused matmul + reduce-scatter."""
+    return torch.ops.symm_mem.fused_matmul_reduce_scatter(Ak, Bk, "sum", 0, _group_name())
+
+
+def torch_matmul_reduce_scatter(Ak, Bk):
+    """What a torch user writes: torch.matmul, then NCCL's reduce-scatter (in the dtype)."""
+    part = torch.matmul(Ak, Bk)
+    out = torch.empty((part.shape[0] // P, part.shape[1]), dtype=part.dtype, device=part.device)
+    dist.reduce_scatter_tensor(out, part, group=None)
+    return out
+
+
 def allgather_bandwidth(reps: int) -> list[dict]:
     """NCCL's all-gather, as nccl-tests reports it: size = bytes gathered (the output),
     algbw = size / time, busbw = algbw * (P - 1) / P."""
@@ -295,6 +365,9 @@ def problems(name):
             ("weak", (s, s * P, s, s * P, s, s)), ("strong", (n, n, n, n, n, n))):
         out.append((scaling, "gather_A", Mg, Ng, Kg, None))      # C[:, cols]: N grows
         out.append((scaling, "gather_B", Ms, Ns, Ks, None))      # C[rows, :]: M grows
+        k = s * P if scaling == "weak" else n
+        out.append((scaling, "reduce_scatter", Ms // P if scaling == "weak" else n,
+                    Ns, k, None))                              # K split, C rows scattered
     out.append(("weak", "summa", s * pr, s * pc, s, (pr, pc)))
     out.append(("strong", "summa", n, n, n, (pr, pc)))
     return s, n, out
@@ -358,6 +431,21 @@ def bench_problem(name, dtype, scaling, alg, M, N, K, grid, reps, chunks, single
         call = lambda eng, o, tl=None: gd.summa(  # noqa: E731
             Ab, Bb, grid=grid, sizes=sizes, timeline=tl,
             product=torch_product if eng == "torch" else None, **o)
+    elif alg == "reduce_scatter":
+        kk = K // P
+        Ak, Bk = rand((M, kk), dtype, 3 + RANK), rand((kk, N), dtype, 7 + RANK)
+        variants = [("gemmlib", dict(overlap=False))] + [
+            ("gemmlib", dict(overlap=True, chunks=c)) for c in chunks if c > 1] + [
+            ("gemmlib", dict(transport="copy")), ("gemmlib", dict(transport="direct")),
+            ("torch plain", dict(overlap=False))] + (
+            [("torch async-TP", dict())] if GPU else [])
+
+        def call(eng, o, tl=None):
+            if eng == "torch plain":
+                return torch_matmul_reduce_scatter(Ak, Bk)
+            if eng == "torch async-TP":
+                return torch_async_tp_reduce_scatter(Ak, Bk)
+            return gd.matmul_reduce_scatter(Ak, Bk, sizes=[M // P] * P, timeline=tl, **o)
     else:
         gather = alg[-1]
         m, nn = M // P, N // P
@@ -365,12 +453,16 @@ def bench_problem(name, dtype, scaling, alg, M, N, K, grid, reps, chunks, single
         sizes = [m] * P if gather == "A" else [nn] * P
         variants = [("gemmlib", dict(overlap=False))] + [
             ("gemmlib", dict(overlap=True, chunks=c)) for c in chunks] + [
-            ("torch plain", dict(overlap=False)), ("torch", dict(overlap=False)),
-            ("torch", dict(overlap=True, chunks=max(chunks)))]
+            ("gemmlib", dict(transport="copy")), ("gemmlib", dict(transport="copy", chunks=2)),
+            ("gemmlib", dict(transport="direct")),
+            ("torch plain", dict(overlap=False)), ("torch", dict(transport="copy"))] + (
+            [("torch async-TP", dict())] if GPU and gather == "A" else [])
 
         def call(eng, o, tl=None):
             if eng == "torch plain":
                 return torch_allgather_matmul(Al, Bl, gather, P)
+            if eng == "torch async-TP":
+                return torch_async_tp_allgather(Al, Bl)
             return gd.allgather_matmul(Al, Bl, gather=gather, sizes=sizes, timeline=tl,
                                        product=torch_product if eng == "torch" else None, **o)
     rows = []
@@ -388,7 +480,7 @@ def bench_problem(name, dtype, scaling, alg, M, N, K, grid, reps, chunks, single
             else:
                 row.update(efficiency=one / (P * t["median_ms"]),
                            speedup_vs_cublas_1gpu=cub / t["median_ms"])
-            if eng != "torch plain":
+            if eng not in ("torch plain", "torch async-TP"):
                 med, recs = timeline_of(lambda tl: call(eng, o, tl))
                 row.update(timeline=med)
                 key = f"{name} {scaling} {alg} {eng} {json.dumps(o, sort_keys=True)}"
@@ -406,6 +498,104 @@ def bench_problem(name, dtype, scaling, alg, M, N, K, grid, reps, chunks, single
     return rows
 
 
+# --------------------------------------------------------------------------
+# block: a tensor-parallel Llama layer's projections
+
+#: Llama-3.1-8B: hidden size, MLP size, query and key/value widths
+LLAMA = dict(hidden=4096, mlp=14336, q=4096, kv=1024)
+
+
+def block() -> int:
+    """One layer's four projections, sequence-parallel over P GPUs (activations split by
+    tokens): QKV and gate/up column-parallel (all-gather the tokens, multiply by this GPU's
+    columns), O and down row-parallel (multiply this GPU's slice, reduce-scatter the sums by
+    tokens).  Attention itself and the norms are left out: they are the same in every
+    engine.  tokens/s = tokens / (the slowest rank's time of the layer)."""
+    H, I, Q, KV = (LLAMA[k] for k in ("hidden", "mlp", "q", "kv"))
+    if OPT.cpu:
+        H, I, Q, KV = 64, 96, 64, 16
+    dt = torch.bfloat16
+    wqkv = rand((H, (Q + 2 * KV) // P), dt, 21 + RANK) / 30
+    wo = rand((Q // P, H), dt, 22 + RANK) / 30
+    wgu = rand((H, 2 * I // P), dt, 23 + RANK) / 30
+    wd = rand((I // P, H), dt, 24 + RANK) / 60
+    q_w, i_w = Q // P, I // P
+
+    def gemmlib_layer(x, transport):
+        kw = dict(transport=transport) if transport != "nccl" else dict(overlap=True, chunks=2)
+        T = x.shape[0] * P
+        qkv = gd.allgather_matmul(x, wqkv, gather="A", sizes=[x.shape[0]] * P, **kw)
+        attn = qkv[:, :q_w].to(dt)                     # stands in for attention's output
+        rs = dict(transport=transport) if transport != "nccl" else dict(overlap=True, chunks=2)
+        h = gd.matmul_reduce_scatter(attn, wo, sizes=[T // P] * P, **rs)
+        x2 = (x.float() + h).to(dt)
+        gu = gd.allgather_matmul(x2, wgu, gather="A", sizes=[x.shape[0]] * P, **kw)
+        act = (torch.nn.functional.silu(gu[:, :i_w]) * gu[:, i_w:]).to(dt)
+        return (x2.float() + gd.matmul_reduce_scatter(act, wd, sizes=[T // P] * P, **rs)).to(dt)
+
+    def torch_layer(x):
+        T = x.shape[0] * P
+        full = torch.empty((T, H), dtype=dt, device=DEV)
+        dist.all_gather_into_tensor(full, x)
+        attn = torch.matmul(full, wqkv)[:, :q_w]
+        h = torch.empty((T // P, H), dtype=dt, device=DEV)
+        dist.reduce_scatter_tensor(h, torch.matmul(attn, wo))
+        x2 = x + h
+        dist.all_gather_into_tensor(full, x2)
+        gu = torch.matmul(full, wgu)
+        act = torch.nn.functional.silu(gu[:, :i_w]) * gu[:, i_w:]
+        out = torch.empty((T // P, H), dtype=dt, device=DEV)
+        dist.reduce_scatter_tensor(out, torch.matmul(act, wd))
+        return x2 + out
+
+    def async_tp_layer(x):
+        g = _group_name()
+        _, (qkv,) = torch.ops.symm_mem.fused_all_gather_matmul(x, [wqkv], 0, g)
+        h = torch.ops.symm_mem.fused_matmul_reduce_scatter(qkv[:, :q_w].contiguous(), wo, "sum",
+                                                            0, g)
+        x2 = x + h
+        _, (gu,) = torch.ops.symm_mem.fused_all_gather_matmul(x2, [wgu], 0, g)
+        act = torch.nn.functional.silu(gu[:, :i_w]) * gu[:, i_w:]
+        return x2 + torch.ops.symm_mem.fused_matmul_reduce_scatter(act, wd, "sum", 0, g)
+
+    engines = [("torch", torch_layer), ("gemmlib nccl", lambda x: gemmlib_layer(x, "nccl")),
+               ("gemmlib copy", lambda x: gemmlib_layer(x, "copy"))]
+    if GPU:
+        engines.append(("torch async-TP", async_tp_layer))
+    reps = OPT.reps or (5 if OPT.quick or OPT.cpu else 20)
+    rows = []
+    for phase, T in (("prefill", 2048 if GPU else 64), ("decode", 16)):
+        x = rand((T // P, H), dt, 30 + RANK)
+        ref = torch_layer(x).float()
+        for name, fn in engines:
+            row = dict(suite="tp-block", phase=phase, tokens=T, batch=T if phase == "decode"
+                       else 1, engine=name, P=P, model="llama-3.1-8b layer projections")
+            try:
+                y = fn(x).float()
+                row["rel_diff_vs_torch"] = float((y - ref).norm() / ref.norm().clamp_min(1e-30))
+                t = timed(lambda: fn(x), reps)
+                row.update(t, tok_s=T / (t["median_ms"] * 1e-3))
+            except Exception as e:  # noqa: BLE001
+                row.update(error=f"{type(e).__name__}: {e}")
+            rows.append(row)
+            say(f"block {phase:7} T={T:5} {name:15} " + (
+                f"{row['median_ms']:8.3f} ms {row['tok_s']:12.0f} tok/s diff "
+                f"{row['rel_diff_vs_torch']:.1e}" if "median_ms" in row else row["error"]))
+    base = {r["phase"]: r["tok_s"] for r in rows if r["engine"] == "torch" and "tok_s" in r}
+    for r in rows:
+        if "tok_s" in r and r["phase"] in base:
+            r["pct_torch"] = 100 * r["tok_s"] / base[r["phase"]]
+    if RANK == 0:
+        out = Path(OPT.out) if OPT.out else (Path(tempfile.gettempdir()) if OPT.cpu
+                                             else ROOT / "results")
+        out.mkdir(parents=True, exist_ok=True)
+        m = environment()
+        path = out / f"distributed-block-{m['gpu_slug']}-x{P}-{m['date'][:10]}.json"
+        path.write_text(json.dumps(dict(meta=m, rows=rows), indent=1))
+        print(f"wrote {path}", flush=True)
+    return 0
+
+
 def blocks_2d_local(M, N, K, grid, dtype):
     pr, pc = grid
     i, j = divmod(RANK, pc)
@@ -421,10 +611,10 @@ def judge(data) -> list[dict]:
     for p2 in (2, 4):
         if P != p2:
             continue
-        for alg in ("gather_A", "gather_B", "summa"):
+        for alg in ("gather_A", "gather_B", "reduce_scatter", "summa"):
             best = [r for r in rows if r["dtype"] == "fp16" and r["scaling"] == "weak"
                     and r["algorithm"] == alg and r["engine"] == "gemmlib"
-                    and (r["options"].get("overlap") or r["options"].get("pipelined"))]
+                    and _overlapped(r)]
             if best:
                 b = max(best, key=lambda r: r["efficiency"])
                 out.append(dict(what=f"fp16 weak scaling on {P} GPUs, {alg} with overlap: "
@@ -435,14 +625,27 @@ def judge(data) -> list[dict]:
         if r["engine"] != "gemmlib" or (r["algorithm"] == "summa" and "panel" in r["options"]):
             continue
         key = (r["dtype"], r["scaling"], r["algorithm"])
-        over = bool(r["options"].get("overlap") or r["options"].get("pipelined"))
-        groups.setdefault(key, {}).setdefault(over, []).append(r["median_ms"])
+        groups.setdefault(key, {}).setdefault(_overlapped(r), []).append(r["median_ms"])
     for key, g in sorted(groups.items()):
         if True in g and False in g:
             on, off = min(g[True]), min(g[False])
             out.append(dict(what=f"{' '.join(key)}: overlapped {on:.3f} ms < not {off:.3f} ms",
                             met=on < off))
+        if True in g:
+            on = min(g[True])
+            for eng in ("torch plain", "torch async-TP"):
+                ts = [r["median_ms"] for r in rows if r["engine"] == eng and
+                      (r["dtype"], r["scaling"], r["algorithm"]) == key]
+                if ts:
+                    out.append(dict(what=f"{' '.join(key)}: overlapped {on:.3f} ms < {eng} "
+                                    f"{min(ts):.3f} ms", met=on < min(ts)))
     return out
+
+
+def _overlapped(r) -> bool:
+    o = r["options"]
+    return bool(o.get("overlap") or o.get("pipelined") or o.get("transport") in ("copy",
+                                                                                 "direct"))
 
 
 def environment() -> dict:
@@ -486,7 +689,7 @@ def environment() -> dict:
 
 if __name__ == "__main__":
     try:
-        rc = check() if OPT.step == "check" else bench()
+        rc = {"check": check, "bench": bench, "block": block}[OPT.step]()
     finally:
         dist.destroy_process_group()
     sys.exit(rc)

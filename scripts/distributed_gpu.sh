@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 21 GPU runs (distributed GEMM): on a machine with several GPUs, for P = 2, 4, 8 (those
+# GPU runs of the distributed GEMMs: on a machine with several GPUs, for P = 2, 4, 8 (those
 # the machine has), the correctness check, the GPU tests, and the measurement
 # (scripts/distributed_gpu.py; results/distributed-<gpu>-x<P>-<date>.json).
 # Logs go to $OUT/logs (default /tmp/dist-out), new result files into $OUT/results.tar.
 #   bash scripts/distributed_gpu.sh                  # every stage, every P
-#   PS="2 4" bash scripts/distributed_gpu.sh check bench
+#   PS="2 4" bash scripts/distributed_gpu.sh check bench block
 #   QUICK=1 bash scripts/distributed_gpu.sh bench    # fewer sizes and repetitions
 # NVLink multicast stays off: these machines require it (a program that uses it can take the
 # host's GPUs out of service).
@@ -35,22 +35,21 @@ stage() {
   grep -v -i "warn" "$OUT/logs/$name.log" | tail -n "${TAILN:-30}"
   save
 }
-run() {  # run P STEP [args]: torchrun with P processes, one per GPU
-  local p=$1; shift
-  python3 -m torch.distributed.run --standalone --nproc-per-node="$p" scripts/distributed_gpu.py "$@"
-}
+# torchrun with P processes, one per GPU (a command, not a shell function: timeout runs it)
+torchrun_p() { echo python3 -m torch.distributed.run --standalone --nproc-per-node="$1" scripts/distributed_gpu.py; }
 for st in $STAGES; do
   for p in $PS; do
     if (( p > NGPU )); then echo "=== skip P=$p: only $NGPU GPUs"; continue; fi
     case $st in
-      check) TAILN=20 stage "check-x$p" 600 run "$p" check ;;
-      bench) TAILN=120 stage "bench-x$p" 900 run "$p" bench ${QUICK:+--quick} ;;
+      check) TAILN=20 stage "check-x$p" "${T_CHECK:-600}" $(torchrun_p "$p") check ;;
+      bench) TAILN=120 stage "bench-x$p" "${T_BENCH:-900}" $(torchrun_p "$p") bench ${QUICK:+--quick} ${BENCH_ARGS:-} ;;
+      block) TAILN=40 stage "block-x$p" "${T_BLOCK:-600}" $(torchrun_p "$p") block ${QUICK:+--quick} ;;
       pytest) ;;  # below, once
       *) echo "unknown stage $st" ;;
     esac
   done
   if [[ $st == pytest ]] && (( NGPU >= 2 )); then
-    TAILN=20 stage pytest 900 python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_distributed.py
+    TAILN=20 stage pytest "${T_PYTEST:-900}" python3 -m pytest -q -rfE -m gpu -p no:cacheprovider tests/test_distributed.py
   fi
 done
 echo "total $((SECONDS - T0)) s"
