@@ -581,6 +581,23 @@ def block() -> int:
             say(f"block {phase:7} T={T:5} {name:15} " + (
                 f"{row['median_ms']:8.3f} ms {row['tok_s']:12.0f} tok/s diff "
                 f"{row['rel_diff_vs_torch']:.1e}" if "median_ms" in row else row["error"]))
+    if GPU and os.environ.get("BLOCK_PROFILE"):
+        from torch.profiler import ProfilerActivity, profile
+
+        for phase, T in (("prefill", 2048), ("decode", 16)):
+            x = rand((T // P, H), dt, 30 + RANK)
+            for name, fn in engines[1:3]:
+                fn(x)
+                sync()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    fn(x)
+                    sync()
+                if RANK == 0:
+                    print(f"--- profile {phase} {name}")
+                    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12,
+                                                    max_name_column_width=60))
+                    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=8,
+                                                    max_name_column_width=60))
     base = {r["phase"]: r["tok_s"] for r in rows if r["engine"] == "torch" and "tok_s" in r}
     for r in rows:
         if "tok_s" in r and r["phase"] in base:
