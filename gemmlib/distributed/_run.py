@@ -58,11 +58,14 @@ class _Runner:
 
     On a GPU, products run on the *compute* stream (torch's current one) and
     transfers on a side *comm* stream.  Every tensor a transfer reads or writes
-    is passed as ``keep``: it is recorded on the comm stream (so the caching
-    allocator never hands its memory to the compute stream while the transfer
-    may still run) and held until :meth:`finish`.  Without that, a staging
-    buffer freed by Python right after its collective was *issued* can be
-    reused by the next one before NCCL has read it.
+    is passed as ``keep`` and held until :meth:`finish`, which also makes the
+    compute stream wait for everything queued on the comm stream: only then
+    may the caching allocator (stream-ordered on the compute stream, where the
+    buffers were made) hand their memory out again.  Without that, a staging
+    buffer freed by Python right after its collective was *issued* was reused
+    by the next one before NCCL had read it.  (``record_stream`` would also be
+    safe, but it delays the reuse of every block, so each call got new
+    addresses, and gemmlib's per-address TMA maps were rebuilt on every call.)
     """
 
     def __init__(self, device, timeline: Timeline | None, label: str):
@@ -88,12 +91,7 @@ class _Runner:
         return time.perf_counter()
 
     def _hold(self, keep) -> None:
-        for t in keep:
-            if t is None:
-                continue
-            if self.gpu:
-                t.record_stream(self.comm)
-            self._keep.append(t)
+        self._keep.extend(t for t in keep if t is not None)
 
     def issue(self, label: str, ops, keep=()):
         """Start the collectives ``ops`` (callables taking ``async_op``), in order, on the
@@ -171,6 +169,8 @@ class _Runner:
         return out
 
     def finish(self) -> None:
+        if self.gpu:
+            self.compute.wait_stream(self.comm)   # before the held buffers can be reused
         if self.tl is not None:
             self.tl._add(self.call, "call", self.label, self.t_start,
                          self._now(self.compute if self.gpu else None))
