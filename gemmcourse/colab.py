@@ -10,7 +10,7 @@ through the cell the way Colab does.
 
 On Colab the cell clones the repository into ``/content/gemm-course`` and installs it from
 there in editable mode (``pip install -e``), rather than ``pip install git+URL``: the chapters
-read what is committed beside the code (``results/*.json``, ``results/tuning/``, ``figures/``),
+read what is committed beside the code (``results/``, ``figures/``),
 and a pip install from git leaves those behind, while an editable install keeps gemmlib and
 gemmcourse in the clone, next to them (``notebook.repo_root()`` finds it from ``__file__``).
 
