@@ -52,7 +52,7 @@ def compile_ptx(spec, cc=(9, 0)) -> str:
 
     opts = {k: v for k, v in spec.kernel.targetoptions.items()
             if k in ("fastmath", "lineinfo", "debug", "opt")}
-    with _offline_device(cc):
+    with offline_device(cc):
         ptx, _ = cuda.compile_ptx(spec.kernel.py_func, signature(spec), cc=cc, **opts)
     arch = arch_of(spec, cc)
     if arch.endswith("a"):
@@ -67,13 +67,13 @@ def compile_prep_ptx(spec, cc=(9, 0)) -> str:
     from numba import cuda, types
 
     t = getattr(types, spec.kernel_dtypes[1])[:, ::1]
-    with _offline_device(cc):
+    with offline_device(cc):
         ptx, _ = cuda.compile_ptx(spec.b_prep.py_func, (t, t), cc=cc)
     return ptx
 
 
 @contextlib.contextmanager
-def _offline_device(cc):
+def offline_device(cc):
     """Let device functions compile with no GPU.
 
     compile_ptx itself needs no driver, but a ``cuda.jit(device=True)``

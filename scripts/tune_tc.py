@@ -45,7 +45,7 @@ def tune(prec: str, shape, reps: int = 10, log=print) -> dict:
     A, B = bench.precision_operands(prec, M, N, K)
     a, b = getattr(A, "bits", A), getattr(B, "bits", B)
     C = cp.empty((M, N), np.float32)
-    timer = bench._Timer(True)
+    timer = bench.Timer(True)
     cprec = bench.CUBLAS_PRECISION[prec]
     cub = timer(lambda: backend.cublas_gemm(A, B, C, cprec), reps, 3).median
     flops = 2.0 * M * N * K
