@@ -352,11 +352,10 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
     from its cost model (one where the tiles fill the GPU: then it is ``wgmma_ws``)."""
     dev = backend.device_info()
     narrow = cdiv(N, 256) < dev.sm_count / 2
-    # skinny only at M = 1.  Until 2026-11-26 also at M <= 4 on layers of at most 2^26
-    # weights; then, kernels alone on an H100 (results/out16-2026-11-26/
-    # decode-kernels-m2to4-h100.json), wgmma_split_k's 64-row tiles beat it at M = 2-4 on
-    # all 11 layer shapes measured, fp16 and bf16, by 3-19%; at M = 1 skinny stays 10-13%
-    # ahead at 4096 x 4096 (decode-kernels-unroll-h100.json).  The H200 was not re-measured
+    # skinny only at M = 1: kernels alone on an H100, wgmma_split_k's 64-row tiles beat it
+    # at M = 2-4 on all 11 layer shapes measured, fp16 and bf16, by 3-19%
+    # (results/out16-2026-11-26/decode-kernels-m2to4-h100.json); at M = 1 skinny is 10-13%
+    # ahead at 4096 x 4096 (decode-kernels-unroll-h100.json).  Not measured on an H200
     if narrow and M == 1:
         skinny = select_skinny(precision, M, N, K)
         if skinny is not None:
