@@ -237,7 +237,7 @@ def compile_case(case: str) -> dict:
 
     kernel, args, _ = build(case)
     sig = tuple(numba.typeof(a) for a in args)
-    with P._offline_device((9, 0)):
+    with P.offline_device((9, 0)):
         text, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
     # offline, numba targets plain sm_90; on an H100 it targets sm_90a itself
     text = re.sub(r"\.target sm_90\b", ".target sm_90a", text)

@@ -667,7 +667,8 @@ def ptx_evidence(spec, patterns, examples: int = 2):
 
 def committed_json(pattern: str, directory=None):
     """[(file name, parsed JSON)] for committed files matching ``pattern`` under results/
-    (e.g. "layouts-*.json", "tuning/*.json"), or under ``directory``; empty when none."""
+    (e.g. "layouts-*.json", "tuning/*-tune.json"), or under ``directory`` (e.g.
+    ``gemmlib.tuning.PACKAGE_TUNING_DIR``: the tuning tables); empty when none."""
     import json
 
     if directory is None:

@@ -20,8 +20,8 @@ rung (by default :mod:`gemmlib.kernels.warptile`):
 Lookups (:func:`gemmlib.tuning.best_params`, and ``kernel="auto"`` through
 :func:`gemmlib.dispatch.select`) read, in order, the user cache
 (``$GEMMLIB_CACHE`` or ``$XDG_CACHE_HOME/gemmlib`` or ``~/.cache/gemmlib``,
-``tuning/<gpu-slug>.json``) and the tuning data committed with the course
-(``results/tuning/<gpu-slug>.json``); with neither -- or in the simulator --
+``tuning/<gpu-slug>.json``) and the tables shipped with the package
+(``gemmlib/data/tuning/<gpu-slug>.json``); with neither -- or in the simulator --
 they fall back to the rung's default configuration.  Reads and writes hold a
 lock, and files are replaced atomically, so threads (and processes) never
 see half-written data.
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from gemmlib import backend, dispatch
 from gemmlib.tuning import (  # noqa: F401  (the tuning data API, re-exported here)
-    _LOCK, REPO_TUNING_DIR, _read, _write, best_entry, best_params, cache_paths,
+    _LOCK, PACKAGE_TUNING_DIR, _read, _write, best_entry, best_params, cache_paths,
     gpu_slug, nearest_class, shape_class, user_cache_dir)
 
 DEFAULT_KERNEL = "warptile"

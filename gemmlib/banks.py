@@ -19,7 +19,7 @@ and reports for one warp instruction the total wavefronts, the ideal, and the
 conflict degree ``wavefronts / ideal`` (1.0 = conflict-free).  Extra wavefronts
 (``wavefronts - ideal``) are what Nsight Compute counts in
 ``l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{ld,st}.sum``;
-``results/tuning/bank_conflicts.sh`` measures them on a GPU to check the model.
+``scripts/experiments/bank_conflicts.sh`` measures them on a GPU to check the model.
 
 Every kernel rung with shared memory has a module-level ``accesses(spec)``
 listing its access patterns as :class:`Access` objects built from the *same*

@@ -220,7 +220,7 @@ def environment() -> dict:
 # Timing
 
 
-class _Timer:
+class Timer:
     """Times one callable with CUDA events, flushing L2 before every run.
 
     ``idle_start``: wait for the flush to finish before the start event, so
@@ -257,7 +257,7 @@ class _Timer:
 
 def time_fn(fn, reps: int = 10, warmup: int = 2, flush_l2: bool = True) -> Timing:
     """Time ``fn`` (which launches GPU work on the current stream) the harness's way."""
-    return _Timer(flush_l2)(fn, reps, warmup)
+    return Timer(flush_l2)(fn, reps, warmup)
 
 
 def _reps_for(seconds_per_run: float, reps: int, budget_s: float) -> int:
@@ -291,8 +291,8 @@ def benchmark(kernels=None, shapes=None, *, reps: int = 30, warmup: int = 3,
     from tqdm import tqdm  # the text bar: tqdm.auto warns in notebooks without ipywidgets
 
     cp = backend.array_module()
-    kernel_timer = _Timer(flush_l2)
-    call_timer = _Timer(flush_l2, idle_start=True, scratch=kernel_timer.scratch)
+    kernel_timer = Timer(flush_l2)
+    call_timer = Timer(flush_l2, idle_start=True, scratch=kernel_timer.scratch)
     timers = {"kernel": kernel_timer, "call": call_timer}
     result = Result(meta=environment())
     result.meta.update(reps_requested=reps, warmup=warmup, flush_l2=flush_l2, budget_s=budget_s,
@@ -533,6 +533,42 @@ def host_costs(shape=(64, 64, 64), calls: int = 2000) -> dict:
     }
 
 
+def call_steps(A, B) -> tuple[str, dict]:
+    """The steps of one ``gemmlib.matmul(A, B)`` on the short path, each as a callable that
+    repeats it alone (GPU only; torch tensors or CuPy arrays), to time one by one:
+    ``(name of the kernel that runs, {step: fn})``. The call is made twice first, so
+    the steps find what a loop of calls finds (plan, output type, compiled kernel)."""
+    from gemmlib import api
+
+    a, b = api._describe(A, "A"), api._describe(B, "B")
+    key = api._call_key(a, b, None, None, False, None)
+    matmul(A, B)
+    known = dispatch.CALLS.get(key)
+    p = known.plan
+    cptr = api._out_ptr(matmul(A, B))
+    bd = dispatch.bound(p)
+    torch_stream = a.kind == "torch"
+    h = dispatch.stream_handle(api._torch_current_stream(a.device) if torch_stream else None)
+    steps = {
+        "whole call": lambda: matmul(A, B),
+        "describe A": lambda: api._describe(A, "A"),
+        "call key": lambda: api._call_key(a, b, None, None, False, None),
+        "lookup": lambda: dispatch.CALLS.get(key),
+        "still holds": lambda: api._still_holds(known, a, b, None),
+        "current device": api._current_device,
+        "new output": lambda: api._new_output(known, a, 0),
+        "dispatch.run": lambda: dispatch.run(p, a.ptr, b.ptr, cptr, h),
+        "dispatch.run bound": lambda: dispatch.run(p, a.ptr, b.ptr, cptr, h, bound=bd),
+        "_bound": lambda: dispatch._bound(p),
+        "current context": lambda: dispatch.driver().current_context(),
+    }
+    if torch_stream:
+        steps["torch stream"] = lambda: api._torch_current_stream(a.device)
+    if p.spec.tma_boxes:
+        steps["tensor maps"] = lambda: dispatch._tensor_maps(p, a.ptr, b.ptr, h)
+    return p.spec.name, steps
+
+
 def save_host_costs(data: dict, directory="results") -> Path:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -575,8 +611,8 @@ def benchmark_precisions(precisions=("fp16", "bf16", "tf32", "3xtf32"), shapes=N
     if backend.SIMULATOR:
         raise RuntimeError("benchmark_precisions times GPU kernels: run it on a GPU")
     cp = backend.array_module()
-    kt = _Timer(True)
-    timers = {"kernel": kt, "call": _Timer(True, idle_start=True, scratch=kt.scratch)}
+    kt = Timer(True)
+    timers = {"kernel": kt, "call": Timer(True, idle_start=True, scratch=kt.scratch)}
     result = Result(meta=environment())
     result.meta.update(reps_requested=reps, warmup=warmup, flush_l2=True, budget_s=budget_s,
                        timing=timing, precisions=list(precisions))

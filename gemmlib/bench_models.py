@@ -251,7 +251,7 @@ def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
     return 2 * nbytes / (statistics.median(ts[2:]) * 1e-3) / 1e9
 
 
-def _sets(nbytes: int, l2: int, cap: int = 16) -> int:
+def operand_sets(nbytes: int, l2: int, cap: int = 16) -> int:
     """Operand copies a loop cycles through so that they do not sit in L2."""
     return max(1, min(cap, math.ceil(3 * l2 / max(nbytes, 1))))
 
@@ -266,7 +266,7 @@ def measure(shape: Shape, precision: str, fw, *, target_ms: float = 25.0, loops:
     A, B = fw.operands(precision, M, N, K, seed)
     in_bytes = np.dtype(INPUT_DTYPE[precision] if precision != "bf16" else np.uint16).itemsize
     ops = in_bytes * (M * K + K * N)
-    sets = _sets(ops, backend.device_info().l2_bytes)
+    sets = operand_sets(ops, backend.device_info().l2_bytes)
     pairs = [(A, B)] + [(fw.copy(A), fw.copy(B)) for _ in range(sets - 1)]
     ours = [(lambda a=a, b=b: matmul(a, b, precision=call_prec)) for a, b in pairs]
     theirs = [fw.reference_call(a, b) for a, b in pairs]

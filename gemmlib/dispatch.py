@@ -49,7 +49,6 @@ import ctypes
 import hashlib
 import importlib
 import json
-import os
 import struct
 import sys
 import threading
@@ -353,11 +352,10 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
     from its cost model (one where the tiles fill the GPU: then it is ``wgmma_ws``)."""
     dev = backend.device_info()
     narrow = cdiv(N, 256) < dev.sm_count / 2
-    # skinny only at M = 1.  Until 2026-11-26 also at M <= 4 on layers of at most 2^26
-    # weights; then, kernels alone on an H100 (results/out16-2026-11-26/
-    # decode-kernels-m2to4-h100.json), wgmma_split_k's 64-row tiles beat it at M = 2-4 on
-    # all 11 layer shapes measured, fp16 and bf16, by 3-19%; at M = 1 skinny stays 10-13%
-    # ahead at 4096 x 4096 (decode-kernels-unroll-h100.json).  The H200 was not re-measured
+    # skinny only at M = 1: kernels alone on an H100, wgmma_split_k's 64-row tiles beat it
+    # at M = 2-4 on all 11 layer shapes measured, fp16 and bf16, by 3-19%
+    # (results/out16-2026-11-26/decode-kernels-m2to4-h100.json); at M = 1 skinny is 10-13%
+    # ahead at 4096 x 4096 (decode-kernels-unroll-h100.json).  Not measured on an H200
     if narrow and M == 1:
         skinny = select_skinny(precision, M, N, K)
         if skinny is not None:
@@ -697,16 +695,31 @@ def _compile(kernel, module, params, dtype, nargs, scalars=()) -> Compiled:
     lib = k._codelibrary
     if getattr(lib, "_setup_functions", None):  # e.g. numba's runtime (NRT): not ours to init
         raise CudaError(f"{name} needs numba's module set-up; gemmlib kernels must not")
-    # numba-cuda's own launches target the arch-specific sm_90a (wgmma, setmaxnreg) on
-    # compute capability 9.0 and newer; ask for the same machine code
-    cubin = lib.get_cubin(cc=(cc[0], cc[1], "a" if tuple(cc) >= (9, 0) else ""))
-    cubin = getattr(cubin, "code", cubin)  # numba-cuda 0.30 returns a cuda.core ObjectCode
-    cubin = Path(cubin).read_bytes() if isinstance(cubin, (str, os.PathLike)) else bytes(cubin)
+    cubin = machine_code(lib, cc)
     diskcache.store(cache_dir(), key, cubin, {"key": key, "entry": k.entry_name,
                                               "kernel": name, "module": module,
                                               "params": {k_: repr(v) for k_, v in params.items()},
                                               "cc": list(cc)})
     return Compiled(cubin, k.entry_name)
+
+
+def machine_code(lib, cc) -> bytes:
+    """SASS for compute capability ``cc`` of numba code library ``lib``, assembled here.
+
+    numba's own ``get_cubin`` links through cuda.core, which hands the PTX to the driver's
+    JIT when it finds no nvJitLink; an older driver cannot JIT PTX from a newer compiler (a
+    T4 on Colab), so gemmlib assembles the PTX itself (:func:`gemmlib.ptx.assemble`) and the
+    driver only loads machine code. On compute capability 9.0 and newer the target is the
+    arch-specific sm_90a (wgmma, setmaxnreg), as numba-cuda's own launches use.
+    """
+    from gemmlib.ptx import assemble
+
+    if lib._linking_files or lib.needs_cudadevrt:
+        raise CudaError("gemmlib kernels link no other code; this one asks numba to link "
+                        f"{sorted(map(str, lib._linking_files)) or 'cudadevrt'}")
+    suffix = "a" if tuple(cc) >= (9, 0) else ""
+    ptx = lib.get_asm_str(cc=(cc[0], cc[1], suffix))
+    return assemble(ptx, f"sm_{cc[0]}{cc[1]}{suffix}", lib._max_registers)
 
 
 def compiled_spec(spec: KernelSpec) -> Compiled:

@@ -52,7 +52,7 @@ def compile_ptx(spec, cc=(9, 0)) -> str:
 
     opts = {k: v for k, v in spec.kernel.targetoptions.items()
             if k in ("fastmath", "lineinfo", "debug", "opt")}
-    with _offline_device(cc):
+    with offline_device(cc):
         ptx, _ = cuda.compile_ptx(spec.kernel.py_func, signature(spec), cc=cc, **opts)
     arch = arch_of(spec, cc)
     if arch.endswith("a"):
@@ -67,13 +67,13 @@ def compile_prep_ptx(spec, cc=(9, 0)) -> str:
     from numba import cuda, types
 
     t = getattr(types, spec.kernel_dtypes[1])[:, ::1]
-    with _offline_device(cc):
+    with offline_device(cc):
         ptx, _ = cuda.compile_ptx(spec.b_prep.py_func, (t, t), cc=cc)
     return ptx
 
 
 @contextlib.contextmanager
-def _offline_device(cc):
+def offline_device(cc):
     """Let device functions compile with no GPU.
 
     compile_ptx itself needs no driver, but a ``cuda.jit(device=True)``
@@ -93,6 +93,59 @@ def _offline_device(cc):
         dispatcher.get_current_device = real
 
 
+def link_options(arch: str, max_registers: int | None = None, verbose: bool = False) -> list[str]:
+    """nvJitLink's options for machine code of ``arch`` (e.g. "sm_75", "sm_90a")."""
+    opts = [f"-arch={arch}"]
+    if max_registers:  # the kernel's cuda.jit(max_registers=...) cap, as the driver applies it
+        opts.append(f"-maxrregcount={max_registers}")
+    if verbose:
+        opts.append("-verbose")
+    return opts
+
+
+def _link(ptx: str, opts: list[str], cubin: bool) -> tuple[bytes, str]:
+    """(cubin or b"", info log) of ``ptx`` linked by nvJitLink with ``opts``."""
+    from cuda.bindings import nvjitlink
+
+    h = nvjitlink.create(len(opts), opts)
+    try:
+        data = ptx.encode()
+        try:
+            nvjitlink.add_data(h, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+            nvjitlink.complete(h)
+        except nvjitlink.nvJitLinkError as e:
+            log = bytearray(nvjitlink.get_error_log_size(h))
+            nvjitlink.get_error_log(h, log)
+            ptx_isa = re.search(r"^\s*\.version\s+(\S+)", ptx, re.M)
+            raise RuntimeError(
+                f"nvJitLink {'.'.join(map(str, nvjitlink.version()))} could not assemble PTX "
+                f"ISA {ptx_isa.group(1) if ptx_isa else '?'} ({' '.join(opts)}): {e}\n"
+                f"{log.decode(errors='replace').strip()}\n"
+                "nvJitLink must be at least as new as the NVVM that wrote the PTX (pip: "
+                "nvidia-nvjitlink-cu12 / nvidia-nvjitlink at NVVM's CUDA version or newer)") from e
+        out = b""
+        if cubin:
+            buf = bytearray(nvjitlink.get_linked_cubin_size(h))
+            nvjitlink.get_linked_cubin(h, buf)
+            out = bytes(buf)
+        log = bytearray(nvjitlink.get_info_log_size(h))
+        nvjitlink.get_info_log(h, log)
+    finally:
+        nvjitlink.destroy(h)
+    return out, log.decode(errors="replace")
+
+
+def assemble(ptx: str, arch: str, max_registers: int | None = None) -> bytes:
+    """Machine code (a cubin of SASS for ``arch``) from ``ptx``, assembled here by nvJitLink.
+
+    What gemmlib loads is this, never PTX: the driver JIT-compiles PTX only of an ISA version
+    it knows, so PTX from a newer compiler fails on an older driver (a T4 on Colab runs a
+    CUDA 12.4-class driver; pip's CUDA 12 compiler is 12.9). Machine code linked here runs on
+    any driver of the same CUDA major version (CUDA's minor-version compatibility).
+    """
+    return _link(ptx, link_options(arch, max_registers), cubin=True)[0]
+
+
 def resources(ptx: str, cc=(9, 0), max_registers: int | None = None,
               arch: str | None = None) -> dict:
     """Registers, spills and stack of the PTX once assembled to machine code.
@@ -101,21 +154,8 @@ def resources(ptx: str, cc=(9, 0), max_registers: int | None = None,
     ships inside nvJitLink (a wheel of numba-cuda's CUDA extra), so this runs
     with no GPU and gives the same counts the driver reports on the device.
     """
-    from cuda.bindings import nvjitlink
-
-    opts = [f"-arch={arch or f'sm_{cc[0]}{cc[1]}'}", "-verbose"]   # arch: e.g. "sm_90a"
-    if max_registers:  # the kernel's cuda.jit(max_registers=...) cap, as the driver applies it
-        opts.append(f"-maxrregcount={max_registers}")
-    h = nvjitlink.create(len(opts), opts)
-    try:
-        data = ptx.encode()
-        nvjitlink.add_data(h, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
-        nvjitlink.complete(h)
-        log = bytearray(nvjitlink.get_info_log_size(h))
-        nvjitlink.get_info_log(h, log)
-    finally:
-        nvjitlink.destroy(h)
-    text = log.decode(errors="replace")
+    opts = link_options(arch or f"sm_{cc[0]}{cc[1]}", max_registers, verbose=True)
+    text = _link(ptx, opts, cubin=False)[1]
 
     def num(pattern):
         m = re.search(pattern, text)

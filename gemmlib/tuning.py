@@ -6,7 +6,8 @@ them without importing the tuner.
 
 Files, most specific first: the user cache (``$GEMMLIB_CACHE`` or
 ``$XDG_CACHE_HOME/gemmlib`` or ``~/.cache/gemmlib``, ``tuning/<gpu-slug>.json``)
-and the data committed with the course (``results/tuning/<gpu-slug>.json``).
+and the tables shipped inside the package (``gemmlib/data/tuning/<gpu-slug>.json``,
+package data, so an installed wheel has them too).
 A file maps ``kernels -> rung -> shape class -> entry``; an entry has the
 rung's ``params`` and, for split-K, the measured ``splits``.  Reads and
 writes hold a lock and files are replaced atomically, so threads (and
@@ -21,6 +22,7 @@ import os
 import re
 import tempfile
 import threading
+from importlib import resources
 from pathlib import Path
 
 from gemmlib import backend
@@ -29,7 +31,8 @@ DEFAULT_KERNEL = "warptile"
 _LOCK = threading.RLock()
 _MEMO: dict[str, dict] = {}  # path -> parsed file, invalidated by mtime
 
-REPO_TUNING_DIR = Path(__file__).resolve().parent.parent / "results" / "tuning"
+#: The tables shipped with gemmlib: package data, present in a wheel as in a checkout.
+PACKAGE_TUNING_DIR = Path(str(resources.files("gemmlib").joinpath("data", "tuning")))
 
 
 # --------------------------------------------------------------------------
@@ -58,7 +61,7 @@ def user_cache_dir() -> Path:
 
 def cache_paths(slug: str) -> list[Path]:
     """Files consulted for a GPU, most specific first."""
-    return [user_cache_dir() / f"{slug}.json", REPO_TUNING_DIR / f"{slug}.json"]
+    return [user_cache_dir() / f"{slug}.json", PACKAGE_TUNING_DIR / f"{slug}.json"]
 
 
 def _read(path: Path) -> dict | None:

@@ -90,7 +90,7 @@ def measure(rung: str) -> dict:
     compiler.compile_cuda = timed
     passes = _pass_clock()
     try:
-        with P._offline_device(cc):   # as dispatch: kernel.compile(sig), with its options
+        with P.offline_device(cc):   # as dispatch: kernel.compile(sig), with its options
             t1 = CLOCK()
             text, _ = cuda.compile_ptx(spec.kernel.py_func, P.signature(spec), cc=cc,
                                        launch_bounds=opts.get("launch_bounds"),

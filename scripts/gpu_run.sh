@@ -8,7 +8,7 @@
 #   notebooks  every chapter executed in place (stored outputs name this GPU)
 #   sanitize   compute-sanitizer memcheck/racecheck/synccheck/initcheck on every kernel
 #   tune       split-K tuning (tile x slice count) of the classes TUNE_SHAPES fall in,
-#              merged into results/tuning/<gpu>.json
+#              merged into gemmlib/data/tuning/<gpu>.json
 #   hostcost   where one call's host time goes, and the first call in a fresh process
 #              -> results/host-cost-<gpu>-<date>.json
 #   benchcall  the public call gemmlib.matmul(A, B, out=C) timed as users call it, beside
@@ -46,7 +46,7 @@ for step in $STEPS; do
     tune)      slug=$($PY -c "from gemmlib.tuning import gpu_slug; print(gpu_slug())")
                $PY scripts/tune.py --candidates split --splits 1 2 3 4 6 8 \
                  --shapes ${TUNE_SHAPES:-512 1024 2048 1024x1024x8192 777x1999x3001} \
-                 --out "results/tuning/$slug.json" --log "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" ;;
+                 --out "gemmlib/data/tuning/$slug.json" --log "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" ;;
     hostcost)  $PY -m gemmlib bench --host-cost --out results 2>&1 | tee "$OUT/hostcost.log" ;;
     benchcall) $PY -m gemmlib bench --timing both --kernels auto warptile split_k --out results \
                  --quiet ${BENCH_ARGS:-} 2>&1 | tee "$OUT/benchcall.log" ;;

@@ -50,7 +50,7 @@ elif step == "tune":
     M = N = K = int(sys.argv[2]) if len(sys.argv) > 2 else 8192
     A, B = bench.precision_operands("fp16", M, N, K, 0)
     C = cp.empty((M, N), dtype=np.float32)
-    timer = bench._Timer(True)
+    timer = bench.Timer(True)
     cub = timer(lambda: backend.cublas_gemm(A, B, C, "fp16"), 10, 3)
     out = dict(meta=bench.environment(), rows=[])
     print(f"cublas {2*M*N*K/cub.median/1e9:.1f} TFLOP/s", flush=True)
@@ -90,7 +90,7 @@ if step == "final":
         for M, N, K in shapes[:2]:
             A, B = bench.precision_operands(prec, M, N, K, 0)
             C = cp.empty((M, N), dtype=np.float32)
-            timer = bench._Timer(True)
+            timer = bench.Timer(True)
             cub = timer(lambda: backend.cublas_gemm(A, B, C, prec), 20, 3)
             p = dispatch.warm(s4[prec], M, N, K)
             t = timer(lambda: dispatch.run(p, getattr(A, "bits", A).data.ptr,

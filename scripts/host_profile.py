@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 
 import gemmlib
-from gemmlib import api, backend, dispatch
+from gemmlib import backend, bench
 
 
 def med(fn, n=3000):
@@ -29,37 +29,13 @@ def med(fn, n=3000):
 
 
 def steps(A, B, label):
-    a, b = api._describe(A, "A"), api._describe(B, "B")
-    key = api._call_key(a, b, None, None, False, None)
-    gemmlib.matmul(A, B)
-    known = dispatch.CALLS.get(key)
-    p = known.plan
-    out = gemmlib.matmul(A, B)
-    cptr = api._out_ptr(out)
-    bd = dispatch.bound(p)
-    h = dispatch.stream_handle(api._torch_current_stream(a.device) if a.kind == "torch" else None)
-    rows = {
-        "whole call": lambda: gemmlib.matmul(A, B),
-        "reference matmul": (lambda: torch.matmul(A, B)) if a.kind == "torch"
-        else (lambda: backend.array_module().matmul(A, B)),
-        "describe A": lambda: api._describe(A, "A"),
-        "call key": lambda: api._call_key(a, b, None, None, False, None),
-        "lookup": lambda: dispatch.CALLS.get(key),
-        "still holds": lambda: api._still_holds(known, a, b, None),
-        "current device": api._current_device,
-        "new output": lambda: api._new_output(known, a, 0),
-        "dispatch.run": lambda: dispatch.run(p, a.ptr, b.ptr, cptr, h),
-        "dispatch.run bound": lambda: dispatch.run(p, a.ptr, b.ptr, cptr, h, bound=bd),
-        "_bound": lambda: dispatch._bound(p),
-        "current context": lambda: dispatch.driver().current_context(),
-    }
-    if a.kind == "torch":
-        rows["torch stream"] = lambda: api._torch_current_stream(a.device)
+    name, rows = bench.call_steps(A, B)
+    rows["reference matmul"] = ((lambda: torch.matmul(A, B)) if isinstance(A, torch.Tensor)
+                                else (lambda: backend.array_module().matmul(A, B)))
+    if isinstance(A, torch.Tensor):
         rows["torch.empty"] = lambda: torch.empty((64, 64), dtype=torch.float32, device=A.device)
-    if p.spec.tma_boxes:
-        rows["tensor maps"] = lambda: dispatch._tensor_maps(p, a.ptr, b.ptr, h)
     res = {k: med(f) for k, f in rows.items()}
-    print(f"--- {label}: {p.spec.name}")
+    print(f"--- {label}: {name}")
     for k, v in res.items():
         print(f"  {k:<18} {v:7.2f} us")
     return res

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     ms = [int(x) for x in args.ms.split(",")]
     splits = [int(x) for x in args.splits.split(",")]
-    fw = BM._Torch()
+    fw = BM.framework("torch")
     meta = environment()
     dev = backend.device_info()
     shapes = [(m, N, K, f"{model}.{layer}") for m in ms for model in BM.MODELS
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                 break
             A, B = fw.operands(prec, M, N, K, 0)
             nbytes = 2 * (M * K + K * N)
-            sets = BM._sets(nbytes, dev.l2_bytes)
+            sets = BM.operand_sets(nbytes, dev.l2_bytes)
             pairs = [(A, B)] + [(A.clone(), B.clone()) for _ in range(sets - 1)]
             ref = [(lambda a=a, b=b: torch.matmul(a, b)) for a, b in pairs]
             probe = BM.loop_time(fw, ref, 2, 1)[0]

@@ -7,8 +7,8 @@
 
 A shape is N (for N^3) or MxNxK.  Results merge into --out (default: the user
 cache, ``$GEMMLIB_CACHE`` or ``~/.cache/gemmlib/tuning/<gpu>.json``); to
-update the data committed with the course pass
-``--out results/tuning/<gpu-slug>.json``.  Every candidate's fate (timed,
+update the tables shipped in the package pass
+``--out gemmlib/data/tuning/<gpu-slug>.json``.  Every candidate's fate (timed,
 rejected with the reason, failed) is printed and, with --log, saved as JSON.
 """
 

@@ -2,7 +2,7 @@
 
 Times each candidate tile (events around the launch, L2 flushed, median) at the
 given shapes next to cuBLAS in the same precision, and records the fastest per
-shape class in ``results/tuning/<gpu>.json`` under ``mma_pipeline:<precision>``,
+shape class in ``gemmlib/data/tuning/<gpu>.json`` under ``mma_pipeline:<precision>``,
 where ``gemmlib.dispatch.select_tc`` (``kernel="auto"``) reads it.
 
     python scripts/tune_tc.py --precisions fp16 bf16 tf32 3xtf32 --shapes 4096 8192
@@ -45,7 +45,7 @@ def tune(prec: str, shape, reps: int = 10, log=print) -> dict:
     A, B = bench.precision_operands(prec, M, N, K)
     a, b = getattr(A, "bits", A), getattr(B, "bits", B)
     C = cp.empty((M, N), np.float32)
-    timer = bench._Timer(True)
+    timer = bench.Timer(True)
     cprec = bench.CUBLAS_PRECISION[prec]
     cub = timer(lambda: backend.cublas_gemm(A, B, C, cprec), reps, 3).median
     flops = 2.0 * M * N * K
@@ -81,10 +81,10 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", nargs="+", default=["fp16", "bf16", "tf32", "3xtf32"])
     ap.add_argument("--shapes", nargs="+", type=int, default=[4096])
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--out", default=None, help="tuning file (default results/tuning/<gpu>.json)")
+    ap.add_argument("--out", default=None, help="tuning file (default gemmlib/data/tuning/<gpu>.json)")
     args = ap.parse_args(argv)
     slug = tuning.gpu_slug()
-    path = Path(args.out) if args.out else tuning.REPO_TUNING_DIR / f"{slug}.json"
+    path = Path(args.out) if args.out else tuning.PACKAGE_TUNING_DIR / f"{slug}.json"
     data = json.loads(path.read_text()) if path.exists() else {"gpu_slug": slug, "kernels": {}}
     for prec in args.precisions:
         for n in args.shapes:

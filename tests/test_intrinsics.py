@@ -56,7 +56,7 @@ def test_simulator_uses_the_twins():
 PTX_CHECK = textwrap.dedent('''
     from gemmlib.backend import cuda, float32
     from gemmlib.intrinsics.vector import load4, store4, aligned16, SHARED_ALIGN
-    from gemmlib.ptx import _offline_device
+    from gemmlib.ptx import offline_device
     from numba import types
 
     def k(A, C):
@@ -70,7 +70,7 @@ PTX_CHECK = textwrap.dedent('''
         store4(C, t, 0, x, y, z, w)
 
     sig = (types.float32[:, ::1], types.float32[:, ::1])
-    with _offline_device((9, 0)):
+    with offline_device((9, 0)):
         ptx, _ = cuda.compile_ptx(k, sig, cc=(9, 0))
     for instr in ("ld.global.v4.f32", "st.shared.v4.f32", "ld.shared.v4.f32",
                   "st.global.v4.f32"):

@@ -29,8 +29,8 @@ def test_the_suite_covers_every_token_count_and_the_sweep_shapes():
 def test_min_bytes_and_operand_sets():
     assert bm.min_bytes(1, 4096, 4096, 2) == 2 * (4096 + 4096 * 4096) + 4 * 4096
     l2 = 50 << 20
-    assert bm._sets(2 * 4096 * 4096, l2) * 2 * 4096 * 4096 >= 3 * l2   # decode: past L2
-    assert bm._sets(4 << 30, l2) == 1                                      # big: one set
+    assert bm.operand_sets(2 * 4096 * 4096, l2) * 2 * 4096 * 4096 >= 3 * l2   # decode: past L2
+    assert bm.operand_sets(4 << 30, l2) == 1                                      # big: one set
 
 
 def test_summary_gives_geometric_mean_and_worst_shape():

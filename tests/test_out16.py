@@ -564,7 +564,7 @@ def test_o16_builds_compile_for_sm_90a_without_local_memory():
         "        code = ptx.compile_ptx(s)\n"
         "        res = ptx.resources(code, arch='sm_90a')\n"
         "        out.append(dict(name=s.name, problems=ptx.problems(s, code, res), **res))\n"
-        "    with ptx._offline_device((9, 0)):\n"
+        "    with ptx.offline_device((9, 0)):\n"
         "        code, _ = cuda.compile_ptx(split_k.REDUCE16[p].py_func,\n"
         "            (types.float32[:, ::1], types.uint16[:, ::1]), cc=(9, 0))\n"
         "    out.append(dict(name='reduce16_' + p, cvt=('cvt.rn.' + ('f16' if p == 'fp16' else\n"

@@ -1,7 +1,8 @@
-"""The GPU-side scripts' pure parts, checked without a GPU.
+"""The GPU-side scripts' pure parts, checked without a GPU, and the rules for scripts.
 
-``scripts/`` holds what users and CI run; the one-off experiments live beside
-their data under ``results/`` (see results/README.md).
+``scripts/`` holds what users and CI run, ``scripts/experiments/`` the measurements worth
+running again; ``results/`` holds data only (the one-off scripts that made it are in git,
+named in results/MANIFEST.md). Scripts use gemmlib's public names only.
 """
 
 import importlib.util
@@ -21,7 +22,7 @@ def _load(relpath):
 
 
 def test_compare_variants_parses_shapes_and_variants():
-    cv = _load("results/uidx-2026-11-22/compare_variants.py")
+    cv = _load("scripts/experiments/compare_variants.py")
     assert cv.parse_shape("64") == (64, 64, 64)
     assert cv.parse_shape("4095x3073x2047") == (4095, 3073, 2047)
     label, spec, expr = cv.parse_variant("wide=warptile:BM=128,BN=256,BK=16")
@@ -143,22 +144,134 @@ def test_scripts_find_the_repository_root():
     assert found >= 10, found
 
 
-def test_script_paths_in_docs_exist():
-    """Every scripts/... or results/... .py/.sh named in the docs, code or chapters exists."""
+def _manifest_paths():
+    """Script paths results/MANIFEST.md names: taken out of the tree, kept in git."""
     import re
 
-    files = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "results").rglob("README.md")),
+    text = (ROOT / "results" / "MANIFEST.md").read_text(encoding="utf-8")
+    out = set()
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        folder = re.match(r"`([\w./-]+)/`", section).group(1)
+        out |= {f"{folder}/{name}" for name in re.findall(r"^\| `([\w.-]+\.(?:py|sh))` \|",
+                                                           section, re.M)}
+    return out
+
+
+def test_script_paths_in_docs_exist():
+    """Every scripts/... or results/... .py/.sh named in the docs, code or chapters exists,
+    or is one results/MANIFEST.md names (removed from the tree, kept in git)."""
+    import re
+
+    files = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "results").rglob("*.md")),
              *_script_files(), *sorted((ROOT / "gemmlib").rglob("*.py")),
              *sorted((ROOT / "chapters").glob("*.ipynb"))]
+    kept_in_git = _manifest_paths()
+    assert len(kept_in_git) >= 50 and "results/loopgap-2026-11-25/loopgap_gpu.py" in kept_in_git
     missing = set()
     for f in files:
         if not f.exists():
             continue
         for m in re.finditer(r"\b(?:scripts|results)/[\w./-]+\.(?:py|sh)\b",
                              f.read_text(encoding="utf-8")):
-            if not (ROOT / m.group(0)).is_file():
+            if not (ROOT / m.group(0)).is_file() and m.group(0) not in kept_in_git:
                 missing.add(f"{f.relative_to(ROOT)}: {m.group(0)}")
     assert not missing, "\n".join(sorted(missing))
+
+
+def test_manifest_commits_hold_the_scripts():
+    """Each removed script is in git at the commit results/MANIFEST.md names."""
+    import re
+
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode:
+        import pytest
+
+        pytest.skip("not a git checkout")
+    text = (ROOT / "results" / "MANIFEST.md").read_text(encoding="utf-8")
+    checked = 0
+    for section in re.split(r"^## ", text, flags=re.M)[1:]:
+        folder = re.match(r"`([\w./-]+)/`", section).group(1)
+        for name, commit in re.findall(r"^\| `([\w.-]+\.(?:py|sh))` \| ([0-9a-f]{7,40}) \|",
+                                       section, re.M):
+            if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT,
+                              capture_output=True).returncode:
+                import pytest
+
+                pytest.skip(f"commit {commit} is not in this clone (shallow?)")
+            run = subprocess.run(["git", "cat-file", "-e", f"{commit}:{folder}/{name}"], cwd=ROOT,
+                                 capture_output=True)
+            assert run.returncode == 0, f"{folder}/{name} not at {commit}: {run.stderr.decode()}"
+            checked += 1
+    assert checked >= 50
+
+
+# Owned by the distributed work (gemmlib.distributed): it times the private all-gather helper.
+_PRIVATE_NAME_EXCEPTIONS = {"scripts/distributed_gpu.py"}
+
+
+def _private_gemmlib_names(path: Path) -> list[str]:
+    """``from gemmlib.x import _y``, ``import gemmlib._x``, and ``mod._y`` where ``mod`` is a
+    gemmlib module or object imported by the file; dunder names are public."""
+    import ast
+
+    def private(name):
+        return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found, bound = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "gemmlib":
+                    if any(map(private, a.name.split("."))):
+                        found.append(f"{node.lineno}: import {a.name}")
+                    bound.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gemmlib":
+            if any(map(private, node.module.split("."))):
+                found.append(f"{node.lineno}: from {node.module}")
+            for a in node.names:
+                if private(a.name):
+                    found.append(f"{node.lineno}: from {node.module} import {a.name}")
+                bound.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_scripts_use_public_names_and_results_holds_data():
+    import re
+
+    assert not sorted(str(p.relative_to(ROOT)) for ext in ("py", "sh")
+                      for p in (ROOT / "results").rglob(f"*.{ext}")), \
+        "results/ holds data: move a script to scripts/experiments/ or name it in MANIFEST.md"
+    bad = {}
+    for path in _script_files():
+        rel = str(path.relative_to(ROOT))
+        if rel in _PRIVATE_NAME_EXCEPTIONS:
+            continue
+        if path.suffix == ".py":
+            hits = _private_gemmlib_names(path)
+        else:      # shell scripts: the Python they embed
+            hits = [m.group(0) for m in re.finditer(
+                r"from gemmlib[\w.]* import [^\n]*\b_[a-z]\w*|\bgemmlib(?:\.\w+)*\._[a-z]\w*",
+                path.read_text(encoding="utf-8"))]
+        if hits:
+            bad[rel] = hits
+    assert not bad, bad
+
+
+def test_the_private_name_check_finds_them(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("from gemmlib import api, bench_models as BM\nfrom gemmlib.bench import _Timer\n"
+                 "import gemmlib._lowering\napi._describe(1)\nBM.operand_sets(1, 2)\n"
+                 "gemmlib.__version__\n")
+    hits = _private_gemmlib_names(f)
+    assert [h.split(": ", 1)[1] for h in hits] == [
+        "from gemmlib.bench import _Timer", "import gemmlib._lowering", "api._describe"], hits
 
 
 def test_ncu_models_summary_groups_each_case():

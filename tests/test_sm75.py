@@ -261,3 +261,75 @@ def test_sm75_forms_compile_for_sm75():
     assert r["mma_swizzle@75"]["ldmatrix"] > 0
     # one m16n8k16 becomes two m16n8k8
     assert r["mma_swizzle@75"]["k8"] == 2 * r["mma_swizzle@80"]["k16"]
+
+
+# --------------------------------------------------------------------------- 6. machine code
+
+
+def test_dispatch_loads_sass_it_assembled_never_ptx(on_t4, monkeypatch, tmp_path):
+    """On a T4 the dispatch layer hands the driver machine code for sm_75 that nvJitLink
+    assembled where it was built (gemmlib.ptx.assemble), never PTX for the driver's JIT:
+    numba's own link (which falls back to the driver when it finds no nvJitLink) is not used.
+    A stand-in numba kernel stands for the compiled one (compiling needs a GPU here)."""
+    from gemmlib import ptx
+
+    asked = []
+
+    class Library:
+        _linking_files, needs_cudadevrt, _max_registers = set(), False, 96
+
+        def get_asm_str(self, cc=None):
+            asked.append(("ptx", cc))
+            return ".version 8.8\n.target sm_75\n"
+
+        def get_cubin(self, cc=None):
+            raise AssertionError("numba's link may leave PTX to the driver's JIT")
+
+    class Kernel:
+        py_func = test_dispatch_loads_sass_it_assembled_never_ptx
+
+        def compile(self, sig):
+            return type("Compiled", (), {"_codelibrary": Library(), "entry_name": "k_sm75"})()
+
+    def assemble(text, arch, max_registers=None):
+        asked.append(("assemble", arch, max_registers))
+        return b"\x7fELF sass for " + arch.encode()
+
+    monkeypatch.setattr(ptx, "assemble", assemble)
+    monkeypatch.setattr(dispatch, "cache_dir", lambda: tmp_path)
+    c = dispatch._compile(Kernel(), "test_module", {}, "float16", 3)
+    assert asked == [("ptx", (7, 5, "")), ("assemble", "sm_75", 96)]
+    assert c.cubin == b"\x7fELF sass for sm_75" and c.entry == "k_sm75"
+
+
+_SASS = """
+import json, struct, sys
+from gemmlib import ptx
+from gemmlib.kernels import get
+out = {}
+for name in ("naive", "mma_swizzle"):
+    spec = ptx.for_target(get(name), (7, 5))
+    text = ptx.compile_ptx(spec, (7, 5))
+    cubin = ptx.assemble(text, "sm_75", spec.kernel.targetoptions.get("max_registers"))
+    out[name] = dict(magic=cubin[:4].hex(), abi_version=cubin[8],
+                     machine=struct.unpack_from("<H", cubin, 18)[0],
+                     flags=struct.unpack_from("<I", cubin, 48)[0],
+                     ptx_inside=b".version" in cubin or b".target" in cubin)
+json.dump(out, sys.stdout)
+"""
+
+
+def test_sm75_builds_are_sass_for_sm75():
+    """With the real compiler (a subprocess: this session runs the simulator): what
+    gemmlib.ptx.assemble makes of the sm_75 PTX is a CUDA ELF (cubin) of machine code for
+    sm_75, with no PTX inside for a driver to JIT -- so a T4 whose driver is older than the
+    compiler (CUDA minor-version compatibility) runs it."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-c", _SASS], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name, c in json.loads(proc.stdout).items():
+        assert c["magic"] == "7f454c46" and c["machine"] == 190, (name, c)   # ELF, EM_CUDA
+        # the SM version: bits 8-15 of e_flags from ELF ABI version 8 on, bits 0-7 before
+        sm = (c["flags"] >> 8) & 0xFF if c["abi_version"] >= 8 else c["flags"] & 0xFF
+        assert sm == 75 and not c["ptx_inside"], (name, c)

@@ -35,7 +35,7 @@ A @ B.T): layout_nt 51.1%, async_copy 59.1%, double_buffer 60.8% of cuBLAS
 (before ``uidx``: 26.3%, 31.1%, 34.9%).  Before ``uidx`` the unrolling was
 essential: with the slice loop left rolled the kernel reached only 27.6%,
 *slower* than the single-buffered async_copy, and cp.async was worth x2.2
-over the same structure with synchronous copies (``results/bench_layouts.py``).
+over the same structure with synchronous copies (``scripts/experiments/bench_layouts.py``).
 """
 
 from gemmlib import layout as L

@@ -33,7 +33,7 @@ thread, caps registers at 128 per thread (``max_registers``, ptxas's
 256 threads fits an SM and nothing hides the latency of the next tile's
 loads; capped, two blocks fit (a few bytes spill): 49.6% -> 64.4% of cuBLAS
 at 4096^3 on an H200.  The scalar edge paths and the transposing store index
-through ``uidx`` like the earlier rungs (62.0% before; results/uidx-2026-11-22/).
+through ``uidx`` like the earlier rungs (62.0% without it; results/uidx-2026-11-22/).
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32

@@ -1,13 +1,13 @@
 """Each Hopper candidate against torch.matmul with the GPU at its power limit.
 
-``python3 steady_gpu.py OUT.json [PRECISIONS] [SHAPES]``
+``python3 scripts/experiments/steady_gpu.py OUT.json [PRECISIONS] [SHAPES]`` (GPU only)
 
-``loopgap_gpu.py`` showed that back-to-back 16-bit GEMMs on an H100 run into the 700 W power
-cap within a second (SM clock 1980 -> ~1400 MHz, throttle reason "SW power cap") for cuBLAS and
+Loops of calls (``results/loopgap-2026-11-25/``) showed that back-to-back 16-bit GEMMs on an
+H100 run into the 700 W power cap within a second (SM clock 1980 -> ~1400 MHz, throttle reason "SW power cap") for cuBLAS and
 gemmlib alike, so which one runs first, and for how long, moves a short loop's ratio.  Here
 each candidate alternates with torch.matmul in blocks of ~BLOCK_S = 0.25 s (torch, cand,
-torch, ..., torch: BLOCKS = 7 blocks, after one unrecorded block of the candidate, since
-2026-11-26; 5 blocks before), all on the same rotating
+torch, ..., torch: BLOCKS = 7 blocks, after one unrecorded block of the candidate), all on
+the same rotating
 operand sets (past 3x L2); a candidate's number is the median of its blocks over the median
 of torch's, both at the clock the cap leaves.  Every candidate
 is a ``gemmlib.matmul`` call (the caller's whole path), output in the inputs' 16-bit type
@@ -62,7 +62,7 @@ for prec in precs:
     specs = candidates(prec)
     for M, N, K in SHAPES:
         A, B = fw.operands(prec, M, N, K, 0)
-        sets = BM._sets(2 * (M * K + K * N), backend.device_info().l2_bytes)
+        sets = BM.operand_sets(2 * (M * K + K * N), backend.device_info().l2_bytes)
         pairs = [(A, B)] + [(A.clone(), B.clone()) for _ in range(sets - 1)]
         tdt = A.dtype
         calls = {"auto": [(lambda a=a, b=b: gemmlib.matmul(a, b, out_dtype=tdt))
@@ -80,8 +80,8 @@ for prec in precs:
             errs[label] = fw.rel_error(C, A, B, 128)
         print(f"{prec} {M}x{N}x{K}: warmed {len(calls)} in {time.time() - t0:.1f} s", flush=True)
         # The first torch calls at a shape pay cuBLAS's one-off costs (heuristics,
-        # workspace): probing with them gave blocks of 6-9 calls (~2 ms) at 4096^3 before
-        # 2026-11-26, not BLOCK_S.  Probe after a warm loop, with the median of three.
+        # workspace): probing with them gave blocks of 6-9 calls (~2 ms) at 4096^3, not
+        # BLOCK_S (results/README.md, epilogue-2026-11-26).  Probe after a warm loop, median of 3.
         BM.loop_time(fw, ref, 3, 2)
         probe = statistics.median(BM.loop_time(fw, ref, 3, 3))
         per = int(max(3, BLOCK_S * 1e3 / max(probe, 1e-3)))

@@ -1,6 +1,6 @@
 """Launch each shared-memory rung once, for Nsight Compute to count bank conflicts.
 
-Run it under ncu with results/tuning/bank_conflicts.sh (GPU machine, repository root).
+Run it under ncu with scripts/experiments/bank_conflicts.sh (GPU machine, repository root).
 Prints, in launch order, each kernel and what gemmlib.banks predicts for the
 counters, so the two can be compared line by line.
 """

@@ -1,6 +1,6 @@
 """Time kernel variants side by side against cuBLAS, on a GPU: verified first, then timed.
 
-    NUMBA_ENABLE_CUDASIM=0 python results/uidx-2026-11-22/compare_variants.py \\
+    NUMBA_ENABLE_CUDASIM=0 python scripts/experiments/compare_variants.py \\
         --shapes 4096 8192 4095x3073x2047 \\
         --variant 2d=blocktile_2d --variant 2d_uncapped="blocktile_2d:max_registers=None" \\
         --out results/variants.json
@@ -14,8 +14,8 @@ beside cuBLAS on the same operands in the same process (A @ B, or A @ B.T for
 K-major rungs).  Registers, spills and the % of cuBLAS go to the table and
 to ``--out`` with the environment (GPU, clocks, versions).
 
-Written for the unsigned-index experiment (``uidx_experiment.sh`` beside it,
-which made this folder's ``variants-*``); run it from the repository root.
+Written for the unsigned-index experiment (``results/uidx-2026-11-22/``: its ``variants-*``;
+the driver script is named in ``results/MANIFEST.md``); run it from the repository root.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 On a machine with an NVIDIA GPU, from the repository root:
 
-    NUMBA_ENABLE_CUDASIM=0 python results/bench_layouts.py [--size 4096] [--out results/layouts.json]
+    NUMBA_ENABLE_CUDASIM=0 python scripts/experiments/bench_layouts.py [--size 4096] [--out results/layouts.json]
 
-(``layouts-h200.json`` beside this script is one run with ``--variants`` on an H200.)
+(``results/layouts-h200.json`` is one run with ``--variants`` on an H200.)
 
 1. verifies every kernel of this part (and each comparison twin) on odd
    shapes against the float64 oracle;
@@ -38,7 +38,7 @@ from pathlib import Path
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
 os.environ["CUPY_TF32"] = "0"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 import numpy as np  # noqa: E402
 
