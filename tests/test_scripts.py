@@ -205,7 +205,7 @@ def test_manifest_commits_hold_the_scripts():
 
 
 # Owned by the distributed work (gemmlib.distributed): it times the private all-gather helper.
-_PRIVATE_NAME_EXCEPTIONS = {"scripts/distributed_gpu.py"}
+_PRIVATE_NAME_EXCEPTIONS: set = set()
 
 
 def _private_gemmlib_names(path: Path) -> list[str]:
