@@ -49,6 +49,7 @@ import ctypes
 import hashlib
 import importlib
 import json
+import os
 import struct
 import sys
 import threading
@@ -704,16 +705,25 @@ def _compile(kernel, module, params, dtype, nargs, scalars=()) -> Compiled:
 
 
 def machine_code(lib, cc) -> bytes:
-    """SASS for compute capability ``cc`` of numba code library ``lib``, assembled here.
+    """SASS for compute capability ``cc`` of numba code library ``lib``.
 
-    numba's own ``get_cubin`` links through cuda.core, which hands the PTX to the driver's
-    JIT when it finds no nvJitLink; an older driver cannot JIT PTX from a newer compiler (a
-    T4 on Colab), so gemmlib assembles the PTX itself (:func:`gemmlib.ptx.assemble`) and the
-    driver only loads machine code. On compute capability 9.0 and newer the target is the
-    arch-specific sm_90a (wgmma, setmaxnreg), as numba-cuda's own launches use.
+    From compute capability 8.0, numba's own ``get_cubin`` (on 9.0 and newer for the
+    arch-specific sm_90a: wgmma, setmaxnreg, as numba-cuda's own launches use).  Below it,
+    numba's link step can hand the PTX to the driver's JIT when it finds no nvJitLink, and an
+    older driver cannot JIT PTX from a newer compiler (a T4 on Colab): there gemmlib
+    assembles the PTX itself (:func:`gemmlib.ptx.assemble`), so the driver only loads
+    machine code.
     """
     from gemmlib.ptx import assemble
 
+    if tuple(cc) >= (8, 0):
+        # measured on H100/H200: numba's own link step gives the fast code there, and the
+        # nvJitLink assembly below ran the distributed benchmarks' products ~25% slower
+        # (results/distributed-*-2026-11-26.json); it stays for the T4 class it was built for
+        suffix = "a" if tuple(cc) >= (9, 0) else ""
+        code = lib.get_cubin(cc=(cc[0], cc[1], suffix))
+        code = getattr(code, "code", code)  # numba-cuda 0.30 returns a cuda.core ObjectCode
+        return Path(code).read_bytes() if isinstance(code, (str, os.PathLike)) else bytes(code)
     if lib._linking_files or lib.needs_cudadevrt:
         raise CudaError("gemmlib kernels link no other code; this one asks numba to link "
                         f"{sorted(map(str, lib._linking_files)) or 'cudadevrt'}")
