@@ -717,9 +717,9 @@ def machine_code(lib, cc) -> bytes:
     from gemmlib.ptx import assemble
 
     if tuple(cc) >= (8, 0):
-        # measured on H100/H200: numba's own link step gives the fast code there, and the
-        # nvJitLink assembly below ran the distributed benchmarks' products ~25% slower
-        # (results/distributed-*-2026-11-26.json); it stays for the T4 class it was built for
+        # numba's own link step is what every committed H100/H200 measurement ran; the
+        # nvJitLink assembly below has not been timed on those GPUs (one H200 run with it
+        # read slower, within this machine's run-to-run spread), so it serves the T4 class only
         suffix = "a" if tuple(cc) >= (9, 0) else ""
         code = lib.get_cubin(cc=(cc[0], cc[1], suffix))
         code = getattr(code, "code", code)  # numba-cuda 0.30 returns a cuda.core ObjectCode
