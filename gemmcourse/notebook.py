@@ -197,8 +197,9 @@ class Table:
 
 
 def hardware_table(spec=None) -> Table:
-    """The device limits that matter for GEMM, read from the driver, and (with ``spec``)
-    what one block of that kernel asks for and how many blocks fit on one SM."""
+    """The device limits that matter for GEMM, read from the driver.  Chapter 1 shows it;
+    the other chapters link there and show only :func:`kernel_table` (with ``spec`` the
+    kernel's rows are appended here too)."""
     dev = backend.device_info()
     kib = lambda b: f"{b / 1024:.0f} KiB"  # noqa: E731
     rows = [
@@ -219,34 +220,49 @@ def hardware_table(spec=None) -> Table:
     bw = memory_bandwidth_gbs()
     rows.append(("DRAM bandwidth (peak)", f"{bw:.0f} GB/s" if bw else "n/a"))
     if spec is not None:
-        rows += [(f"[{spec.name}] threads per block", f"{spec.threads} {tuple(spec.block)}"),
-                 (f"[{spec.name}] static shared memory per block", f"{spec.shared_bytes} B")]
-        regs = registers_per_thread(spec)
-        rows.append((f"[{spec.name}] registers per thread", regs if regs else
-                     "n/a (known once the kernel has run on a GPU)"))
-        fit = blocks_per_sm(spec, regs)
-        rows.append((f"[{spec.name}] blocks per SM, limited by",
-                     ", ".join(f"{k}: {v}" for k, v in fit.items())))
+        rows += [(f"[{spec.name}] {k}", v) for k, v in kernel_table(spec, dev).rows]
     src = "numba simulator (placeholder values)" if dev.simulated else "read from the driver"
     return Table(("property", "value"), rows, caption=f"Device facts ({src})")
 
 
+def kernel_table(spec, dev=None, registers=None) -> Table:
+    """What one block of ``spec`` asks of an SM, and how many blocks fit on one.
+
+    The device's own limits are chapter 1's table (:func:`hardware_table`).  Registers per
+    thread are the compiler's: on a GPU, the driver's figure for the kernel gemmlib loaded;
+    in the simulator nothing is compiled, and the row says how to get the figure offline.
+    """
+    dev = dev or backend.device_info()
+    regs = registers if registers is not None else registers_per_thread(spec)
+    cc = "".join(map(str, dev.compute_capability))
+    rows = [("threads per block", f"{spec.threads} {tuple(spec.block)}"),
+            ("static shared memory per block", f"{spec.shared_bytes} B"),
+            ("registers per thread",
+             f"{regs} (compiled for sm_{cc})" if regs else
+             f"not known in the simulator (python -m gemmlib.ptx {spec.name} compiles the "
+             "kernel without a GPU and prints it)"),
+            ("blocks per SM, limited by",
+             ", ".join(f"{k}: {v}" for k, v in blocks_per_sm(spec, regs, dev).items()))]
+    return Table(("property", "value"), rows, caption=f"Kernel {spec.name} on {dev.name}")
+
+
 def registers_per_thread(spec):
-    """Registers per thread the compiler gave the kernel (None in the simulator)."""
+    """Registers per thread the compiler gave the kernel, as the driver reports them for the
+    kernel gemmlib loads (None in the simulator)."""
     if SIMULATOR:
         return None
     try:
-        regs = spec.kernel.get_regs_per_thread()
-        if isinstance(regs, dict):
-            return max(regs.values()) if regs else None
-        return int(regs)
+        from gemmlib.autotune import compiled_resources
+
+        regs = compiled_resources(spec).get("registers")
+        return int(regs) if regs else None
     except Exception:
         return None
 
 
-def blocks_per_sm(spec, regs=None) -> dict:
+def blocks_per_sm(spec, regs=None, dev=None) -> dict:
     """How many blocks of ``spec`` one SM can hold, by each resource."""
-    dev = backend.device_info()
+    dev = dev or backend.device_info()
     fit = {"threads": dev.max_threads_per_sm // spec.threads}
     if spec.shared_bytes:
         # the driver reserves 1 KiB of shared memory per block on sm_80+
