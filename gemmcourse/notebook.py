@@ -413,6 +413,94 @@ def results_table(kernels=None, *, squares_only=True, result=None):
     return Table(("kernel", "M x N x K", "median ms", "TFLOP/s", "% of cuBLAS"), body, cap)
 
 
+#: The ladder chapter by chapter: (chapter, rung, precision, the rung it is measured against).
+#: ``auto`` is what gemmlib.matmul runs (chapter 13); the layout line of chapters 10-12
+#: restarts from the scalar 2D-tiled kernel; the tensor-core rungs are compared in fp16.
+LADDER_STEPS = (
+    ("03", "naive", "fp32", None),
+    ("04", "coalesced", "fp32", "naive"),
+    ("05", "shared", "fp32", "coalesced"),
+    ("06", "blocktile_1d", "fp32", "shared"),
+    ("06", "blocktile_2d", "fp32", "blocktile_1d"),
+    ("07", "vectorized", "fp32", "blocktile_2d"),
+    ("08", "bank_free", "fp32", "vectorized"),
+    ("09", "warptile", "fp32", "bank_free"),
+    ("10", "layout_nt", "fp32", "blocktile_2d"),
+    ("11", "async_copy", "fp32", "layout_nt"),
+    ("12", "double_buffer", "fp32", "async_copy"),
+    ("13", "auto", "fp32", "warptile"),
+    ("14", "mma_atom", "fp16", None),
+    ("15", "mma_swizzle", "fp16", None),
+    ("16", "mma_pipeline", "fp16", None),
+    ("17", "wgmma_ws", "fp16", "mma_pipeline"),
+)
+
+#: Where each rung's timing is committed: the fp32 sweep, the precision benchmark (whose
+#: ``auto`` ran the tuned mma_pipeline) or the Hopper benchmark.
+_LADDER_SOURCE = {"mma_pipeline": ("precision", "auto"), "wgmma_ws": ("hopper", "wgmma_ws")}
+
+
+def _newest(pattern: str, directory=None):
+    files = [(n, d) for n, d in committed_json(pattern, directory)
+             if isinstance(d, dict) and not d.get("meta", {}).get("simulated")]
+    return max(files, key=lambda f: (str(f[1]["meta"].get("date", "")), f[0]), default=(None, None))
+
+
+def ladder_gpus(directory=None) -> list[str]:
+    """The GPUs (file-name slugs) with a committed fp32 ladder sweep."""
+    import re
+
+    found = (re.fullmatch(r"bench-(.+)-\d{4}-\d\d-\d\d\.json", n)
+             for n, _ in committed_json("bench-*.json", directory))
+    return sorted({m.group(1) for m in found if m})
+
+
+def ladder_records(slug: str, n: int = 4096, directory=None) -> list[dict]:
+    """One record per step of :data:`LADDER_STEPS` on GPU ``slug`` at n x n x n, kernel
+    timing: TFLOP/s, % of cuBLAS in the same precision, and the gain over the rung it is
+    measured against (taken from the same run); ``tflops`` is None for a rung never timed."""
+    files = {
+        "fp32": _newest(f"bench-{slug}-????-??-??.json", directory),
+        "precision": _newest(f"bench-{slug}-*-precision.json", directory),
+        "hopper": _newest(f"bench-{slug}-*-hopper.json", directory),
+    }
+
+    def row(data, kernel, precision):
+        for r in (data or {}).get("rows", []):
+            if (r.get("kernel") == kernel and r.get("M") == r.get("N") == r.get("K") == n
+                    and r.get("timing", "kernel") in (None, "kernel")
+                    and r.get("precision", "fp32") in (precision, None)):
+                return r
+        return None
+
+    out = []
+    for chapter, rung, precision, prev in LADDER_STEPS:
+        source, kernel = _LADDER_SOURCE.get(rung, ("fp32", rung))
+        name, data = files[source]
+        r = row(data, kernel, precision)
+        before = row(data, prev, precision) if prev else None   # the same run's row
+        out.append(dict(
+            chapter=chapter, rung=rung, precision=precision, previous=prev,
+            tflops=r["tflops"] if r else None, pct=r["pct_of_cublas"] if r else None,
+            gain=r["tflops"] / before["tflops"] if r and before else None,
+            gpu=(data or {}).get("meta", {}).get("gpu"), file=name if r else None))
+    return out
+
+
+def ladder_table(slug: str, n: int = 4096, directory=None) -> Table:
+    """The running ladder on one GPU: every chapter's rung at n^3 (see :func:`ladder_records`)."""
+    recs = ladder_records(slug, n, directory)
+    body = [(d["chapter"], d["rung"], d["precision"],
+             "not timed" if d["tflops"] is None else f"{d['tflops']:.2f}",
+             "-" if d["pct"] is None else f"{d['pct']:.1f}%",
+             f"{d['gain']:.2f}x {d['previous']}" if d["gain"] else "-")
+            for d in recs]
+    gpu = next((d["gpu"] for d in recs if d["gpu"]), slug)
+    return Table(("chapter", "rung", "precision", "TFLOP/s", "% of cuBLAS", "gain over"), body,
+                 caption=f"The ladder on {gpu} at {n}x{n}x{n}, kernel timing; cuBLAS in the same "
+                         "precision and run (fp32 with TF32 off)")
+
+
 def figure(name: str, fallback=None):
     """Show figures/<name> if the lead's `python -m gemmcourse plot` made it; otherwise call
     ``fallback()`` (which may draw the chart inline) or say it is not there yet."""

@@ -36,7 +36,8 @@ GPU_MODEL = r"(?:NVIDIA\s+)?(?P<gpu>[A-Z]{1,3}\d{2,4}[A-Z]?|T4|L4|RTX\s?\d{3,4})
 RAN_ON = re.compile(
     r"\b(?:this page|this notebook|this chapter|these outputs|the outputs (?:of|on) this page"
     r"|the stored outputs)\b[^.;:]*?\b(?:ran|runs|was run|were (?:run|made|produced|computed))"
-    r"\s+on\s+(?:an?\s+|the\s+|one\s+)?" + GPU_MODEL, re.I)
+    r"\s+on\s+(?:an?\s+|the\s+|one\s+)?" + GPU_MODEL
+    + r"|\b(?:the|an?)\s+" + GPU_MODEL.replace("gpu>", "gpu2>") + r"\s+that ran this page", re.I)
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2} (?:January|February|March|April|May|June|July"
                   r"|August|September|October|November|December) 20\d\d\b")
 RESULTS_PATH = re.compile(r"(?<![\w./-])results/")
@@ -105,9 +106,9 @@ def test_every_page_prints_its_device(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
 def test_where_it_ran_matches_the_setup_cell(path):
     device = setup_device(path) or ""
-    wrong = [f"says it ran on {m.group('gpu')}, but its set-up cell printed {device!r}"
-             for m in RAN_ON.finditer(prose(path))
-             if re.sub(r"\s", "", m.group("gpu")).upper() not in re.sub(r"\s", "", device).upper()]
+    said = [m.group("gpu") or m.group("gpu2") for m in RAN_ON.finditer(prose(path))]
+    wrong = [f"says it ran on {gpu}, but its set-up cell printed {device!r}" for gpu in said
+             if re.sub(r"\s", "", gpu).upper() not in re.sub(r"\s", "", device).upper()]
     _check("where it ran", path, wrong)
 
 
@@ -161,7 +162,41 @@ def test_the_rules_catch_what_they_should():
     assert RAN_ON.search("checked on the GPU (this page ran on an H200; without one, ...)")
     assert RAN_ON.search("These outputs were produced on an NVIDIA H100.").group("gpu") == "H100"
     assert not RAN_ON.search("Nsight Compute on the fp16 kernel on an H100 says why.")
+    assert RAN_ON.search("On the H100 that ran this page, at 4096").group("gpu2") == "H100"
     assert DATE.search("until 2026-11-26, when split-K measured faster")
     assert RESULTS_PATH.search("(`results/uidx-2026-11-22/`)")
     assert not RESULTS_PATH.search("python -m gemmlib bench --out results")
     assert WORK_HISTORY.search("asked for an H200 four times and got an H100 each time")
+
+
+MEASURED = re.compile(r"`(?P<rung>\w+)` runs (?:fp16 )?at (?P<tflops>[\d.]+) TFLOP/s, "
+                      r"(?P<pct>[\d.]+)% of cuBLAS(?:[^,;.]*?, (?P<gain>[\d.]+) times the speed of "
+                      r"`(?P<prev>\w+)`)?")
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name[:2].isdigit()
+                                  and (3 <= int(p.name[:2]) <= 12 or 14 <= int(p.name[:2]) <= 16)],
+                         ids=lambda p: p.name)
+def test_each_chapter_states_its_measured_rung(path):
+    """Chapters 3-12 and 14-16 state their rung's result, as the committed data has it for the
+    GPU that ran the page, and link to the running ladder in the leaderboard."""
+    from gemmcourse import notebook as nb
+
+    text = prose(path)
+    assert "<ladder-table>" in text, f"{path.name} does not link to the ladder table"
+    device = setup_device(path)
+    slug = next(g for g in nb.ladder_gpus() if nb.ladder_records(g)[0]["gpu"] == device)
+    recs = {d["rung"]: d for d in nb.ladder_records(slug)}
+    chapter = path.name[:2]
+    stated = {m.group("rung"): m for m in MEASURED.finditer(text) if m.group("rung") in recs}
+    for rung, d in recs.items():
+        if d["chapter"] != chapter:
+            continue
+        if d["tflops"] is None:
+            assert "not timed" in text, f"{path.name}: say that {rung} has no timing"
+            continue
+        m = stated.get(rung)
+        assert m, f"{path.name} does not state {rung}'s measured result"
+        assert m.group("tflops") == f"{d['tflops']:.2f}" and m.group("pct") == f"{d['pct']:.1f}"
+        if d["gain"]:
+            assert (m.group("gain"), m.group("prev")) == (f"{d['gain']:.2f}", d["previous"])
