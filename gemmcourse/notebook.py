@@ -197,8 +197,9 @@ class Table:
 
 
 def hardware_table(spec=None) -> Table:
-    """The device limits that matter for GEMM, read from the driver, and (with ``spec``)
-    what one block of that kernel asks for and how many blocks fit on one SM."""
+    """The device limits that matter for GEMM, read from the driver.  Chapter 1 shows it;
+    the other chapters link there and show only :func:`kernel_table` (with ``spec`` the
+    kernel's rows are appended here too)."""
     dev = backend.device_info()
     kib = lambda b: f"{b / 1024:.0f} KiB"  # noqa: E731
     rows = [
@@ -219,34 +220,49 @@ def hardware_table(spec=None) -> Table:
     bw = memory_bandwidth_gbs()
     rows.append(("DRAM bandwidth (peak)", f"{bw:.0f} GB/s" if bw else "n/a"))
     if spec is not None:
-        rows += [(f"[{spec.name}] threads per block", f"{spec.threads} {tuple(spec.block)}"),
-                 (f"[{spec.name}] static shared memory per block", f"{spec.shared_bytes} B")]
-        regs = registers_per_thread(spec)
-        rows.append((f"[{spec.name}] registers per thread", regs if regs else
-                     "n/a (known once the kernel has run on a GPU)"))
-        fit = blocks_per_sm(spec, regs)
-        rows.append((f"[{spec.name}] blocks per SM, limited by",
-                     ", ".join(f"{k}: {v}" for k, v in fit.items())))
+        rows += [(f"[{spec.name}] {k}", v) for k, v in kernel_table(spec, dev).rows]
     src = "numba simulator (placeholder values)" if dev.simulated else "read from the driver"
     return Table(("property", "value"), rows, caption=f"Device facts ({src})")
 
 
+def kernel_table(spec, dev=None, registers=None) -> Table:
+    """What one block of ``spec`` asks of an SM, and how many blocks fit on one.
+
+    The device's own limits are chapter 1's table (:func:`hardware_table`).  Registers per
+    thread are the compiler's: on a GPU, the driver's figure for the kernel gemmlib loaded;
+    in the simulator nothing is compiled, and the row says how to get the figure offline.
+    """
+    dev = dev or backend.device_info()
+    regs = registers if registers is not None else registers_per_thread(spec)
+    cc = "".join(map(str, dev.compute_capability))
+    rows = [("threads per block", f"{spec.threads} {tuple(spec.block)}"),
+            ("static shared memory per block", f"{spec.shared_bytes} B"),
+            ("registers per thread",
+             f"{regs} (compiled for sm_{cc})" if regs else
+             f"not known in the simulator (python -m gemmlib.ptx {spec.name} compiles the "
+             "kernel without a GPU and prints it)"),
+            ("blocks per SM, limited by",
+             ", ".join(f"{k}: {v}" for k, v in blocks_per_sm(spec, regs, dev).items()))]
+    return Table(("property", "value"), rows, caption=f"Kernel {spec.name} on {dev.name}")
+
+
 def registers_per_thread(spec):
-    """Registers per thread the compiler gave the kernel (None in the simulator)."""
+    """Registers per thread the compiler gave the kernel, as the driver reports them for the
+    kernel gemmlib loads (None in the simulator)."""
     if SIMULATOR:
         return None
     try:
-        regs = spec.kernel.get_regs_per_thread()
-        if isinstance(regs, dict):
-            return max(regs.values()) if regs else None
-        return int(regs)
+        from gemmlib.autotune import compiled_resources
+
+        regs = compiled_resources(spec).get("registers")
+        return int(regs) if regs else None
     except Exception:
         return None
 
 
-def blocks_per_sm(spec, regs=None) -> dict:
+def blocks_per_sm(spec, regs=None, dev=None) -> dict:
     """How many blocks of ``spec`` one SM can hold, by each resource."""
-    dev = backend.device_info()
+    dev = dev or backend.device_info()
     fit = {"threads": dev.max_threads_per_sm // spec.threads}
     if spec.shared_bytes:
         # the driver reserves 1 KiB of shared memory per block on sm_80+
@@ -395,6 +411,94 @@ def results_table(kernels=None, *, squares_only=True, result=None):
     if on_gpu() and m.get("gpu") != backend.device_info().name:
         cap += f" -- measured on a different GPU than this one ({backend.device_info().name})"
     return Table(("kernel", "M x N x K", "median ms", "TFLOP/s", "% of cuBLAS"), body, cap)
+
+
+#: The ladder chapter by chapter: (chapter, rung, precision, the rung it is measured against).
+#: ``auto`` is what gemmlib.matmul runs (chapter 13); the layout line of chapters 10-12
+#: restarts from the scalar 2D-tiled kernel; the tensor-core rungs are compared in fp16.
+LADDER_STEPS = (
+    ("03", "naive", "fp32", None),
+    ("04", "coalesced", "fp32", "naive"),
+    ("05", "shared", "fp32", "coalesced"),
+    ("06", "blocktile_1d", "fp32", "shared"),
+    ("06", "blocktile_2d", "fp32", "blocktile_1d"),
+    ("07", "vectorized", "fp32", "blocktile_2d"),
+    ("08", "bank_free", "fp32", "vectorized"),
+    ("09", "warptile", "fp32", "bank_free"),
+    ("10", "layout_nt", "fp32", "blocktile_2d"),
+    ("11", "async_copy", "fp32", "layout_nt"),
+    ("12", "double_buffer", "fp32", "async_copy"),
+    ("13", "auto", "fp32", "warptile"),
+    ("14", "mma_atom", "fp16", None),
+    ("15", "mma_swizzle", "fp16", None),
+    ("16", "mma_pipeline", "fp16", None),
+    ("17", "wgmma_ws", "fp16", "mma_pipeline"),
+)
+
+#: Where each rung's timing is committed: the fp32 sweep, the precision benchmark (whose
+#: ``auto`` ran the tuned mma_pipeline) or the Hopper benchmark.
+_LADDER_SOURCE = {"mma_pipeline": ("precision", "auto"), "wgmma_ws": ("hopper", "wgmma_ws")}
+
+
+def _newest(pattern: str, directory=None):
+    files = [(n, d) for n, d in committed_json(pattern, directory)
+             if isinstance(d, dict) and not d.get("meta", {}).get("simulated")]
+    return max(files, key=lambda f: (str(f[1]["meta"].get("date", "")), f[0]), default=(None, None))
+
+
+def ladder_gpus(directory=None) -> list[str]:
+    """The GPUs (file-name slugs) with a committed fp32 ladder sweep."""
+    import re
+
+    found = (re.fullmatch(r"bench-(.+)-\d{4}-\d\d-\d\d\.json", n)
+             for n, _ in committed_json("bench-*.json", directory))
+    return sorted({m.group(1) for m in found if m})
+
+
+def ladder_records(slug: str, n: int = 4096, directory=None) -> list[dict]:
+    """One record per step of :data:`LADDER_STEPS` on GPU ``slug`` at n x n x n, kernel
+    timing: TFLOP/s, % of cuBLAS in the same precision, and the gain over the rung it is
+    measured against (taken from the same run); ``tflops`` is None for a rung never timed."""
+    files = {
+        "fp32": _newest(f"bench-{slug}-????-??-??.json", directory),
+        "precision": _newest(f"bench-{slug}-*-precision.json", directory),
+        "hopper": _newest(f"bench-{slug}-*-hopper.json", directory),
+    }
+
+    def row(data, kernel, precision):
+        for r in (data or {}).get("rows", []):
+            if (r.get("kernel") == kernel and r.get("M") == r.get("N") == r.get("K") == n
+                    and r.get("timing", "kernel") in (None, "kernel")
+                    and r.get("precision", "fp32") in (precision, None)):
+                return r
+        return None
+
+    out = []
+    for chapter, rung, precision, prev in LADDER_STEPS:
+        source, kernel = _LADDER_SOURCE.get(rung, ("fp32", rung))
+        name, data = files[source]
+        r = row(data, kernel, precision)
+        before = row(data, prev, precision) if prev else None   # the same run's row
+        out.append(dict(
+            chapter=chapter, rung=rung, precision=precision, previous=prev,
+            tflops=r["tflops"] if r else None, pct=r["pct_of_cublas"] if r else None,
+            gain=r["tflops"] / before["tflops"] if r and before else None,
+            gpu=(data or {}).get("meta", {}).get("gpu"), file=name if r else None))
+    return out
+
+
+def ladder_table(slug: str, n: int = 4096, directory=None) -> Table:
+    """The running ladder on one GPU: every chapter's rung at n^3 (see :func:`ladder_records`)."""
+    recs = ladder_records(slug, n, directory)
+    body = [(d["chapter"], d["rung"], d["precision"],
+             "not timed" if d["tflops"] is None else f"{d['tflops']:.2f}",
+             "-" if d["pct"] is None else f"{d['pct']:.1f}%",
+             f"{d['gain']:.2f}x {d['previous']}" if d["gain"] else "-")
+            for d in recs]
+    gpu = next((d["gpu"] for d in recs if d["gpu"]), slug)
+    return Table(("chapter", "rung", "precision", "TFLOP/s", "% of cuBLAS", "gain over"), body,
+                 caption=f"The ladder on {gpu} at {n}x{n}x{n}, kernel timing; cuBLAS in the same "
+                         "precision and run (fp32 with TF32 off)")
 
 
 def figure(name: str, fallback=None):

@@ -22,6 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from gemmlib.bench import Result, load  # noqa: E402
 
+from gemmcourse.viz import BOOK_DPI, legend_below, legible, series_style  # noqa: E402
+
 
 def _order(result: Result) -> list[str]:
     from gemmlib.kernels import LADDER
@@ -52,42 +54,47 @@ def _title(result: Result, what: str) -> str:
             f"fp32, TF32 off, {m.get('date', '')[:10]}")
 
 
+# The figures are written at the book's resolution and width (gemmcourse.viz.legible), so
+# the page shows them at their own size; every series has its own colour and marker, and
+# the legends sit under the axes, clear of the data.
+
+
 def tflops_figure(result: Result):
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    for name in _order(result) + ["cublas"]:
+    fig, ax = plt.subplots(figsize=(7.5, 6), dpi=BOOK_DPI)
+    for i, name in enumerate(_order(result)):
         rows = _squares(result, name)
-        if not rows:
-            continue
-        style = dict(color="black", linewidth=2.5, linestyle="--") if name == "cublas" else {}
-        ax.plot([r.M for r in rows], [r.tflops for r in rows], marker="o", label=name, **style)
+        ax.plot([r.M for r in rows], [r.tflops for r in rows], label=name, **series_style(i))
+    rows = _squares(result, "cublas")
+    if rows:
+        ax.plot([r.M for r in rows], [r.tflops for r in rows], color="black", linewidth=2.5,
+                linestyle="--", marker="o", label="cublas")
     peak = result.meta.get("fp32_peak_tflops")
     if peak:
         ax.axhline(peak, color="grey", linewidth=1, linestyle=":")
         ax.annotate(f"fp32 FMA peak {peak:.1f}", (0.01, peak), xycoords=("axes fraction", "data"),
-                    va="bottom", fontsize=8, color="grey")
+                    va="bottom", fontsize=9, color="grey")
     _size_axis(ax, result)
     ax.set_ylabel("TFLOP/s (median)")
     ax.set_title(_title(result, "Throughput"), fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    return fig
+    legend_below(ax, ncol=4)
+    return legible(fig)
 
 
 def pct_figure(result: Result):
     names = _order(result)
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    for name in names:
+    fig, ax = plt.subplots(figsize=(7.5, 6), dpi=BOOK_DPI)
+    for i, name in enumerate(names):
         rows = _squares(result, name)
-        ax.plot([r.M for r in rows], [r.pct_of_cublas for r in rows], marker="o", label=name)
+        ax.plot([r.M for r in rows], [r.pct_of_cublas for r in rows], label=name,
+                **series_style(i))
     ax.axhline(100, color="black", linewidth=1.5, linestyle="--", label="cuBLAS")
     _size_axis(ax, result)
     ax.set_ylabel("% of cuBLAS (same run)")
     ax.set_title(_title(result, "Share of cuBLAS"), fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    return fig
+    legend_below(ax, ncol=4)
+    return legible(fig)
 
 
 def ladder_figure(result: Result, size: int = 4096):
@@ -96,21 +103,20 @@ def ladder_figure(result: Result, size: int = 4096):
         size = max(sizes)
     rows = {r.kernel: r for r in result.rows if r.M == r.N == r.K == size}
     names = [n for n in _order(result) if n in rows]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.6), dpi=120)
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(names) + 1.6), dpi=BOOK_DPI)
     pct = [rows[n].pct_of_cublas for n in names]
     bars = ax.barh(names, pct, color="tab:blue")
     for bar, n in zip(bars, names):
         r = rows[n]
         ax.text(bar.get_width() + 1, bar.get_y() + bar.get_height() / 2,
-                f"{r.pct_of_cublas:.1f}%  ({r.tflops:.1f} TFLOP/s)", va="center", fontsize=8)
+                f"{r.pct_of_cublas:.1f}%  ({r.tflops:.1f} TFLOP/s)", va="center", fontsize=9)
     ax.axvline(100, color="black", linestyle="--", linewidth=1.5)
     ax.invert_yaxis()
     ax.set_xlim(0, max(pct + [100]) * 1.3)
     ax.set_xlabel(f"% of cuBLAS at {size}^3 (cuBLAS: {rows['cublas'].tflops:.1f} TFLOP/s)"
                   if "cublas" in rows else f"% of cuBLAS at {size}^3")
     ax.set_title(_title(result, "The ladder"), fontsize=10)
-    fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def plot_files(paths, out_dir="figures") -> list[Path]:
@@ -135,7 +141,7 @@ def plot_files(paths, out_dir="figures") -> list[Path]:
                              ("ladder", ladder_figure)):
             fig = make(result)
             path = out / f"{stem}-{suffix}.png"
-            fig.savefig(path)
+            fig.savefig(path, dpi=BOOK_DPI)
             plt.close(fig)
             written.append(path)
     return written
@@ -148,6 +154,6 @@ def _call_figure(result: Result, out: Path) -> Path:
     records = call_level_records(result.to_json(), CALL_TARGETS)
     fig = plot_call_level(records, title=_title(result, "gemmlib.matmul as called, vs cuBLAS"))
     fig = getattr(fig, "figure", fig)
-    fig.savefig(out, bbox_inches="tight")
+    fig.savefig(out, dpi=BOOK_DPI)
     plt.close(fig)
     return out

@@ -30,6 +30,64 @@ def _plt():
     return plt
 
 
+# --------------------------------------------------------------------------
+# Legibility: how the book shows a figure
+
+#: The book's text column, in pixels: a wider figure is scaled down to fit it.
+BOOK_WIDTH_PX = 750
+#: The book's figures are drawn at this many pixels per inch (gemmcourse.notebook.setup).
+BOOK_DPI = 100
+#: The smallest text a reader should have to read, in points, at the size the page shows it.
+MIN_FONT_PT = 9.0
+
+
+def shown_scale(fig, dpi: float = BOOK_DPI) -> float:
+    """How much the book scales ``fig`` down: its column is BOOK_WIDTH_PX wide."""
+    return min(1.0, BOOK_WIDTH_PX / (fig.get_figwidth() * dpi))
+
+
+def legible(fig):
+    """Fit ``fig`` to the book's column and raise any smaller text to MIN_FONT_PT.
+
+    A figure wider than the column is shrunk to it rather than left for the browser to
+    shrink (which would shrink its text with it); the layout is then redone around the
+    larger text.  Every figure helper of the course ends with this.
+    """
+    import warnings
+
+    from matplotlib.text import Text
+
+    width = BOOK_WIDTH_PX / BOOK_DPI
+    if fig.get_figwidth() > width:
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(width, h * width / w)
+    fig.canvas.draw()   # tick labels exist only once drawn
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text() and t.get_fontsize() < MIN_FONT_PT:
+            t.set_fontsize(MIN_FONT_PT)
+    if not fig.get_constrained_layout():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig.tight_layout()
+    return fig
+
+
+def series_style(i: int) -> dict:
+    """Colour and marker of the i-th data series: no two of the first 20 look alike."""
+    import matplotlib.pyplot as plt
+
+    colours = plt.get_cmap("tab20").colors
+    colours = colours[0::2] + colours[1::2]          # the ten strong shades first
+    markers = "osD^v<>ph*"
+    return dict(color=colours[i % 20], marker=markers[i % len(markers)])
+
+
+def legend_below(ax, ncol: int = 3, **kw):
+    """A legend under the axes, where it cannot hide a line or a point."""
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol,
+                     frameon=False, **kw)
+
+
 def _index_fn(spec_or_fn, name="c_element"):
     """Accept a KernelSpec (use its index function) or the function itself."""
     if callable(spec_or_fn) and not hasattr(spec_or_fn, "index"):
@@ -184,7 +242,7 @@ def plot_thread_map(spec_or_fn, M: int, N: int, *, block=None, grid=None, color_
     ax.set_xticks(range(0, cols, max(1, cols // 8)))
     ax.set_yticks(range(0, rows, max(1, rows // 8)))
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -273,7 +331,7 @@ def plot_warp_access(spec_or_fn, M: int, N: int, K: int, *, warp: int = 0, k: in
     fig.suptitle(title or f"{name}: what warp {warp} of block (0, 0) loads at one step of k",
                  fontsize=12)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -308,8 +366,11 @@ def plot_tile_phases(spec, M: int, N: int, K: int, block_xy=(0, 0), title=None):
     rows, cols, phases = tile_phases(spec, M, N, K, block_xy)
     Kp = phases[-1][1]
     cmap = plt.get_cmap("tab10")
-    fig, (axA, axB, axC) = plt.subplots(
-        1, 3, figsize=(12, 5.2), gridspec_kw={"width_ratios": [Kp, max(cols) + 1, max(cols) + 1]})
+    # A (the widest) across the top, B and C side by side below: each panel stays wide
+    # enough for its labels at the book's width
+    fig = plt.figure(figsize=(7.5, 8.4))
+    gs = fig.add_gridspec(2, 2, height_ratios=[1, 1.25])
+    axA, axB, axC = fig.add_subplot(gs[0, :]), fig.add_subplot(gs[1, 0]), fig.add_subplot(gs[1, 1])
 
     def frame(ax, h, w, title):
         ax.add_patch(plt.Rectangle((0, 0), w, h, fill=False, lw=1.5))
@@ -324,10 +385,10 @@ def plot_tile_phases(spec, M: int, N: int, K: int, block_xy=(0, 0), title=None):
         # A tile: rows r0..r1, columns k0..k1
         axA.add_patch(plt.Rectangle((k0, r0), k1 - k0, r1 - r0, color=col, alpha=0.45))
         axA.text((k0 + k1) / 2, (r0 + r1) / 2, f"phase {p}", ha="center", va="center",
-                 fontsize=8)
+                 fontsize=10)
         axB.add_patch(plt.Rectangle((c0, k0), c1 - c0, k1 - k0, color=col, alpha=0.45))
         axB.text((c0 + c1) / 2, (k0 + k1) / 2, f"phase {p}", ha="center", va="center",
-                 fontsize=8)
+                 fontsize=10)
     # zero-filled overhang
     for ax, (h, w), over in ((axA, (M, K), [(K, r0, Kp - K, r1 - r0), (0, M, Kp, r1 - M)]),
                              (axB, (K, N), [(c0, K, c1 - c0, Kp - K), (N, 0, c1 - N, Kp)])):
@@ -336,18 +397,18 @@ def plot_tile_phases(spec, M: int, N: int, K: int, block_xy=(0, 0), title=None):
                 ax.add_patch(plt.Rectangle((x, y), wd, ht, fill=False, hatch="///",
                                            edgecolor="grey", lw=0))
     frame(axA, M, K, f"A ({M}x{K}): the block's row band")
-    frame(axB, K, N, f"B ({K}x{N}): the block's column band")
+    frame(axB, K, N, f"B ({K}x{N}):\nthe block's column band")
     axA.set_xlim(-1, max(Kp, K) + 1), axA.set_ylim(max(M, r1) + 1, -1)
     axB.set_xlim(-1, max(N, c1) + 1), axB.set_ylim(max(Kp, K) + 1, -1)
     axC.add_patch(plt.Rectangle((c0, r0), c1 - c0, r1 - r0, color="#888", alpha=0.5))
-    frame(axC, M, N, f"C ({M}x{N}): the block's tile")
+    frame(axC, M, N, f"C ({M}x{N}):\nthe block's tile")
     axC.set_xlim(-1, max(N, c1) + 1), axC.set_ylim(max(M, r1) + 1, -1)
     for ax in (axA, axB, axC):
-        ax.tick_params(labelsize=8)
-    fig.suptitle(title or f"{spec.name}: block {tuple(block_xy)} walks K in {len(phases)} "
-                 f"phases (hatched: outside the matrix, zero-filled)", fontsize=11)
+        ax.tick_params(labelsize=9)
+    fig.suptitle(title or f"{spec.name}: block {tuple(block_xy)} walks K in {len(phases)} phases\n"
+                 f"(hatched: outside the matrix, zero-filled)", fontsize=11)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def global_loads(spec, M: int, N: int, K: int) -> dict:
@@ -414,7 +475,7 @@ def plot_roofline(peak_tflops: float, bandwidth_gbs: float, points=(), title=Non
     if note:
         ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=8, color="#a00")
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def plot_cpu_timings(timings, title=None):
@@ -433,7 +494,7 @@ def plot_cpu_timings(timings, title=None):
     ax.legend(fontsize=8)
     ax.set_title(title or "matrix multiplication on this CPU", fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def plot_results(records, kernels=None, title=None, reference="cublas"):
@@ -447,20 +508,23 @@ def plot_results(records, kernels=None, title=None, reference="cublas"):
     names = list(dict.fromkeys(r["kernel"] for r in records))
     if kernels is not None:
         names = [n for n in names if n in kernels or n == reference]
-    for n in names:
+    for i, n in enumerate(n for n in names if n != reference):
         pts = sorted({(r["M"], r["tflops"]) for r in records if r["kernel"] == n})
-        style = dict(color="k", ls="--") if n == reference else dict(ls="-")
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n, **style)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=n, **series_style(i))
+    if reference in names:
+        pts = sorted({(r["M"], r["tflops"]) for r in records if r["kernel"] == reference})
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="k", ls="--", marker="o",
+                label=reference)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("M (= N = K for square problems)")
     ax.set_ylabel("TFLOP/s (higher is better)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_below(ax, ncol=4)
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def plot_ladder(rows, title=None):
@@ -479,7 +543,7 @@ def plot_ladder(rows, title=None):
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -547,7 +611,7 @@ def plot_owner_grid(owner: np.ndarray, *, title: str, highlight=(0,), xlabel="co
     how = "filled" if max(rows, cols) > 32 else "outlined"
     ax.set_title(f"{title}\ncolour: warp of the owning thread; {how}: {hl}", fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def plot_bank_access(access, warp: int = 0, title=None):
@@ -594,7 +658,7 @@ def plot_bank_access(access, warp: int = 0, title=None):
     fig.suptitle(title or f"{access.array} {access.op}{label}: warp {warp}, "
                  f"{access.width * 4} bytes per lane -> {total} passes over the banks", fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def plot_timeline(rows, title=None, unit="time"):
@@ -618,7 +682,7 @@ def plot_timeline(rows, title=None, unit="time"):
     if title:
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -687,7 +751,7 @@ def plot_split_k(M: int, N: int, K: int, BM: int, BN: int, BK: int, S: int,
                  f"slices of at most {-(-ktiles // max(S, 1))} (one colour per block z)",
                  fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -742,7 +806,7 @@ def plot_host_costs(data: dict, title=None):
     fig.suptitle(title or f"host time per call on {meta.get('gpu', '?')}"
                  + (f", {shape}" if shape else ""), fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def plot_call_level(records, title=None):
@@ -782,4 +846,4 @@ def plot_call_level(records, title=None):
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)

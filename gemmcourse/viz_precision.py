@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+from gemmcourse.viz import legible
+
 PRECISION_ORDER = ("fp16", "bf16", "tf32", "3xtf32")
 ACCURACY_ORDER = ("fp32", "tf32", "3xtf32", "fp16", "bf16")
 COLOURS = {"fp32": "#444444", "tf32": "#1f77b4", "3xtf32": "#2ca02c", "fp16": "#d62728",
@@ -110,7 +112,7 @@ def plot_pipeline(stages: int = 4, tiles: int = 8, latency: float = 3.0,
     fig = plot_timeline(rows, title=title or (
         f"STAGES={stages}: copy latency {latency:g}, compute {compute:g} per tile (schematic); "
         f"tensor cores idle {100 * idle:.0f}% after the prologue"), unit="time (arbitrary units)")
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -249,7 +251,7 @@ def plot_precision_bars(data: dict, timing: str = "kernel", title=None):
         for a in (ax, ax2):
             a.text(0.5, 0.5, f"{NOT_MEASURED} ({timing} timing)", ha="center",
                    transform=a.transAxes)
-        return fig
+        return legible(fig)
     x = np.arange(len(recs))
     w = 0.38
     g = [d["tflops"] or 0.0 for d in recs]
@@ -283,7 +285,7 @@ def plot_precision_bars(data: dict, timing: str = "kernel", title=None):
     gpu = data.get("meta", {}).get("gpu", "?")
     fig.suptitle(title or f"tensor-core precisions on {gpu} ({timing} timing)", fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -310,7 +312,7 @@ def plot_accuracy(data: dict, title=None, tolerances: bool = False):
     series = accuracy_series(data)
     if not series:
         ax.text(0.5, 0.5, NOT_MEASURED, ha="center", transform=ax.transAxes)
-        return fig
+        return legible(fig)
     order = {p: i for i, p in enumerate(ACCURACY_ORDER)}
     for (prec, src), pts in sorted(series.items(), key=lambda kv: (order.get(kv[0][0], 99),
                                                                    kv[0][1] != "gemmlib")):
@@ -333,7 +335,7 @@ def plot_accuracy(data: dict, title=None, tolerances: bool = False):
     ax.set_title(title or f"error against K on {meta.get('gpu', '?')}: gemmlib solid, "
                  "cuBLAS dashed", fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -415,7 +417,7 @@ def plot_roofline_tc(dev, data=None, title=None, roof=None):
                            else "measured points (the simulator has no roofs to read)"),
                  fontsize=10)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 def roof_table(roof: dict, bench: dict | None = None, n: int = 8192):

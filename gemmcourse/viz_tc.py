@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gemmcourse.viz import legible
+
 from gemmlib import layout as L
 from gemmlib.intrinsics import mma as I
 
@@ -75,33 +77,46 @@ def _cell_grid(ax, colors, labels, cmap, vmax, fontsize):
 
 
 def plot_fragment(kind: str = "fp16", operand: str = "A", *, ax=None):
-    """The ``operand`` tile of one ``kind`` mma (``"tf32"``, ``"fp16"``, ``"bf16"``),
-    every element labelled with the lane that holds it (``T5``) and the register
-    (``a1``; ``.lo``/``.hi`` for the halves of a 16-bit pair), coloured by lane."""
+    """The ``operand`` tile of one ``kind`` mma (``"tf32"``, ``"fp16"``, ``"bf16"``):
+    every element labelled with the lane that holds it and coloured by the register it
+    sits in (``a1``; ``.lo``/``.hi`` for the halves of a 16-bit pair), named in the legend.
+
+    One number per cell keeps the labels readable at the book's width; the register is the
+    colour, not a second line of text."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     lane, value = fragment_map(kind, operand)
     rows, cols = lane.shape
     packed = _packed(kind, operand)
     name = operand.lower() if operand != "C" else "c"
+    regs = sorted({int(v) for v in np.unique(value) if v >= 0})
+    reg_name = {v: (f"{name}{v // 2}.{'hi' if v % 2 else 'lo'}" if packed else f"{name}{v}")
+                for v in regs}
     labels = np.empty(lane.shape, dtype=object)
     for (r, c), ln in np.ndenumerate(lane):
-        v = value[r, c]
-        reg = f"{name}{v // 2}.{'hi' if v % 2 else 'lo'}" if packed else f"{name}{v}"
-        labels[r, c] = f"T{ln}\n{reg}"
+        labels[r, c] = str(ln)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(0.62 * cols + 1.6, 0.5 * rows + 1.2))
+        fig, ax = plt.subplots(figsize=(min(0.45 * cols + 1.8, 7.5), 0.42 * rows + 2.4))
     else:
         fig = ax.figure
-    _cell_grid(ax, lane, labels, "tab20", 31, 5.5 if cols > 8 else 6.5)
+    palette = plt.get_cmap("tab20").colors
+    palette = palette[1::2] + palette[0::2]        # light shades first: the numbers stay dark
+    from matplotlib.colors import ListedColormap
+
+    cmap = ListedColormap([palette[i % 20] for i in range(max(regs) + 1)])
+    _cell_grid(ax, value, labels, cmap, max(regs) + 0.99, 9)
     m, n, k = _atom(kind)["shape"]
     what = {"A": f"A ({rows} x k={cols}, row-major m x k)", "B": f"B (k={rows} x {cols})",
             "C": f"C / D ({rows} x {cols}, fp32)"}[operand]
-    ax.set_title(f"m{m}n{n}k{k} {kind}: {what}\nwho holds each element: lane and register")
+    ax.set_title(f"m{m}n{n}k{k} {kind}: {what}\nnumber: the lane holding it; colour: its register")
     ax.set_xlabel("column (k)" if operand == "A" else "column (n)")
     ax.set_ylabel("row (k)" if operand == "B" else "row (m)")
+    ax.legend(handles=[Patch(color=cmap(v), label=reg_name[v]) for v in regs],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(len(regs), 4),
+              frameon=False)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -154,7 +169,7 @@ def plot_ldmatrix(trans: bool = False, *, ax=None):
     ax.set_title(f"{kind}: 8 lanes give row addresses,\n"
                  "all 32 lanes receive two elements each (one 32-bit register)")
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -236,7 +251,7 @@ def plot_swizzle(row_elems: int, elem_bytes: int, rows: int = 8, low: int = 0,
                  "label @slot where the chunk is stored, g = bank group (4 banks)",
                  fontsize=9)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 # --------------------------------------------------------------------------
@@ -287,7 +302,7 @@ def plot_bank_degrees(spec, *, ax=None):
                  "(gemmlib.banks)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return fig
+    return legible(fig)
 
 
 __all__ = ["operand_shape", "fragment_map", "plot_fragment", "ldmatrix_map", "plot_ldmatrix",

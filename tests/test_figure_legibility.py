@@ -1,0 +1,169 @@
+"""Every figure helper of the course draws text a reader can read at the size the book
+shows it: the page's column is gemmcourse.viz.BOOK_WIDTH_PX wide, a wider figure is scaled
+down to it, and no text may end up under gemmcourse.viz.MIN_FONT_PT points.
+
+Each helper is rendered (Agg, the book's 100 dpi) from committed data or small inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+
+import gemmlib  # noqa: E402
+from gemmcourse import plot, viz, viz_precision as vp, viz_tc  # noqa: E402
+from gemmcourse import notebook as nb  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+
+
+def _json(name):
+    return json.loads((RESULTS / name).read_text())
+
+
+def _bench():
+    return gemmlib.bench.load(RESULTS / "bench-nvidia-h200-2026-11-22.json")
+
+
+def _bank_access():
+    from gemmlib import banks
+
+    return next(iter(banks.accesses(gemmlib.get_kernel("vectorized"))))
+
+
+def _cpu_timings():
+    from types import SimpleNamespace as T
+
+    return [T(method=m, size=n, gflops=g * n / 64) for m, g in (("python", 0.01), ("numpy", 50))
+            for n in (64, 128, 256)]
+
+
+def _h200():
+    from gemmlib.backend import DeviceInfo
+
+    return DeviceInfo(name="NVIDIA H200", compute_capability=(9, 0), sm_count=132,
+                      max_threads_per_block=1024, max_shared_per_block=48 * 1024,
+                      max_shared_per_block_optin=227 * 1024, max_shared_per_sm=228 * 1024,
+                      registers_per_block=65536, registers_per_sm=65536, max_threads_per_sm=2048,
+                      max_grid=(2**31 - 1, 65535, 65535), l2_bytes=60 * 2**20, warp_size=32,
+                      max_sm_clock_mhz=1980.0, simulated=False, memory_clock_khz=3_201_000,
+                      memory_bus_bits=6144)
+
+
+def _owner():
+    one = gemmlib.get_kernel("blocktile_1d")
+    p = one.params
+
+    def strip(tid):
+        r0, col = one.index["thread_strip"](tid)
+        return [(r0 + i, col) for i in range(p["TM"])]
+
+    return viz.owner_grid((p["BM"], p["BN"]), strip, one.threads)
+
+
+#: name -> a function drawing the figure(s) the book shows
+HELPERS = {
+    "viz.plot_thread_map": lambda: viz.plot_thread_map(gemmlib.get_kernel("naive"), 64, 64),
+    "viz.plot_thread_map window": lambda: viz.plot_thread_map(
+        gemmlib.get_kernel("naive"), 40, 40, window=(12, 12), highlight_warp=None),
+    "viz.plot_warp_access": lambda: viz.plot_warp_access(gemmlib.get_kernel("naive"), 48, 48, 40),
+    "viz.plot_tile_phases": lambda: viz.plot_tile_phases(gemmlib.get_kernel("shared"), 40, 50, 72,
+                                                          block_xy=(1, 1)),
+    "viz.plot_roofline": lambda: viz.plot_roofline(66.9, 4814, [("no reuse", 0.25, None),
+                                                                ("4096^3", 680.0, 51.0)],
+                                                   title="roofline of this NVIDIA H200"),
+    "viz.plot_cpu_timings": lambda: viz.plot_cpu_timings(_cpu_timings()),
+    "viz.plot_results": lambda: nb.results_chart(_bench(), list(gemmlib.LADDER)),
+    "viz.plot_ladder": lambda: viz.plot_ladder([(r.kernel, r.tflops, r.pct_of_cublas)
+                                                for r in _bench().rows if r.M == 4096]),
+    "viz.plot_owner_grid": lambda: viz.plot_owner_grid(_owner(), title="blocktile_1d strips"),
+    "viz.plot_owner_grid small": lambda: viz.plot_owner_grid(_owner()[:16, :16], title="corner"),
+    "viz.plot_bank_access": lambda: viz.plot_bank_access(_bank_access()),
+    "viz.plot_timeline": lambda: viz.plot_timeline(
+        {"copy": [(0, 3, "tile 0", "#9fc5e8"), (3, 3, "tile 1", "#9fc5e8")],
+         "math": [(3, 4, "tile 0", "#b6d7a8")]}, title="overlap"),
+    "viz.plot_split_k": lambda: viz.plot_split_k(96, 80, 200, 32, 32, 16, 3, block_xy=(1, 1)),
+    "viz.plot_host_costs": lambda: viz.plot_host_costs(
+        _json("host-cost-nvidia-h200-2026-11-24.json")),
+    "viz.plot_call_level": lambda: viz.plot_call_level(nb.call_level_records(
+        _json("bench-nvidia-h200-2026-11-23-call.json"), nb.CALL_TARGETS), title="calls"),
+    "viz_tc.plot_fragment fp16 A": lambda: viz_tc.plot_fragment("fp16", "A"),
+    "viz_tc.plot_fragment fp16 B": lambda: viz_tc.plot_fragment("fp16", "B"),
+    "viz_tc.plot_fragment fp16 C": lambda: viz_tc.plot_fragment("fp16", "C"),
+    "viz_tc.plot_fragment tf32 A": lambda: viz_tc.plot_fragment("tf32", "A"),
+    "viz_tc.plot_ldmatrix": lambda: viz_tc.plot_ldmatrix(False),
+    "viz_tc.plot_ldmatrix trans": lambda: viz_tc.plot_ldmatrix(True),
+    "viz_tc.plot_swizzle": lambda: viz_tc.plot_swizzle(64, 2),
+    "viz_tc.plot_swizzle tf32": lambda: viz_tc.plot_swizzle(64, 4, rows=4, low=1, rows_xor=4),
+    "viz_tc.plot_bank_degrees": lambda: viz_tc.plot_bank_degrees(
+        gemmlib.get_kernel("mma_swizzle")),
+    "vp.plot_pipeline": lambda: vp.plot_pipeline(stages=4, tiles=8, latency=3.0, compute=1.0),
+    "vp.plot_precision_bars": lambda: vp.plot_precision_bars(
+        _json("bench-nvidia-h200-2026-11-23-precision.json")),
+    "vp.plot_accuracy": lambda: vp.plot_accuracy(_json("accuracy-nvidia-h200-2026-11-23.json")),
+    "vp.plot_roofline_tc": lambda: vp.plot_roofline_tc(
+        _h200(), _json("bench-nvidia-h200-2026-11-23-precision.json"),
+        roof=_json("mma-roof-nvidia-h200.json")),
+    "plot.tflops_figure": lambda: plot.tflops_figure(_bench()),
+    "plot.pct_figure": lambda: plot.pct_figure(_bench()),
+    "plot.ladder_figure": lambda: plot.ladder_figure(_bench()),
+}
+
+
+def shown_sizes(fig):
+    """(text, points at the size the book shows the figure) for every visible text."""
+    fig.canvas.draw()
+    scale = viz.shown_scale(fig)
+    return [(t.get_text(), t.get_fontsize() * scale) for t in fig.findobj(Text)
+            if t.get_visible() and t.get_text().strip()]
+
+
+@pytest.fixture(autouse=True)
+def book_style():
+    nb._style_figures()          # the book's dpi and base font size
+    yield
+    plt.close("all")
+
+
+@pytest.mark.parametrize("name", list(HELPERS))
+def test_text_is_legible_at_the_books_width(name):
+    out = HELPERS[name]()
+    figs = [getattr(f, "figure", f) for f in (out if isinstance(out, (list, tuple)) else [out])]
+    figs = [f for f in figs if f is not None] or [plt.gcf()]
+    for fig in figs:
+        assert fig.dpi == viz.BOOK_DPI
+        small = [(t, round(pt, 1)) for t, pt in shown_sizes(fig) if pt < viz.MIN_FONT_PT - 1e-6]
+        assert not small, f"{name}: text under {viz.MIN_FONT_PT} pt as shown: {small[:8]}"
+
+
+def _series_colours(ax):
+    return [line.get_color() for line in ax.get_lines() if not line.get_label().startswith("_")]
+
+
+@pytest.mark.parametrize("make", [plot.tflops_figure, plot.pct_figure,
+                                  lambda r: nb.results_chart(r, list(gemmlib.LADDER))])
+def test_series_have_distinct_colours_and_the_legend_is_clear_of_the_data(make):
+    fig = make(_bench())
+    ax = fig.axes[0]
+    colours = [matplotlib.colors.to_hex(c) for c in _series_colours(ax)]
+    assert len(colours) == len(set(colours)), "two series share a colour"
+    legend = ax.get_legend()
+    fig.canvas.draw()
+    box = legend.get_window_extent()
+    axes_box = ax.get_window_extent()
+    assert box.y1 <= axes_box.y0 or box.x0 >= axes_box.x1, "the legend sits over the data"
+
+
+def test_a_too_wide_figure_is_fitted_to_the_column():
+    fig, ax = plt.subplots(figsize=(12, 4))
+    ax.set_title("t", fontsize=6)
+    viz.legible(fig)
+    assert fig.get_figwidth() * fig.dpi <= viz.BOOK_WIDTH_PX
+    assert min(pt for _, pt in shown_sizes(fig)) >= viz.MIN_FONT_PT
