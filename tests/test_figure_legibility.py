@@ -68,6 +68,23 @@ def _owner():
     return viz.owner_grid((p["BM"], p["BN"]), strip, one.threads)
 
 
+def _vd():
+    from gemmcourse import viz_distributed as vd
+
+    return vd
+
+
+def _measured_timelines():
+    """Chapter 19's figure: three recorded calls on four H200s, from the committed run."""
+    vd = _vd()
+    data = _json("distributed-nvidia-h200-x4-2026-11-26.json")
+    best = vd.best_rows(data)
+    keys = [vd.timeline_key("fp16", "weak", "gather_A", best[("weak", "gather_A", w)]["options"])
+            for w in ("nccl", "nccl overlap", "copy")]
+    return vd.plot_measured_timelines(data, keys, titles=["a", "b", "c"],
+                                      reference_ms=vd.single_ms(data))
+
+
 #: name -> a function drawing the figure(s) the book shows
 HELPERS = {
     "viz.plot_thread_map": lambda: viz.plot_thread_map(gemmlib.get_kernel("naive"), 64, 64),
@@ -114,6 +131,10 @@ HELPERS = {
     "plot.tflops_figure": lambda: plot.tflops_figure(_bench()),
     "plot.pct_figure": lambda: plot.pct_figure(_bench()),
     "plot.ladder_figure": lambda: plot.ladder_figure(_bench()),
+    "vd.plot_ratio": lambda: _vd().plot_ratio(16384),
+    "vd.plot_winner_map": lambda: _vd().plot_winner_map(P=8, K=8192),
+    "vd.plot_model_efficiency": lambda: _vd().plot_model_efficiency(P=4, busbw_gbs=251.0),
+    "vd.plot_measured_timelines": lambda: _measured_timelines(),
 }
 
 
