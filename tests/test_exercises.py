@@ -36,8 +36,6 @@ KNOWN_TODO = {
     "13-library-call.ipynb": "check_value / lambda references in its split-K exercises",
     "17-hopper.ipynb": "lambda and viz_hopper references in its check_function exercises",
     "18-models.ipynb": "check_value with the expected expression; viz_models references",
-    "19-distributed.ipynb": "check_value with the expected expression; viz_distributed "
-                            "and gemmlib.distributed references",
 }
 
 

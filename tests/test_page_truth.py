@@ -26,8 +26,8 @@ NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 KNOWN_TODO = {
     "where it ran": {"17-hopper.ipynb"},
     "dates": {"17-hopper.ipynb", "18-models.ipynb"},
-    "results paths": {"17-hopper.ipynb", "18-models.ipynb", "19-distributed.ipynb"},
-    "work history": {"17-hopper.ipynb", "18-models.ipynb", "19-distributed.ipynb"},
+    "results paths": {"17-hopper.ipynb", "18-models.ipynb"},
+    "work history": {"17-hopper.ipynb", "18-models.ipynb"},
     "one device table": {"17-hopper.ipynb"},
     "registers shown": {"17-hopper.ipynb"},
 }
