@@ -307,12 +307,12 @@ def test_measured_figures():
     assert [ax.get_title().split(":")[0] for ax in heat_axes] == ["fp16", "3xtf32"]
     texts = [t.get_text() for t in heat_axes[0].texts]
     assert "failed" in texts and any(t.startswith("40%\nBW") for t in texts)
-    fig = vm.plot_models_roofline(data)
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "gemmlib, measured" in labels and "torch.matmul, measured" in labels
+    fig = vm.plot_models_roofline(data)          # the legend under the plot, clear of points
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "gemmlib (measured)" in labels and "torch.matmul (measured)" in labels
     fig = vm.plot_models_roofline(None)
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "gemmlib, measured" not in labels and "no measured points" in fig.axes[0].get_title()
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "gemmlib (measured)" not in labels and "no measured points" in fig.axes[0].get_title()
     assert vm.file_summary("f.json", data).startswith("f.json: NVIDIA H100 80GB HBM3")
     assert "1 failed" in vm.file_summary("f.json", data)
 
@@ -588,8 +588,14 @@ def test_show_functions(capsys):
 # the chapter
 
 
+def _chapter_18_cells():
+    """The cells of chapter 18's pages (18-models.ipynb and the pages after it)."""
+    return [c for page in sorted((ROOT / "chapters").glob("18*.ipynb"))
+            for c in json.loads(page.read_text())["cells"]]
+
+
 def test_chapter_18_uses_only_helpers_that_exist():
-    cells = json.loads((ROOT / "chapters" / "18-models.ipynb").read_text())["cells"]
+    cells = _chapter_18_cells()
     src = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     for name in set(re.findall(r"\bvm\.(\w+)", src)):
         assert hasattr(vm, name), name
@@ -640,7 +646,7 @@ def test_chapter_18_exercise_solutions_pass_their_checks(capsys):
         tiles = -(-M // BM) * -(-N // 256)
         return 4 * S * tiles * BM * 256 + 4 * tiles * 2 * BM
 
-    cells = json.loads((ROOT / "chapters" / "18-models.ipynb").read_text())["cells"]
+    cells = _chapter_18_cells()
     cell = next("".join(c["source"]) for c in cells
                 if "def my_workspace_bytes" in "".join(c["source"]))
     ns = {}
@@ -652,3 +658,26 @@ def test_chapter_18_exercise_solutions_pass_their_checks(capsys):
     # the solution's example: 16 x 4096 x 4096, 8 slices: 8 MiB of partials, 8 KiB of counters
     assert vm.split_k_workspace_bytes(16, 4096, 4096, 8) == 8 * 2**20 + 8 * 2**10
     assert capsys.readouterr().out.count("[correct]") == 1
+
+
+def test_the_chapters_figures_are_legible_at_the_size_the_page_shows():
+    """Each figure of chapter 18's pages fits the book's text column (so the page shows it
+    at its own size) and sets no text under 9 pt; the host cost is one figure per panel."""
+    import matplotlib.pyplot as plt
+
+    from gemmcourse import notebook as nb
+    from test_viz_hopper import legible
+
+    nb._style_figures()
+    data = _models_data()
+    figs = [vm.plot_models_roofline(data), vm.plot_models_roofline(None), vm.plot_wave_heat(132),
+            vm.plot_work_split(5, 8, 4, 2), vm.plot_pct_heat(data, precisions=["fp16"]),
+            vm.plot_streams()]
+    figs += vm.plot_tc_shapes_by_model(_tc_data(), "fp16")
+    figs += [vm.plot_host_panel(title, rows) for title, rows in
+             vm.host_panels([("NVIDIA H100 80GB HBM3", "h.json", _host_data())],
+                            [("m.json", _models_data())])]
+    assert len(figs) >= 10
+    for fig in figs:
+        assert legible(fig)
+        plt.close(fig)
