@@ -30,6 +30,7 @@ matplotlib is imported only when drawing.
 from __future__ import annotations
 
 import re
+import textwrap
 
 import numpy as np
 
@@ -850,7 +851,7 @@ def show_hopper_results(directory=None, gpu: str | None = None, table: bool = Tr
         labels = dict.fromkeys(d["label"] for d in hopper_records(data)
                                if d["rung"] == "wgmma_ws" and d["met"] is not None)
         for label in labels or ("wgmma_ws",):
-            print(targets_line(data, label))
+            print(textwrap.fill(targets_line(data, label), 78, subsequent_indent="  "))
         plot_hopper_bars(data)
         plt.show()
     return len(files)
@@ -1002,17 +1003,19 @@ def lastmile_files(directory=None):
 
 def lastmile_table(data: dict, name: str = "", base: str = "wgmma_ws_128x256_s4"):
     """Kernel time of each variant (events around the launch, L2 flushed, median of 30) and
-    its speed against ``base`` measured in the same run."""
+    its speed against ``base`` measured in the same run (every variant ran one block per SM:
+    the caption says how many)."""
     from gemmcourse.notebook import Table
 
     rows = data.get("kernel", [])
     ref = next((r["us"] for r in rows if r["kernel"] == base), None)
-    body = [(r["kernel"], r["grid"][0], f"{r['us']:.1f}", f"{r['tflops']:.0f}",
+    body = [(r["kernel"], f"{r['us']:.1f}", f"{r['tflops']:.0f}",
              "-" if ref is None else f"{100 * ref / r['us']:.1f}%", f"{r['max_err']:.1e}")
             for r in rows]
-    return Table(("kernel", "blocks", "us", "TFLOP/s", f"speed vs {base}",
-                  "max error vs fp32 product"), body,
-                 caption=f"4096^3 fp16, kernel timing: {_gpu_named(data, name)}")
+    blocks = sorted({r["grid"][0] for r in rows})
+    return Table(("kernel", "µs", "TFLOP/s", f"speed vs {base}", "max error vs fp32"), body,
+                 caption=f"4096^3 fp16, kernel timing, {'/'.join(map(str, blocks))} blocks: "
+                         f"{_gpu_named(data, name)}")
 
 
 # --------------------------------------------------------------------------

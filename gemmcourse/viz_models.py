@@ -247,7 +247,8 @@ def tile_table(records=None, sms: int = 132, BM: int = WS_TILE[0], BN: int = WS_
                tokens=None, candidates=None):
     """A :class:`gemmcourse.notebook.Table`: per shape, tiles of BM x BN against ``sms``
     SMs, the waves, the share of SM-rounds with work, the share of tile rows that are real;
-    with ``candidates`` the wave efficiency of each other tile too."""
+    with ``candidates`` the tiles and wave efficiency of each candidate tile instead of the
+    share of real rows (so that the table fits the book's column)."""
     from gemmcourse.notebook import Table
 
     records = shape_records() if records is None else records
@@ -256,18 +257,23 @@ def tile_table(records=None, sms: int = 132, BM: int = WS_TILE[0], BN: int = WS_
         if tokens is not None and d["tokens"] not in tokens:
             continue
         t = tile_record(d["M"], d["N"], d["K"], sms, BM, BN)
-        row = [d["model"], d["layer"], d["tokens"] or "-", _label(d), t["tiles"], t["waves"],
-               f"{100 * t['efficiency']:.0f}%", f"{100 * t['row_use']:.1f}%"]
+        row = [d["model"], d["layer"], d["tokens"] or "-", t["tiles"], t["waves"],
+               f"{100 * t['efficiency']:.0f}%"]
         if candidates:
             effs = {c: wave_efficiency(tiles(d["M"], d["N"], *c), sms) for c in candidates}
-            row += [f"{tiles(d['M'], d['N'], *c)} / {100 * e:.0f}%" for c, e in effs.items()]
+            row += [f"{tiles(d['M'], d['N'], *c)}/{100 * e:.0f}%" for c, e in effs.items()]
+        else:
+            row += [_label(d), f"{100 * t['row_use']:.1f}%"]
         body.append(row)
-    header = ["model", "layer", "tokens", "M x N x K", f"{BM}x{BN} tiles", "waves",
-              "SM-rounds with a tile", "tile rows that are real"]
+    header = ["model", "layer", "T", f"{BM}x{BN} tiles", "waves", "SM-rounds used"]
     if candidates:
-        header += [f"{a}x{b}: tiles / waves used" for a, b in candidates]
+        header += [f"{a}x{b}" for a, b in candidates]
+        note = "; per candidate tile: tiles/SM-rounds used"
+    else:
+        header += ["M x N x K", "tile rows that are real"]
+        note = ""
     return Table(header, body, caption=f"Computed: {BM} x {BN} output tiles, one per SM at a "
-                                       f"time, on {sms} SMs")
+                                       f"time, on {sms} SMs{note}")
 
 
 def one_wave_splits(M: int, N: int, sms: int = 132, BM: int = WS_TILE[0],
@@ -645,13 +651,12 @@ def file_summary(name: str, data: dict) -> str:
 
 def decode_table(data: dict, precision: str = "fp16", input=None, name: str = ""):
     """A :class:`gemmcourse.notebook.Table` of the decode rows (M <= DECODE_M): the weights'
-    bytes, the copy-bandwidth bound, and each side's time, GB/s and % of the copy bandwidth,
-    with the 128 x 256 tile count beside them."""
+    bytes, the time the fewest bytes take at the copy bandwidth, and each side's time and %
+    of the copy bandwidth, with the rung ``auto`` ran (its configuration is in the file)."""
     from gemmcourse.notebook import Table
 
     input = input or (inputs_of(data) or [None])[0]
     copy = _num(data.get("meta", {}).get("dram_copy_gbps"))
-    sms = int(data.get("meta", {}).get("sm_count") or 132)
     body = []
     for d in measured_records(data, precision, input):
         if d["phase"] != "decode":
@@ -659,20 +664,19 @@ def decode_table(data: dict, precision: str = "fp16", input=None, name: str = ""
         in_b = 2 if precision in ("fp16", "bf16") else 4
         wb = in_b * d["K"] * d["N"]
         bound = None if not copy else 1e6 * min_bytes(d["M"], d["N"], d["K"], in_b) / (copy * 1e9)
-        body.append((d["model"], d["layer"], d["tokens"], _label(d), f"{wb / 2**20:.0f}",
-                     _f(bound, ".1f"), tiles(d["M"], d["N"]), d["kernel"],
+        body.append((d["model"], d["layer"], d["tokens"], f"{wb / 2**20:.0f}",
+                     _f(bound, ".1f"), kernel_family(d["kernel"]),
                      _f(None if d["ms"] is None else 1e3 * d["ms"], ".1f"),
-                     _f(d["dram_gbps"], ".0f"), _f(d["dram_pct"], ".0f", "%"),
+                     _f(d["dram_pct"], ".0f", "%"),
                      _f(None if d["ref_ms"] is None else 1e3 * d["ref_ms"], ".1f"),
-                     _f(d["ref_dram_gbps"], ".0f"), _f(d["ref_dram_pct"], ".0f", "%")))
+                     _f(d["ref_dram_pct"], ".0f", "%")))
     meta = data.get("meta", {})
     ref = next((d["reference"] for d in measured_records(data, precision, input)), "reference")
-    return Table(("model", "layer", "T", "M x N x K", "B MiB", "bound at copy BW, us",
-                  f"128x256 tiles ({sms} SMs)", "gemmlib kernel", "gemmlib us", "GB/s",
-                  "% of copy", f"{ref} us", "GB/s", "% of copy"), body,
-                 caption=f"Decode rows, {precision}, {input} inputs: {meta.get('gpu', '?')}, "
-                         f"{str(meta.get('date', ''))[:10]}, copy bandwidth "
-                         f"{_f(copy, '.0f')} GB/s measured in the same run"
+    return Table(("model", "layer", "T", "B, MiB", "bound, µs", "gemmlib kernel", "µs",
+                  "% of copy", f"{ref.split('.')[0]}, µs", "% of copy"), body,
+                 caption=f"Decode rows, {precision}, {input} inputs, {meta.get('gpu', '?')}: "
+                         f"bound = the fewest bytes at the copy bandwidth, "
+                         f"{_f(copy, '.0f')} GB/s, measured in the same run"
                          + (f" ({name})" if name else ""))
 
 
@@ -829,8 +833,8 @@ def plot_pct_heat(data: dict, input=None, precisions=None, title=None):
 
 
 def sweep_table(data: dict, input=None, name: str = ""):
-    """The suite's extra shapes (earlier sweeps), per precision: % of the framework and
-    the 128 x 256 tiles against the file's SMs."""
+    """The suite's extra shapes (earlier sweeps), per precision: the rung ``auto`` ran, the
+    TFLOP/s of each side, % of the framework and the 128 x 256 tiles against the file's SMs."""
     from gemmcourse.notebook import Table
 
     input = input or (inputs_of(data) or [None])[0]
@@ -840,12 +844,13 @@ def sweep_table(data: dict, input=None, name: str = ""):
         if d["phase"] != "sweep":
             continue
         t = tile_record(d["M"], d["N"], d["K"], sms)
-        body.append((d["precision"], _label(d), d["kernel"], _f(d["tflops"], ".0f"),
-                     _f(d["ref_tflops"], ".0f"), _f(d["pct"], ".1f", "%"), t["tiles"],
-                     f"{100 * t['efficiency']:.0f}%"))
-    return Table(("precision", "M x N x K", "gemmlib kernel", "TFLOP/s", "framework TFLOP/s",
-                  "% of framework", "128x256 tiles", "SM-rounds with a tile"), body,
-                 caption=f"The suite's extra shapes on {data.get('meta', {}).get('gpu', '?')}"
+        body.append((d["precision"], _label(d), kernel_family(d["kernel"]),
+                     _f(d["tflops"], ".0f"), _f(d["ref_tflops"], ".0f"), _f(d["pct"], ".1f", "%"),
+                     t["tiles"]))
+    return Table(("precision", "M x N x K", "gemmlib kernel", "TFLOP/s", "framework",
+                  "% of it", "tiles"), body,
+                 caption=f"The suite's extra shapes on {data.get('meta', {}).get('gpu', '?')} "
+                         f"(TFLOP/s; 128 x 256 tiles on {sms} SMs)"
                          + (f" ({name})" if name else ""))
 
 
@@ -882,21 +887,22 @@ def kernels_by_tokens(data: dict, input=None) -> dict:
 
 
 def kernel_table(data: dict, input=None, name: str = ""):
-    """A :class:`gemmcourse.notebook.Table` of :func:`kernels_by_tokens`: per precision and
-    token count, how many of the suite's shapes each rung ran."""
+    """A :class:`gemmcourse.notebook.Table` of :func:`kernels_by_tokens`: per token count
+    (a row) and precision (a column), how many of the suite's shapes each rung ran."""
     from gemmcourse.notebook import Table
 
     by = kernels_by_tokens(data, input)
     toks = sorted({t for v in by.values() for t in v}, key=lambda t: (t == 0, t))
-    body = [[prec] + [", ".join(f"{n} {k}" for k, n in sorted(by[prec].get(t, {}).items(),
-                                                               key=lambda kv: (-kv[1], kv[0])))
-                      or "-" for t in toks]
-            for prec in sorted(by, key=_prec_key)]
+    precs = sorted(by, key=_prec_key)
+    body = [[f"T={t}" if t else "extra shapes"]
+            + [", ".join(f"{n} {k}" for k, n in sorted(by[prec].get(t, {}).items(),
+                                                       key=lambda kv: (-kv[1], kv[0]))) or "-"
+               for prec in precs]
+            for t in toks]
     meta = data.get("meta", {}) if isinstance(data, dict) else {}
-    return Table(["precision"] + [f"T={t}" if t else "extra shapes" for t in toks], body,
+    return Table(["tokens"] + precs, body,
                  caption=f"The rung auto ran (the rows' kernel column), shapes per cell: "
-                         f"{meta.get('gpu', '?')}, {str(meta.get('date', ''))[:10]}"
-                         + (f" ({name})" if name else ""))
+                         f"{meta.get('gpu', '?')}" + (f" ({name})" if name else ""))
 
 
 def suite_summary(data: dict, threshold: float = 60.0) -> list:
@@ -1234,8 +1240,8 @@ def split_shapes():
 def split_choice_table(data: dict, precision: str = "fp16", shapes=None, name: str = ""):
     """A :class:`gemmcourse.notebook.Table`: per shape (:func:`split_shapes`) the slices
     ``wgmma_split_k.splits_for`` of this gemmlib chooses on the GPU of a tc-shapes file
-    (:func:`file_device`) for 64- and 128-row tiles, beside the kernel ``auto`` ran in
-    the file and the slices it recorded.  None when the rung is not there."""
+    (:func:`file_device`) for 64- and 128-row tiles, beside the rung ``auto`` ran in the
+    file and the slices it recorded.  None when the rung is not there."""
     from gemmcourse.notebook import Table
 
     W = split_k_module()
@@ -1251,10 +1257,10 @@ def split_choice_table(data: dict, precision: str = "fp16", shapes=None, name: s
             S = W.effective_splits(W.splits_for(M, N, K, BM, 256, dev), K)
             row += [tiles(M, N, BM, 256), S]
         d = ran.get((M, N, K))
-        row += [d["kernel"], d["splits"]] if d else ["-", "-"]
+        row += [kernel_family(d["kernel"]), d["splits"]] if d else ["-", "-"]
         body.append(row)
-    return Table(("shape", "M x N x K", "k-tiles", "64x256 tiles", "S", "128x256 tiles", "S",
-                  "auto in the file", "its S"), body,
+    return Table(("shape", "M x N x K", "k-tiles", "64-row tiles", "S", "128-row tiles", "S",
+                  "auto ran", "its S"), body,
                  caption=f"Slices from this gemmlib's wgmma_split_k.splits_for on "
                          f"{dev.name} ({dev.sm_count} SMs, {dev.fp32_peak_tflops:.1f} TFLOP/s "
                          f"fp32, {dev.peak_bandwidth_gbs:.0f} GB/s DRAM peak), and what the "

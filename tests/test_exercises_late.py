@@ -159,7 +159,8 @@ def _pages(*prefixes):
 def _check_cells(path):
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     return [("".join(c["source"])) for c in cells if c["cell_type"] == "code"
-            and re.search(r"\b(check|check_value|check_function)\(", "".join(c["source"]))]
+            and re.search(r"\b(nb\.check_value|nb\.check_function|ex\.check)\(",
+                          "".join(c["source"]))]
 
 
 @pytest.mark.parametrize("page", _pages("13", "17", "18"), ids=lambda p: p.name)

@@ -189,9 +189,11 @@ def test_wave_heat_figure():
 def test_tile_table_candidates():
     t = vm.tile_table(vm.shape_records(tokens=(1024,), extra=False), 132,
                       candidates=vm.CANDIDATE_TILES)
-    assert len(t.rows) == len(bm.MODELS) * 4 and len(t.header) == 8 + len(vm.CANDIDATE_TILES)
+    assert len(t.rows) == len(bm.MODELS) * 4 and len(t.header) == 6 + len(vm.CANDIDATE_TILES)
     row = next(r for r in t.rows if r[0] == "qwen2.5-72b" and r[1] == "qkv")
-    assert row[4:7] == [320, 3, "81%"] and row[8] == "320 / 81%" and row[9] == "640 / 97%"
+    assert row[3:6] == [320, 3, "81%"] and row[6] == "320/81%" and row[7] == "640/97%"
+    plain = vm.tile_table(vm.shape_records(tokens=(1024,), extra=False), 132)
+    assert len(plain.header) == 8 and plain.rows[0][-2].startswith("1024x")
 
 
 # --------------------------------------------------------------------------
@@ -283,7 +285,7 @@ def test_decode_table_and_bandwidth_vs_tiles():
     assert len(t.rows) == len(bm.MODELS) * 4 * 2                 # T = 1 and 16
     assert all(r[2] in (1, 16) for r in t.rows) and "f.json" in t.caption
     row = t.rows[0]
-    assert row[6] == vm.tiles(row[2], int(row[3].split("x")[1]))
+    assert row[5] == "wgmma_ws" and len(row) == len(t.header) == 10
     pts, rho = vm.bandwidth_vs_tiles(data)
     assert len(pts) == len(bm.MODELS) * 4 * 2 and rho is not None and -1 <= rho <= 1
     assert vm.bandwidth_vs_tiles(data, kernel="skinny") == ([], None)
@@ -326,9 +328,9 @@ def test_kernel_family_and_table():
     by = vm.kernels_by_tokens(data)
     assert by["fp16"][1] == {"wgmma_ws": 8} and by["3xtf32"][16] == {"mma_pipeline": 8}
     assert by["fp16"][0] == {"wgmma_ws": 1}                       # the extra shape
-    t = vm.kernel_table(data, name="f.json")
-    assert t.header[-1] == "extra shapes" and [r[0] for r in t.rows] == ["fp16", "3xtf32"]
-    assert t.rows[0][1] == "8 wgmma_ws" and "f.json" in t.caption
+    t = vm.kernel_table(data, name="f.json")          # a row per token count
+    assert t.header == ["tokens", "fp16", "3xtf32"] and t.rows[-1][0] == "extra shapes"
+    assert t.rows[0][:2] == ["T=1", "8 wgmma_ws"] and "f.json" in t.caption
 
 
 def _summary_numbers(line):
