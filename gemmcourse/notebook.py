@@ -863,8 +863,18 @@ def _show_each(files, missing: str, show) -> int:
     return len(files)
 
 
-def show_host_costs(directory=None) -> int:
-    """Tables and a figure for every GPU's newest host-cost record; returns how many."""
+def _of_gpu(files, gpu: str | None):
+    """The (file name, data) of ``files`` measured on a GPU whose name contains ``gpu``
+    (case-insensitive); all of them when ``gpu`` is None."""
+    if gpu is None:
+        return files
+    return [(n, d) for n, d in files
+            if gpu.lower() in str(d.get("meta", {}).get("gpu", n)).lower()]
+
+
+def show_host_costs(directory=None, gpu: str | None = None) -> int:
+    """Tables and a figure for every GPU's newest host-cost record (only the GPUs whose
+    name contains ``gpu``, if given); returns how many."""
     from IPython.display import display
 
     from gemmcourse.viz import plot_host_costs
@@ -878,8 +888,9 @@ def show_host_costs(directory=None) -> int:
             print(line)
         plot_host_costs(data)
 
-    return _show_each(host_cost_files(directory), "results/host-cost-*.json appears once "
-                      "gemmlib.bench.host_costs has run on a GPU and its file is committed", show)
+    return _show_each(_of_gpu(host_cost_files(directory), gpu),
+                      "results/host-cost-*.json appears once gemmlib.bench.host_costs has run "
+                      "on a GPU and its file is committed", show)
 
 
 def call_level_files(directory=None):
@@ -960,8 +971,9 @@ CALL_TARGETS = {
 }
 
 
-def show_call_level(targets: dict, directory=None) -> int:
-    """A table and a chart per GPU of the newest call-level benchmark; returns how many."""
+def show_call_level(targets: dict, directory=None, gpu: str | None = None) -> int:
+    """A table and a chart per GPU of the newest call-level benchmark (only the GPUs whose
+    name contains ``gpu``, if given); returns how many."""
     from IPython.display import display
 
     from gemmcourse.viz import plot_call_level
@@ -979,6 +991,7 @@ def show_call_level(targets: dict, directory=None) -> int:
             plot_call_level(recs, title=f"gemmlib.matmul (kernel='auto') vs cuBLAS, "
                             f"call timing, on {gpu}")
 
-    return _show_each(call_level_files(directory), "results/bench-*-call.json appears once "
+    return _show_each(_of_gpu(call_level_files(directory), gpu),
+                      "results/bench-*-call.json appears once "
                       "`python -m gemmlib bench` has timed the calls on a GPU and its file is "
                       "committed", show)

@@ -30,6 +30,7 @@ matplotlib is imported only when drawing.
 from __future__ import annotations
 
 import re
+import textwrap
 
 import numpy as np
 
@@ -47,6 +48,11 @@ SWIZZLE_BYTES = {mode: nbytes for nbytes, mode in H.SWIZZLE_MODE.items()}
 #: what a schedule figure says about its durations
 SCHEMATIC = "schematic: made-up durations, not measurements"
 NOT_MEASURED = "not measured yet"
+#: the width (inches, at the notebooks' 100 dpi) of the book's text column at a 1280 px wide
+#: window: a figure this wide is shown at its own size, so its text reads at the size it is set
+PAGE_IN = 6.7
+#: the smallest text a figure sets (points): at PAGE_IN wide, still 9 pt on the page
+FONT = 9
 
 
 def _plt():
@@ -79,36 +85,40 @@ def swizzle_slots(rows: int = 64, row_bytes: int = 128, swizzle: int = 128,
     return out
 
 
-def _grid(ax, values, labels, cmap, vmax, fontsize):
+def _grid(ax, values, labels, cmap, vmax, fontsize=FONT):
     ax.imshow(np.ma.masked_less(values, 0), cmap=cmap, vmin=0, vmax=vmax, aspect="auto",
               interpolation="nearest")
     for (r, c), s in np.ndenumerate(labels):
         if s != "":
-            ax.text(c, r, s, ha="center", va="center", fontsize=fontsize)
+            ax.text(c, r, s, ha="center", va="center", fontsize=fontsize, linespacing=1.0)
     rows, cols = values.shape
     ax.set_xticks(np.arange(-0.5, cols), minor=True)
     ax.set_yticks(np.arange(-0.5, rows), minor=True)
-    ax.grid(which="minor", color="white", linewidth=0.6)
+    ax.grid(which="minor", color="white", linewidth=0.8)
     ax.tick_params(which="minor", length=0)
+    ax.tick_params(labelsize=fontsize)
 
 
-def plot_swizzle128(rows: int = 64, *, ax=None):
-    """The 128-byte swizzle of a ``rows`` x 64 half tile: a column per tile row, a cell per
-    logical 16-byte chunk, labelled and coloured with the slot it is stored in."""
+def plot_swizzle128(rows: int = 16, *, ax=None):
+    """The 128-byte swizzle of the first ``rows`` rows of a tile of halves: a row per tile
+    row, a cell per logical 16-byte chunk, labelled and coloured with the slot it is stored
+    in (the pattern repeats every 8 rows, so 16 rows show it twice)."""
     plt = _plt()
     slots = swizzle_slots(rows)
     if ax is None:
-        _, ax = plt.subplots(figsize=(13, 2.9))
-    _grid(ax, slots.T, slots.T.astype(str), plt.get_cmap("tab10"), 9.0, 6)
-    ax.set_xticks(range(0, rows, 8))
-    ax.set_yticks(range(slots.shape[1]),
-                  [f"{c} (k {8 * c}-{8 * c + 7})" for c in range(slots.shape[1])], fontsize=7)
-    for x in range(8, rows, 8):
-        ax.axvline(x - 0.5, color="k", lw=1.2)
-    ax.set_xlabel("row of the tile (128 bytes each; a thick line every 8 rows = 1024 bytes)")
-    ax.set_ylabel("logical chunk")
-    ax.set_title("128-byte swizzle (gemmlib.tma.swizzled_offset): chunk c of row r is stored "
-                 "in slot c XOR (r mod 8); label and colour = the slot", fontsize=9)
+        _, ax = plt.subplots(figsize=(PAGE_IN, 0.3 * rows + 1.9))
+    _grid(ax, slots, slots.astype(str), plt.get_cmap("Set3"), 11.0)   # light: dark text reads
+    ax.set_xticks(range(slots.shape[1]), [f"{c}\nk {8 * c}-{8 * c + 7}"
+                                          for c in range(slots.shape[1])])
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(rows), [f"row {r}" for r in range(rows)])
+    for y in range(8, rows, 8):
+        ax.axhline(y - 0.5, color="k", lw=2)
+    ax.set_xlabel("logical chunk c of the row (its 8 halves: k)", fontsize=FONT)
+    ax.xaxis.set_label_position("top")
+    ax.set_title("128-byte swizzle: chunk c of row r is stored in slot c XOR (r mod 8);\n"
+                 "label and colour = the slot; a thick line every 8 rows (1024 bytes)",
+                 fontsize=FONT + 1)
     ax.figure.tight_layout()
     return ax.figure
 
@@ -246,37 +256,43 @@ def kstep_reads(operand: str = "A", BM: int = 128, BN: int = 128):
     return kstep.reshape(lines, 8), label.reshape(lines, 8)
 
 
-def plot_kstep_reads(BM: int = 128, BN: int = 128, lines: int = 64):
-    """The first ``lines`` 128-byte lines of one stage's A and B tiles, each 16-byte chunk
-    coloured by the k-step that reads it and labelled with the logical chunk it holds."""
+def plot_kstep_reads(BM: int = 128, BN: int = 128, operand: str = "A", lines=None):
+    """The first ``lines`` 128-byte lines of one stage's ``operand`` tile, each 16-byte chunk
+    coloured by the k-step that reads it. A (16 lines by default): a line per row, each chunk
+    labelled with the logical chunk of the row it holds. B (64 lines: one panel): a column
+    per line, colours only, since a k-step of B takes whole lines."""
     plt = _plt()
-    fig, axes = plt.subplots(2, 1, figsize=(13, 5.6))
     cmap = plt.get_cmap("Set2")
-    descs = {d["operand"]: d for d in kernel_descriptors(BN, BM // 64)
-             if d["kstep"] == 1 and d["half"] in (0, None)}
-    for ax, op in zip(axes, ("A", "B")):
-        ks, lab = kstep_reads(op, BM, BN)
-        ks, lab = ks[:lines].T, lab[:lines].T
-        _grid(ax, ks, lab.astype(str), cmap, 7.0, 6)
-        ax.set_yticks(range(8), [f"slot {s}" for s in range(8)], fontsize=7)
+    d = next(d for d in kernel_descriptors(BN, BM // 64)
+             if d["operand"] == operand and d["kstep"] == 1 and d["half"] in (0, None))
+    ks, lab = kstep_reads(operand, BM, BN)
+    if operand == "A":
+        lines = lines or 16
+        fig, ax = plt.subplots(figsize=(PAGE_IN, 0.3 * lines + 2.3))
+        _grid(ax, ks[:lines], lab[:lines].astype(str), cmap, 7.0)
+        ax.set_xticks(range(8), [f"slot {s}" for s in range(8)])
+        ax.set_yticks(range(lines), [f"row {r}" for r in range(lines)])
+        for y in range(8, lines, 8):
+            ax.axhline(y - 0.5, color="k", lw=2)
+        ax.set_title(f"A, K-major: a line per row m; label = which 8 k of the row it holds.\n"
+                     f"8-row groups SBO = {d['sbo']} B apart; LBO unused ({d['lbo']}); "
+                     f"k-step 1 starts +{d['offset']} B", fontsize=FONT + 1)
+    else:
+        lines = lines or 64
+        fig, ax = plt.subplots(figsize=(PAGE_IN, 3.3))
+        _grid(ax, ks[:lines].T, np.full((8, lines), ""), cmap, 7.0)
+        ax.set_yticks(range(8), [f"slot {s}" for s in range(8)])
         ax.set_xticks(range(0, lines, 8))
         for x in range(8, lines, 8):
-            ax.axvline(x - 0.5, color="k", lw=1.2)
-        d = descs[op]
-        if op == "A":
-            what = (f"A, K-major: line = row m; label = which 8 k of the row. SBO = "
-                    f"{d['sbo']} B between 8-row groups, LBO unused ({d['lbo']}), "
-                    f"k-step 1 starts +{d['offset']} B")
-        else:
-            what = (f"B, MN-major: line = k (panel 0: n 0-63); label = which 8 n. SBO = "
-                    f"{d['sbo']} B between groups of 8 k, LBO = {d['lbo']} B between "
-                    f"64-column panels, k-step 1 starts +{d['offset']} B")
-        ax.set_title(what, fontsize=8.5)
-        ax.set_xlabel("128-byte line of the tile in shared memory", fontsize=8)
+            ax.axvline(x - 0.5, color="k", lw=1.5)
+        ax.set_xlabel("128-byte line of the tile (k; panel 0: n 0-63)", fontsize=FONT)
+        ax.set_title(f"B, MN-major: a k-step reads 16 whole lines. Groups of 8 k\n"
+                     f"SBO = {d['sbo']} B apart, 64-column panels LBO = {d['lbo']} B apart, "
+                     f"k-step 1 starts +{d['offset']} B", fontsize=FONT + 1)
     handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(k / 7.0)) for k in range(4)]
     fig.legend(handles, [f"k-step {k} (k {16 * k}-{16 * k + 15})" for k in range(4)],
-               loc="upper center", ncol=4, fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+               loc="lower center", ncol=2, fontsize=FONT, frameon=False)
+    fig.tight_layout(rect=(0, 0.09 if operand == "A" else 0.2, 1, 1))
     return fig
 
 
@@ -301,25 +317,22 @@ def accumulator_map(n: int = 16):
 
 
 def plot_accumulators(n: int = 16):
-    """Left: the 64 x n accumulator, coloured by warp.  Right: warp 0's 16 rows, each
-    element labelled with its thread and register (``T5 d2``), coloured by lane // 4."""
+    """Warp 0's 16 rows of the 64 x n accumulator of m64nNk16, each element labelled with
+    the thread and register that hold it (``T5`` over ``d2``), coloured by lane // 4; warps
+    1-3 hold rows 16-63 the same way."""
     plt = _plt()
     thread, value = accumulator_map(n)
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(12, 6.2), gridspec_kw={"width_ratios": [1, 2.2]})
-    warp = thread // 32
-    _grid(a0, warp, np.full(warp.shape, ""), plt.get_cmap("Pastel1"), 8.0, 5)
-    for w in range(4):
-        a0.text(n / 2 - 0.5, 16 * w + 7.5, f"warp {w}\nthreads {32 * w}-{32 * w + 31}",
-                ha="center", va="center", fontsize=8)
-    a0.set_yticks(range(0, 64, 8))
-    a0.set_xticks(range(0, n, 4))
-    a0.set_title(f"64 x {n} accumulator of m64n{n}k16", fontsize=9)
+    fig, ax = plt.subplots(figsize=(PAGE_IN, 6.3))
     lab = np.array([[f"T{thread[r, c]}\nd{value[r, c]}" for c in range(n)] for r in range(16)])
-    _grid(a1, thread[:16] // 4, lab, plt.get_cmap("tab10"), 9.0, 5.5)
-    a1.set_xticks(range(n))
-    a1.set_yticks(range(16))
-    a1.set_title(f"warp 0 (rows 0-15): thread T holds d0..d{n // 2 - 1}; the same pattern "
-                 "repeats every 8 columns", fontsize=9)
+    _grid(ax, thread[:16] // 4, lab, plt.get_cmap("Set3"), 11.0)   # light: dark text reads
+    ax.set_xticks(range(0, n, 2))
+    ax.set_yticks(range(16))
+    ax.xaxis.tick_top()
+    ax.set_xlabel("column n", fontsize=FONT)
+    ax.set_ylabel("row m", fontsize=FONT)
+    ax.set_title(f"m64n{n}k16, warp 0 (rows 0-15): thread T holds d0..d{n // 2 - 1};\n"
+                 "the pattern repeats every 8 columns, and warp w holds rows 16w..16w+15",
+                 fontsize=FONT + 1)
     fig.tight_layout()
     return fig
 
@@ -468,13 +481,14 @@ def _draw_schedule(ax, events, stages, title):
         colour = "#cccccc" if kind == "epilogue" else tile_colour[tile % len(tile_colour)]
         ax.barh(y[row], e - s, left=s, color=colour, edgecolor="k", height=0.6)
         ax.text((s + e) / 2, y[row], label.split(".")[-1] if kind != "epilogue" else label,
-                ha="center", va="center", fontsize=7)
-    ax.set_yticks(range(len(order)), order, fontsize=8)
+                ha="center", va="center", fontsize=FONT)
+    ax.set_yticks(range(len(order)), order, fontsize=FONT)
     ax.set_ylim(len(order) - 0.5, -0.5)
     ax.set_xlim(left=-0.4)
     busy = tensor_core_busy(events)
-    ax.set_title(f"{title}: done at {makespan(events):.1f}, tensor cores busy "
-                 f"{100 * busy:.0f}% of the time", fontsize=9)
+    ax.set_title(f"{title}:\ndone at {makespan(events):.1f}, tensor cores busy "
+                 f"{100 * busy:.0f}% of the time", fontsize=FONT + 1)
+    ax.tick_params(labelsize=FONT)
     ax.grid(True, axis="x", alpha=0.3)
 
 
@@ -486,14 +500,15 @@ def plot_ws_timeline(stages: int = 4, tiles: int = 2, k_tiles: int = 6, copy: fl
     plt = _plt()
     a = tma_schedule(stages, tiles, k_tiles, copy, mma, epilogue, sync)
     b = ws_schedule(stages, tiles, k_tiles, copy, mma, epilogue, sync)
-    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(12, 6.4), sharex=True,
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(PAGE_IN, 8.2), sharex=True,
                                    gridspec_kw={"height_ratios": [stages + 2, stages + 3]})
-    _draw_schedule(ax0, a, stages, "wgmma_tma (everyone copies-waits-computes-syncs)")
-    _draw_schedule(ax1, b, stages, "wgmma_ws (producer warpgroup + consumers, persistent)")
-    ax1.set_xlabel("time (arbitrary units)")
-    fig.suptitle(f"{SCHEMATIC}: STAGES={stages}, {tiles} tiles of {k_tiles} k-tiles; copy "
-                 f"{copy:g}, wgmma {mma:g}, epilogue {epilogue:g}, sync {sync:g} per step",
-                 fontsize=9)
+    _draw_schedule(ax0, a, stages, "wgmma_tma (everyone copies, waits, computes, syncs)")
+    _draw_schedule(ax1, b, stages, "wgmma_ws (a producer warpgroup and consumers)")
+    ax1.set_xlabel("time (arbitrary units); bars: the k-tile, coloured by output tile",
+                   fontsize=FONT)
+    fig.suptitle(f"{SCHEMATIC}\nSTAGES={stages}, {tiles} tiles of {k_tiles} k-tiles; copy "
+                 f"{copy:g}, wgmma {mma:g}, epilogue {epilogue:g}, sync {sync:g}",
+                 fontsize=FONT + 1)
     fig.tight_layout()
     return fig
 
@@ -536,6 +551,16 @@ def max_stages(BM: int = 128, BN: int = 256, limit: int = 227 * 1024) -> int:
 
 # --------------------------------------------------------------------------
 # Committed results
+
+
+def for_gpu(files, gpu: str | None):
+    """The (file name, data) of ``files`` measured on a GPU whose name contains ``gpu``
+    (case-insensitive, e.g. "H100"); all of them when ``gpu`` is None. A page shows one
+    GPU's measurements and keeps the other's a click away."""
+    if gpu is None:
+        return list(files)
+    return [(n, d) for n, d in files
+            if gpu.lower() in str(d.get("meta", {}).get("gpu", n)).lower()]
 
 
 def hopper_files(directory=None):
@@ -757,11 +782,12 @@ def chart_labels(records):
 
 def plot_hopper_bars(data: dict, title=None):
     """% of cuBLAS per precision and size, one bar per rung (:func:`chart_labels`), kernel
-    timing left and call timing right, the target as a dashed line."""
+    timing above and call timing below, the target as a dashed line; the legend under the
+    plots."""
     plt = _plt()
     recs = [d for d in hopper_records(data) if d["rung"] != "cublas"]
     labels = chart_labels(recs)
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.6), sharey=True)
+    fig, axes = plt.subplots(2, 1, figsize=(PAGE_IN, 7.6), sharey=True)
     if not labels:
         for ax in axes:
             ax.text(0.5, 0.5, NOT_MEASURED, ha="center", transform=ax.transAxes)
@@ -784,46 +810,48 @@ def plot_hopper_bars(data: dict, title=None):
             rung = by[next(k for k in by if k[0] == lab)]["rung"]
             handles[lab] = ax.bar(xs, ys, w, color=RUNG_COLOURS.get(rung, "C0"),
                                   edgecolor="k", hatch="//" if lab != rung else None)
-            for x, y in zip(xs, ys):
-                ax.text(x, y + 1, f"{y:.0f}", ha="center", fontsize=6)
             top = max(top, *ys)
         ax.axhline(TARGET_PCT, color="k", ls="--", lw=1)
         ax.set_xticks(range(len(groups)), [f"{p}\n{s[0]}^3" if s[0] == s[1] == s[2]
                                            else f"{p}\n{'x'.join(map(str, s))}"
-                                           for p, s in groups], fontsize=8)
+                                           for p, s in groups], fontsize=FONT)
         ax.set_xlim(-0.5, max(len(groups), 1) - 0.5)
         ax.set_title(f"{timing} timing" + (" (the target is judged here)" if timing == "call"
-                                           else ""), fontsize=9)
+                                           else ""), fontsize=FONT + 1)
+        ax.set_ylabel("% of cuBLAS", fontsize=FONT)
+        ax.tick_params(axis="y", labelsize=FONT)
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0].set_ylim(0, 1.1 * top + 5)
-    axes[0].set_ylabel("% of cuBLAS, same precision")
+    axes[0].set_ylim(0, 1.05 * top + 5)
     handles["target"] = axes[0].get_lines()[0]
     fig.legend(list(handles.values()),
                [f"target {TARGET_PCT:g}%" if k == "target" else k for k in handles],
-               loc="lower center", ncol=len(handles), fontsize=8)
+               loc="lower center", ncol=3, fontsize=FONT, frameon=False)
     gpu = data.get("meta", {}).get("gpu", "?") if isinstance(data, dict) else "?"
-    fig.suptitle(title or f"Hopper rungs against cuBLAS on {gpu}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.suptitle(title or f"Hopper rungs against cuBLAS, same precision, on {gpu}",
+                 fontsize=FONT + 1)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     return fig
 
 
-def show_hopper_results(directory=None) -> int:
-    """Table, verdict line and chart for every GPU's newest Hopper benchmark; returns how
-    many.  Prints a note when there is none."""
+def show_hopper_results(directory=None, gpu: str | None = None, table: bool = True) -> int:
+    """Table (unless ``table`` is False), verdict line and chart for every GPU's newest
+    Hopper benchmark (only those whose name contains ``gpu``, if given); returns how many.
+    Prints a note when there is none."""
     from IPython.display import display
 
-    files = hopper_files(directory)
+    files = for_gpu(hopper_files(directory), gpu)
     if not files:
         print(f"(Hopper rungs {NOT_MEASURED}: results/bench-<gpu>-<date>-hopper.json appears "
               "once they have been benchmarked on an H100 or H200 and the file is committed)")
         return 0
     plt = _plt()
     for name, data in files:
-        display(hopper_table(data, name))
+        if table:
+            display(hopper_table(data, name))
         labels = dict.fromkeys(d["label"] for d in hopper_records(data)
                                if d["rung"] == "wgmma_ws" and d["met"] is not None)
         for label in labels or ("wgmma_ws",):
-            print(targets_line(data, label))
+            print(textwrap.fill(targets_line(data, label), 78, subsequent_indent="  "))
         plot_hopper_bars(data)
         plt.show()
     return len(files)
@@ -870,6 +898,25 @@ def runs_here(spec) -> bool:
               "The rest of the chapter still runs.")
         return False
     return True
+
+
+def check_rung(build, precision: str, small: dict, small_shapes) -> None:
+    """Verify a Hopper rung on this device and print the report with its time: on a GPU
+    the default build (``build(precision)``) on the usual odd shapes; in the simulator, where
+    every thread is a Python thread, the small build ``build(precision, **small)`` on
+    ``small_shapes``. Prints why and returns when the device cannot run it."""
+    import time
+
+    import gemmlib
+    from gemmcourse import notebook as nb
+
+    spec = build(precision) if nb.on_gpu() else build(precision, **small)
+    if not runs_here(spec):
+        return
+    shapes = nb.verify_shapes(spec) if nb.on_gpu() else small_shapes
+    t0 = time.perf_counter()
+    report = gemmlib.verify(spec, shapes)
+    print(f"{report}\n  [{time.perf_counter() - t0:.1f} s]")
 
 
 def ptx_evidence(spec, examples: int = 2):
@@ -956,17 +1003,19 @@ def lastmile_files(directory=None):
 
 def lastmile_table(data: dict, name: str = "", base: str = "wgmma_ws_128x256_s4"):
     """Kernel time of each variant (events around the launch, L2 flushed, median of 30) and
-    its speed against ``base`` measured in the same run."""
+    its speed against ``base`` measured in the same run (every variant ran one block per SM:
+    the caption says how many)."""
     from gemmcourse.notebook import Table
 
     rows = data.get("kernel", [])
     ref = next((r["us"] for r in rows if r["kernel"] == base), None)
-    body = [(r["kernel"], r["grid"][0], f"{r['us']:.1f}", f"{r['tflops']:.0f}",
+    body = [(r["kernel"], f"{r['us']:.1f}", f"{r['tflops']:.0f}",
              "-" if ref is None else f"{100 * ref / r['us']:.1f}%", f"{r['max_err']:.1e}")
             for r in rows]
-    return Table(("kernel", "blocks", "us", "TFLOP/s", f"speed vs {base}",
-                  "max error vs fp32 product"), body,
-                 caption=f"4096^3 fp16, kernel timing: {_gpu_named(data, name)}")
+    blocks = sorted({r["grid"][0] for r in rows})
+    return Table(("kernel", "µs", "TFLOP/s", f"speed vs {base}", "max error vs fp32"), body,
+                 caption=f"4096^3 fp16, kernel timing, {'/'.join(map(str, blocks))} blocks: "
+                         f"{_gpu_named(data, name)}")
 
 
 # --------------------------------------------------------------------------
@@ -1055,30 +1104,38 @@ def steady_table(data: dict, name: str = ""):
 
 
 def plot_steady(files, precision: str = "fp16", ax=None, key: str = "auto"):
-    """Bars: ``auto``'s % of torch.matmul per shape, one bar per GPU file (``key="auto16"``:
-    ``auto`` with C in the inputs' 16-bit type, torch.matmul's own convention)."""
+    """Bars: ``auto``'s % of torch.matmul per shape, one bar per file (``key="auto16"``:
+    ``auto`` with C in the inputs' 16-bit type, torch.matmul's own convention). Each file
+    is named by its GPU, and by the file too where several come from one GPU; the legend
+    sits to the right of the bars."""
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 3.2))
+        _, ax = plt.subplots(figsize=(PAGE_IN, 3.2))
     sums = [(name, data.get("meta", {}).get("gpu", name), steady_summary(data))
             for name, data in files]
+    gpus = [g for _, g, _ in sums]
     shapes = []
     for _, _, s in sums:
         shapes += [sh for (p, sh) in s if p == precision and sh not in shapes]
     width = 0.8 / max(1, len(sums))
-    for i, (_, gpu, s) in enumerate(sums):
+    for i, (name, gpu, s) in enumerate(sums):
         ys = [s.get((precision, sh), {}).get(key, 0.0) for sh in shapes]
-        ax.bar([x + i * width for x in range(len(shapes))], ys, width, label=gpu)
+        label = gpu if gpus.count(gpu) == 1 else name.rsplit(".", 1)[0]
+        ax.bar([x + i * width for x in range(len(shapes))], ys, width, label=label,
+               color=f"C{i}")
     ax.axhline(100, color="k", lw=0.8)
     ax.axhline(95, color="k", lw=0.6, ls="--")
     ax.set_xticks([x + width * (len(sums) - 1) / 2 for x in range(len(shapes))])
-    ax.set_xticklabels(["x".join(map(str, sh)) for sh in shapes], rotation=20, fontsize=8)
+    ax.set_xticklabels(["x".join(map(str, sh)) for sh in shapes], rotation=25, ha="right",
+                       fontsize=FONT)
+    ax.tick_params(axis="y", labelsize=FONT)
     ax.set_ylim(50, 105)
-    ax.set_ylabel("% of torch.matmul")
+    ax.set_ylabel("% of torch.matmul", fontsize=FONT)
     ax.set_title(f"{precision}: gemmlib.matmul (auto"
-                 + (", 16-bit out" if key == "auto16" else "") + ") at the power cap")
-    ax.legend(fontsize=8, loc="lower right")
+                 + (", 16-bit out" if key == "auto16" else "") + ") at the power cap",
+                 fontsize=FONT + 1)
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
 
@@ -1202,7 +1259,7 @@ def plot_epilogue_timeline(data: dict, n: int = 4096, out: str = "fp16", tiles: 
     plt = _plt()
     c = epilogue_costs(data, n, out)
     ev = epilogue_schedules(c["mainloop"], c["epilogue"], c["stage"], tiles)
-    fig, axes = plt.subplots(3, 1, figsize=(11, 5.6), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(PAGE_IN, 7.0), sharex=True)
     colours = {"tensor cores": "#9fc5e8", "consumers": "#cccccc", "copy engine": "#b6d7a8",
                "consumer 0": "#cccccc", "consumer 1": "#f9cb9c"}
     for ax, (variant, events) in zip(axes, ev.items()):
@@ -1210,19 +1267,20 @@ def plot_epilogue_timeline(data: dict, n: int = 4096, out: str = "fp16", tiles: 
         for row, s, e, label in events:
             ax.barh(rows.index(row), e - s, left=s, color=colours[row], edgecolor="k",
                     height=0.6)
-            if e - s > 4:
+            if e - s > 12:     # room for the label at this width
                 ax.text((s + e) / 2, rows.index(row), label, ha="center", va="center",
-                        fontsize=7)
-        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+                        fontsize=FONT)
+        ax.set_yticks(range(len(rows)), [r.replace(" ", "\n", 1) for r in rows], fontsize=FONT)
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_title(f"{variant}: tensor cores busy {100 * busy_fraction(events):.0f}% of the "
-                     "time", fontsize=9)
+                     "time", fontsize=FONT + 1)
         ax.grid(True, axis="x", alpha=0.3)
-    axes[-1].set_xlabel("microseconds on one SM")
-    fig.suptitle(f"{tiles} tiles per SM at {n}^3, {out} C; per tile: mainloop "
-                 f"{c['mainloop']:.1f} us, store from registers {c['epilogue']:.1f} us, staging "
-                 f"{c['stage']:.1f} us (from the measured kernels: "
-                 f"{data.get('meta', {}).get('gpu', '?')})", fontsize=9)
+    axes[-1].set_xlabel("microseconds on one SM", fontsize=FONT)
+    axes[-1].tick_params(labelsize=FONT)
+    fig.suptitle(f"{tiles} tiles per SM at {n}^3, {out} C, per tile: mainloop "
+                 f"{c['mainloop']:.1f} µs,\nstore from registers {c['epilogue']:.1f} µs, "
+                 f"staging {c['stage']:.1f} µs (measured on the "
+                 f"{data.get('meta', {}).get('gpu', '?')})", fontsize=FONT + 1)
     fig.tight_layout()
     return fig
 
@@ -1284,27 +1342,34 @@ def wave_traffic(M: int, N: int, K: int, BM: int = 128, BN: int = 256, GROUP_M: 
 
 def plot_tile_order_traffic(M: int = 4096, N: int = 4096, K: int = 4096, sms: int = 132,
                             GROUP_M: int = 8):
-    """Left: the wave in which each 128 x 256 tile of C is computed (grouped order, one
-    persistent block per SM). Right: per wave, GB read from L2 by the SMs without and with
+    """Top: the wave in which each 128 x 256 tile of C is computed (grouped order, one
+    persistent block per SM). Bottom: per wave, GB read from L2 by the SMs without and with
     2-block clusters, and the distinct A and B panels the wave needs from DRAM."""
     plt = _plt()
     wave_of, waves = wave_traffic(M, N, K, GROUP_M=GROUP_M, sms=sms)
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.3]})
-    im = ax0.imshow(wave_of, cmap="viridis", aspect="auto")
-    ax0.set_xlabel("tile column (256 wide)")
-    ax0.set_ylabel("tile row (128 high)")
-    ax0.set_title(f"wave of each tile, GROUP_M = {GROUP_M}, {sms} SMs", fontsize=9)
-    fig.colorbar(im, ax=ax0, label="wave")
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(PAGE_IN, 8.0),
+                                   gridspec_kw={"height_ratios": [1.3, 1]})
+    im = ax0.imshow(wave_of, cmap=plt.get_cmap("viridis", len(waves)), aspect="auto",
+                    vmin=-0.5, vmax=len(waves) - 0.5)      # one colour per wave
+    ax0.set_xlabel("tile column (256 wide)", fontsize=FONT)
+    ax0.set_ylabel("tile row (128 high)", fontsize=FONT)
+    ax0.tick_params(labelsize=FONT)
+    ax0.set_title(f"wave of each tile, GROUP_M = {GROUP_M}, {sms} SMs", fontsize=FONT + 1)
+    fig.colorbar(im, ax=ax0, label="wave", ticks=range(len(waves)))
     x = np.arange(len(waves))
-    for i, (key, label) in enumerate((("l2_bytes", "L2 -> SMs, no cluster"),
-                                      ("l2_bytes_cluster2", "L2 -> SMs, clusters of 2"),
+    for i, (key, label) in enumerate((("l2_bytes", "L2 to the SMs, no cluster"),
+                                      ("l2_bytes_cluster2", "L2 to the SMs, clusters of 2"),
                                       ("dram_bytes", "distinct panels (DRAM at least)"))):
-        ax1.bar(x + (i - 1) * 0.27, [w[key] / 1e9 for w in waves], 0.27, label=label)
-    ax1.set_xticks(x, [f"wave {i}\n{w['tiles']} tiles" for i, w in enumerate(waves)], fontsize=8)
-    ax1.set_ylabel("GB per wave")
+        ax1.bar(x + (i - 1) * 0.27, [w[key] / 1e9 for w in waves], 0.27, label=label,
+                color=("#1f77b4", "#ff7f0e", "#2ca02c")[i])
+    ax1.set_xticks(x, [f"wave {i}\n{w['tiles']} tiles" for i, w in enumerate(waves)],
+                   fontsize=FONT)
+    ax1.tick_params(axis="y", labelsize=FONT)
+    ax1.set_ylabel("GB per wave", fontsize=FONT)
+    ax1.set_ylim(0, max(w["l2_bytes"] for w in waves) / 1e9 * 1.6)   # room for the legend
     ax1.set_title(f"operand traffic per wave at {M}x{N}x{K} (computed from the tile order)",
-                  fontsize=9)
-    ax1.legend(fontsize=8)
+                  fontsize=FONT + 1)
+    ax1.legend(fontsize=FONT, loc="upper center", ncol=2, frameon=False)
     fig.tight_layout()
     return fig
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from gemmlib.bench_models import DECODE_M, MODELS, TOKENS, min_bytes, projections
+from gemmcourse.viz_hopper import for_gpu  # noqa: F401  (one GPU's files: the pages use it)
 from gemmcourse.viz_precision import DATASHEET_TC_TFLOPS, _num, datasheet_peaks
 
 try:
@@ -55,10 +56,16 @@ WS_TILE = (128, 256)
 #: tiles a kernel could use instead (BM, BN), for wave quantisation
 CANDIDATE_TILES = ((128, 256), (128, 128), (64, 256), (64, 128))
 LAYERS = ("qkv", "o", "gate_up", "down")
-TOKEN_COLOURS = {1: "#08306b", 16: "#2171b5", 128: "#41ab5d", 1024: "#fd8d3c",
-                 4096: "#e6550d", 16384: "#a50f15"}
+#: one clearly different colour per token count (the figures' series)
+TOKEN_COLOURS = {1: "#1f77b4", 16: "#9467bd", 128: "#2ca02c", 1024: "#ff7f0e",
+                 4096: "#d62728", 16384: "#8c564b"}
 MODEL_MARKERS = {"llama-3.1-8b": "o", "qwen2.5-72b": "s", "sweep": "D"}
 NOT_MEASURED = "not measured yet"
+#: the width (inches, at the notebooks' 100 dpi) of the book's text column at a 1280 px wide
+#: window: a figure this wide is shown at its own size, so its text reads at the size it is set
+PAGE_IN = 6.7
+#: the smallest text a figure sets (points): at PAGE_IN wide, still 9 pt on the page
+FONT = 9
 
 
 #: the order precisions are listed in
@@ -240,7 +247,8 @@ def tile_table(records=None, sms: int = 132, BM: int = WS_TILE[0], BN: int = WS_
                tokens=None, candidates=None):
     """A :class:`gemmcourse.notebook.Table`: per shape, tiles of BM x BN against ``sms``
     SMs, the waves, the share of SM-rounds with work, the share of tile rows that are real;
-    with ``candidates`` the wave efficiency of each other tile too."""
+    with ``candidates`` the tiles and wave efficiency of each candidate tile instead of the
+    share of real rows (so that the table fits the book's column)."""
     from gemmcourse.notebook import Table
 
     records = shape_records() if records is None else records
@@ -249,18 +257,23 @@ def tile_table(records=None, sms: int = 132, BM: int = WS_TILE[0], BN: int = WS_
         if tokens is not None and d["tokens"] not in tokens:
             continue
         t = tile_record(d["M"], d["N"], d["K"], sms, BM, BN)
-        row = [d["model"], d["layer"], d["tokens"] or "-", _label(d), t["tiles"], t["waves"],
-               f"{100 * t['efficiency']:.0f}%", f"{100 * t['row_use']:.1f}%"]
+        row = [d["model"], d["layer"], d["tokens"] or "-", t["tiles"], t["waves"],
+               f"{100 * t['efficiency']:.0f}%"]
         if candidates:
             effs = {c: wave_efficiency(tiles(d["M"], d["N"], *c), sms) for c in candidates}
-            row += [f"{tiles(d['M'], d['N'], *c)} / {100 * e:.0f}%" for c, e in effs.items()]
+            row += [f"{tiles(d['M'], d['N'], *c)}/{100 * e:.0f}%" for c, e in effs.items()]
+        else:
+            row += [_label(d), f"{100 * t['row_use']:.1f}%"]
         body.append(row)
-    header = ["model", "layer", "tokens", "M x N x K", f"{BM}x{BN} tiles", "waves",
-              "SM-rounds with a tile", "tile rows that are real"]
+    header = ["model", "layer", "T", f"{BM}x{BN} tiles", "waves", "SM-rounds used"]
     if candidates:
-        header += [f"{a}x{b}: tiles / waves used" for a, b in candidates]
+        header += [f"{a}x{b}" for a, b in candidates]
+        note = "; per candidate tile: tiles/SM-rounds used"
+    else:
+        header += ["M x N x K", "tile rows that are real"]
+        note = ""
     return Table(header, body, caption=f"Computed: {BM} x {BN} output tiles, one per SM at a "
-                                       f"time, on {sms} SMs")
+                                       f"time, on {sms} SMs{note}")
 
 
 def one_wave_splits(M: int, N: int, sms: int = 132, BM: int = WS_TILE[0],
@@ -349,11 +362,19 @@ def plot_work_split(n_tiles: int = 5, k_tiles: int = 8, sms: int = 4, splits: in
     a partial sum the tile's owner adds in k order)."""
     plt = _plt()
     cmap = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(3, 1, figsize=(10, 0.45 * sms * 3 + 2.4), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(PAGE_IN, 0.42 * sms * 3 + 2.6), sharex=True)
     kinds = [("data-parallel (one block per tile)", data_parallel_segments(n_tiles, k_tiles, sms)),
              (f"split-K, S = {splits}", data_parallel_segments(n_tiles, k_tiles, sms, splits)),
-             ("stream-K (persistent blocks, even shares)", None)]
+             ("stream-K (even shares)", None)]
     end = 0
+
+    def bar(ax, row, left, tile, k0, k1, part):
+        ax.barh(row, k1 - k0, left=left, color=cmap(tile % 10), edgecolor="k",
+                hatch="//" if part else None, height=0.75)
+        ax.text(left + (k1 - k0) / 2, row, f"t{tile}" if k1 - k0 < 2 else f"t{tile}\n{k0}-{k1 - 1}",
+                ha="center", va="center", fontsize=FONT, linespacing=1.0,
+                bbox=dict(boxstyle="square,pad=0.05", fc="white", ec="none", alpha=0.7))
+
     for ax, (name, segs) in zip(axes, kinds):
         clock = [0.0] * sms
         if segs is None:
@@ -363,31 +384,25 @@ def plot_work_split(n_tiles: int = 5, k_tiles: int = 8, sms: int = 4, splits: in
                 if k0 == 0:
                     owners[tile] = x
             for x, tile, k0, k1 in segs:
-                part = x != owners.get(tile, x)
-                ax.barh(x, k1 - k0, left=clock[x], color=cmap(tile % 10), edgecolor="k",
-                        hatch="//" if part else None, height=0.7)
-                ax.text(clock[x] + (k1 - k0) / 2, x, f"t{tile}\n{k0}-{k1 - 1}", ha="center",
-                        va="center", fontsize=7)
+                bar(ax, x, clock[x], tile, k0, k1, x != owners.get(tile, x))
                 clock[x] += k1 - k0
         else:   # each block goes to the first SM that is free (equal blocks: waves)
             for b, tile, k0, k1 in segs:
                 sm = min(range(sms), key=lambda i: (clock[i], i))
-                ax.barh(sm, k1 - k0, left=clock[sm], color=cmap(tile % 10), edgecolor="k",
-                        height=0.7, hatch="//" if k1 - k0 < k_tiles else None)
-                ax.text(clock[sm] + (k1 - k0) / 2, sm, f"t{tile}\n{k0}-{k1 - 1}", ha="center",
-                        va="center", fontsize=7)
+                bar(ax, sm, clock[sm], tile, k0, k1, k1 - k0 < k_tiles)
                 clock[sm] += k1 - k0
         span = max(clock)
         end = max(end, span)
         busy = sum(k1 - k0 for _, _, k0, k1 in segs)
         ax.set_title(f"{name}: {span:g} steps, {100 * busy / (span * sms):.0f}% of SM-steps busy",
-                     fontsize=9)
-        ax.set_yticks(range(sms), [f"SM {s}" for s in range(sms)], fontsize=8)
+                     fontsize=FONT + 1)
+        ax.set_yticks(range(sms), [f"SM {s}" for s in range(sms)], fontsize=FONT)
         ax.invert_yaxis()
     axes[-1].set_xlim(0, end * 1.02)
-    axes[-1].set_xlabel("k-iterations (one k-tile of one output tile)")
-    fig.suptitle(title or f"{n_tiles} output tiles x {k_tiles} k-tiles on {sms} SMs (computed; "
-                 "hatched: a partial sum added later)", fontsize=10)
+    axes[-1].set_xlabel("k-iterations (one k-tile of one output tile)", fontsize=FONT)
+    fig.suptitle(title or f"{n_tiles} tiles x {k_tiles} k-tiles on {sms} SMs (computed)\n"
+                 "label: tile t, its k-tiles; hatched: a partial sum added later",
+                 fontsize=FONT + 1)
     fig.tight_layout()
     return fig
 
@@ -398,9 +413,10 @@ def _heat(ax, values, texts, row_labels, col_labels, vmax=100.0, cmap="RdYlGn"):
     cm = plt.get_cmap(cmap).with_extremes(bad="#dddddd")
     im = ax.imshow(masked, cmap=cm, vmin=0, vmax=vmax, aspect="auto")
     for (r, c), s in np.ndenumerate(np.asarray(texts, dtype=object)):
-        ax.text(c, r, s, ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(col_labels)), col_labels, fontsize=8)
-    ax.set_yticks(range(len(row_labels)), row_labels, fontsize=8)
+        ax.text(c, r, s, ha="center", va="center", fontsize=FONT, linespacing=1.0)
+    ax.set_xticks(range(len(col_labels)), col_labels, fontsize=FONT)
+    ax.set_yticks(range(len(row_labels)), row_labels, fontsize=FONT)
+    ax.xaxis.tick_top()              # the column labels above the table, as in a table
     return im
 
 
@@ -422,12 +438,12 @@ def plot_wave_heat(sms: int = 132, BM: int = WS_TILE[0], BN: int = WS_TILE[1],
             n = tiles(t, N, BM, BN)
             vals[i, j] = 100 * wave_efficiency(n, sms)
             texts[i, j] = f"{n} tiles\n{waves(n, sms)} wave{'s' if waves(n, sms) > 1 else ''}"
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(keys) + 1.6))
+    fig, ax = plt.subplots(figsize=(PAGE_IN - 0.3, 0.5 * len(keys) + 2.0))
     im = _heat(ax, vals, texts, [f"{m} {layer}" for m, layer in keys], [f"T={t}" for t in tokens])
-    fig.colorbar(im, ax=ax, label="% of SM-rounds with a tile")
+    fig.colorbar(im, ax=ax, orientation="horizontal", fraction=0.05, pad=0.04,
+                 label="% of SM-rounds with a tile")
     ax.set_title(title or f"{BM} x {BN} tiles on {sms} SMs (computed from the shapes)",
-                 fontsize=10)
-    fig.tight_layout()
+                 fontsize=FONT + 1)
     return fig
 
 
@@ -635,13 +651,12 @@ def file_summary(name: str, data: dict) -> str:
 
 def decode_table(data: dict, precision: str = "fp16", input=None, name: str = ""):
     """A :class:`gemmcourse.notebook.Table` of the decode rows (M <= DECODE_M): the weights'
-    bytes, the copy-bandwidth bound, and each side's time, GB/s and % of the copy bandwidth,
-    with the 128 x 256 tile count beside them."""
+    bytes, the time the fewest bytes take at the copy bandwidth, and each side's time and %
+    of the copy bandwidth, with the rung ``auto`` ran (its configuration is in the file)."""
     from gemmcourse.notebook import Table
 
     input = input or (inputs_of(data) or [None])[0]
     copy = _num(data.get("meta", {}).get("dram_copy_gbps"))
-    sms = int(data.get("meta", {}).get("sm_count") or 132)
     body = []
     for d in measured_records(data, precision, input):
         if d["phase"] != "decode":
@@ -649,20 +664,19 @@ def decode_table(data: dict, precision: str = "fp16", input=None, name: str = ""
         in_b = 2 if precision in ("fp16", "bf16") else 4
         wb = in_b * d["K"] * d["N"]
         bound = None if not copy else 1e6 * min_bytes(d["M"], d["N"], d["K"], in_b) / (copy * 1e9)
-        body.append((d["model"], d["layer"], d["tokens"], _label(d), f"{wb / 2**20:.0f}",
-                     _f(bound, ".1f"), tiles(d["M"], d["N"]), d["kernel"],
+        body.append((d["model"], d["layer"], d["tokens"], f"{wb / 2**20:.0f}",
+                     _f(bound, ".1f"), kernel_family(d["kernel"]),
                      _f(None if d["ms"] is None else 1e3 * d["ms"], ".1f"),
-                     _f(d["dram_gbps"], ".0f"), _f(d["dram_pct"], ".0f", "%"),
+                     _f(d["dram_pct"], ".0f", "%"),
                      _f(None if d["ref_ms"] is None else 1e3 * d["ref_ms"], ".1f"),
-                     _f(d["ref_dram_gbps"], ".0f"), _f(d["ref_dram_pct"], ".0f", "%")))
+                     _f(d["ref_dram_pct"], ".0f", "%")))
     meta = data.get("meta", {})
     ref = next((d["reference"] for d in measured_records(data, precision, input)), "reference")
-    return Table(("model", "layer", "T", "M x N x K", "B MiB", "bound at copy BW, us",
-                  f"128x256 tiles ({sms} SMs)", "gemmlib kernel", "gemmlib us", "GB/s",
-                  "% of copy", f"{ref} us", "GB/s", "% of copy"), body,
-                 caption=f"Decode rows, {precision}, {input} inputs: {meta.get('gpu', '?')}, "
-                         f"{str(meta.get('date', ''))[:10]}, copy bandwidth "
-                         f"{_f(copy, '.0f')} GB/s measured in the same run"
+    return Table(("model", "layer", "T", "B, MiB", "bound, µs", "gemmlib kernel", "µs",
+                  "% of copy", f"{ref.split('.')[0]}, µs", "% of copy"), body,
+                 caption=f"Decode rows, {precision}, {input} inputs, {meta.get('gpu', '?')}: "
+                         f"bound = the fewest bytes at the copy bandwidth, "
+                         f"{_f(copy, '.0f')} GB/s, measured in the same run"
                          + (f" ({name})" if name else ""))
 
 
@@ -718,21 +732,20 @@ def plot_models_roofline(data: dict | None = None, precision: str = "fp16", inpu
                          title=None, ax=None):
     """The roofline of a file's GPU (:func:`gpu_roof`) with every suite shape placed on it
     (hollow: computed, where the roof is at its intensity) and, from the file, the measured
-    rate of gemmlib (filled) and of the framework's matmul (x) for ``precision``."""
+    rate of gemmlib (filled) and of the framework's matmul (x) for ``precision``. The legend
+    sits under the plot, clear of the points."""
     plt = _plt()
     roof = gpu_roof(data)
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 5.6))
+        _, ax = plt.subplots(figsize=(PAGE_IN, 6.4))
     fig = ax.figure
     x = np.logspace(-0.5, 4.2, 300)
     y = np.minimum(roof["tc_tflops"], x * roof["dram_gbps"] / 1e3)
-    ax.loglog(x, y, "k-", lw=2, label=f"roof: {roof['tc_tflops']:.0f} TFLOP/s fp16 "
-              f"({roof.get('tc_source', 'datasheet')}), {roof['dram_gbps']:.0f} GB/s "
-              f"({roof['bw_source']})")
+    ax.loglog(x, y, "k-", lw=2, label="the roof")
     R = ridge(roof)
     ax.axvline(R, color="grey", ls=":", lw=1)
-    ax.text(R * 1.08, roof["tc_tflops"] * 0.004, f"ridge\n{R:.0f} FLOP/byte", fontsize=8,
-            color="grey")
+    ax.text(R * 1.1, roof["tc_tflops"] * 0.004, f"ridge\n{R:.0f} FLOP/B", fontsize=FONT,
+            color="#555")
     ax.axvspan(x[0], R, color="#deebf7", alpha=0.5, lw=0)
     for d in shape_records():
         ai = d["intensity"]
@@ -747,35 +760,37 @@ def plot_models_roofline(data: dict | None = None, precision: str = "fp16", inpu
         if d["tflops"]:
             ax.plot([ai], [d["tflops"]], mk, color=c, mec="k", mew=0.5, ms=6)
         if d["ref_tflops"]:
-            ax.plot([ai], [d["ref_tflops"]], "x", color=c, ms=6, mew=1.4)
+            ax.plot([ai], [d["ref_tflops"]], "x", color=c, ms=7, mew=1.6)
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color="k", lw=2, label=ax.get_legend_handles_labels()[1][0])]
-    handles += [Line2D([], [], marker="s", ls="", color=c, label=f"T = {t}")
-                for t, c in TOKEN_COLOURS.items()]
+    handles = [Line2D([], [], marker="s", ls="", color=c, label=f"T = {t}")
+               for t, c in TOKEN_COLOURS.items()]
     handles += [Line2D([], [], marker=MODEL_MARKERS[m], ls="", mfc="none", mec="k",
-                       label=f"{m}, computed (on the roof)") for m in MODEL_MARKERS]
+                       label=f"{m} (computed)") for m in MODEL_MARKERS]
     if recs:
         handles += [Line2D([], [], marker="o", ls="", color="grey", mec="k",
-                           label="gemmlib, measured"),
+                           label="gemmlib (measured)"),
                     Line2D([], [], marker="x", ls="", color="grey",
-                           label=f"{recs[0]['reference']}, measured")]
-    ax.legend(handles=handles, fontsize=7, loc="lower right", ncol=2)
-    ax.set_xlabel("arithmetic intensity: 2MNK / bytes (fp16 A, B read once; fp32 C written once)")
-    ax.set_ylabel("TFLOP/s")
+                           label=f"{recs[0]['reference']} (measured)")]
+    fig.legend(handles=handles, fontsize=FONT, loc="lower center", ncol=3, frameon=False)
+    ax.set_xlabel("FLOP per byte (fp16 A, B read once; fp32 C written once)", fontsize=FONT)
+    ax.set_ylabel("TFLOP/s", fontsize=FONT)
+    ax.tick_params(labelsize=FONT)
     ax.set_ylim(0.3, roof["tc_tflops"] * 2.5)
     ax.grid(True, which="both", alpha=0.25)
-    meas = f"measured {precision} from the file" if recs else "no measured points"
-    ax.set_title(title or f"the models suite on the roofline of {roof['name']} ({meas})",
-                 fontsize=10)
-    fig.tight_layout()
+    meas = f"measured {precision}" if recs else "no measured points"
+    ax.set_title(title or f"{roof['name']} ({meas})\nroof: {roof['tc_tflops']:.0f} TFLOP/s "
+                 f"fp16 ({roof.get('tc_source', 'datasheet')}), {roof['dram_gbps']:.0f} GB/s "
+                 f"({roof['bw_source']})", fontsize=FONT + 1)
+    fig.tight_layout(rect=(0, 0.2 if recs else 0.16, 1, 1))
     return fig
 
 
 def plot_pct_heat(data: dict, input=None, precisions=None, title=None):
     """Per precision a heat table of % of the framework's matmul (time of theirs / time of
-    gemmlib) by model and layer (rows) and tokens (columns); decode cells also give the %
-    of the measured copy bandwidth.  Grey: not measured; "failed": a row with an error."""
+    gemmlib) by model and layer (rows) and tokens (columns), one above the other; decode
+    cells also give the % of the measured copy bandwidth.  Grey: not measured; "failed": a
+    row with an error."""
     plt = _plt()
     input = input or (inputs_of(data) or [None])[0]
     rows = data.get("rows", []) if isinstance(data, dict) else []
@@ -786,10 +801,10 @@ def plot_pct_heat(data: dict, input=None, precisions=None, title=None):
                   | set(TOKENS))
     keys = _row_keys(models)
     n = max(len(precisions), 1)
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n + 2.4, 0.55 * len(keys) + 2.0),
-                             squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(PAGE_IN - 0.3, n * (0.55 * len(keys) + 1.2) + 1.4),
+                             squeeze=False, layout="constrained")
     im = None
-    for ax, prec in zip(axes[0], precisions or [None]):
+    for ax, prec in zip(axes[:, 0], precisions or [None]):
         vals = np.full((len(keys), len(toks)), np.nan)
         texts = np.full(vals.shape, "-", dtype=object)
         for d in measured_records(data, prec, input):
@@ -805,23 +820,21 @@ def plot_pct_heat(data: dict, input=None, precisions=None, title=None):
                 texts[keys.index((r["model"], r["layer"])), toks.index(int(r["tokens"]))] = "failed"
         im = _heat(ax, vals, texts, [f"{m} {layer}" for m, layer in keys],
                    [f"T={t}" for t in toks], vmax=100.0)
-        if ax is not axes[0][0]:
-            ax.set_yticklabels([])
         ax.set_title(f"{prec}: % of {input}'s matmul" + (" (decode: and % of copy BW)"
                                                           if any(t <= DECODE_M for t in toks)
-                                                          else ""), fontsize=9)
+                                                          else ""), fontsize=FONT + 1)
     if im is not None:
-        fig.colorbar(im, ax=list(axes[0]), label="% of the framework's matmul (100 = as fast)",
-                     shrink=0.8)
+        fig.colorbar(im, ax=list(axes[:, 0]), orientation="horizontal", fraction=0.04,
+                     label="% of the framework's matmul (100 = as fast)")
     meta = data.get("meta", {}) if isinstance(data, dict) else {}
-    fig.suptitle(title or f"gemmlib.matmul against {input}.matmul, loop timing, on "
-                 f"{meta.get('gpu', '?')} ({str(meta.get('date', ''))[:10]})", fontsize=10)
+    fig.suptitle(title or f"gemmlib.matmul against {input}.matmul, loop timing,\non "
+                 f"{meta.get('gpu', '?')}", fontsize=FONT + 1)
     return fig
 
 
 def sweep_table(data: dict, input=None, name: str = ""):
-    """The suite's extra shapes (earlier sweeps), per precision: % of the framework and
-    the 128 x 256 tiles against the file's SMs."""
+    """The suite's extra shapes (earlier sweeps), per precision: the rung ``auto`` ran, the
+    TFLOP/s of each side, % of the framework and the 128 x 256 tiles against the file's SMs."""
     from gemmcourse.notebook import Table
 
     input = input or (inputs_of(data) or [None])[0]
@@ -831,12 +844,13 @@ def sweep_table(data: dict, input=None, name: str = ""):
         if d["phase"] != "sweep":
             continue
         t = tile_record(d["M"], d["N"], d["K"], sms)
-        body.append((d["precision"], _label(d), d["kernel"], _f(d["tflops"], ".0f"),
-                     _f(d["ref_tflops"], ".0f"), _f(d["pct"], ".1f", "%"), t["tiles"],
-                     f"{100 * t['efficiency']:.0f}%"))
-    return Table(("precision", "M x N x K", "gemmlib kernel", "TFLOP/s", "framework TFLOP/s",
-                  "% of framework", "128x256 tiles", "SM-rounds with a tile"), body,
-                 caption=f"The suite's extra shapes on {data.get('meta', {}).get('gpu', '?')}"
+        body.append((d["precision"], _label(d), kernel_family(d["kernel"]),
+                     _f(d["tflops"], ".0f"), _f(d["ref_tflops"], ".0f"), _f(d["pct"], ".1f", "%"),
+                     t["tiles"]))
+    return Table(("precision", "M x N x K", "gemmlib kernel", "TFLOP/s", "framework",
+                  "% of it", "tiles"), body,
+                 caption=f"The suite's extra shapes on {data.get('meta', {}).get('gpu', '?')} "
+                         f"(TFLOP/s; 128 x 256 tiles on {sms} SMs)"
                          + (f" ({name})" if name else ""))
 
 
@@ -873,21 +887,22 @@ def kernels_by_tokens(data: dict, input=None) -> dict:
 
 
 def kernel_table(data: dict, input=None, name: str = ""):
-    """A :class:`gemmcourse.notebook.Table` of :func:`kernels_by_tokens`: per precision and
-    token count, how many of the suite's shapes each rung ran."""
+    """A :class:`gemmcourse.notebook.Table` of :func:`kernels_by_tokens`: per token count
+    (a row) and precision (a column), how many of the suite's shapes each rung ran."""
     from gemmcourse.notebook import Table
 
     by = kernels_by_tokens(data, input)
     toks = sorted({t for v in by.values() for t in v}, key=lambda t: (t == 0, t))
-    body = [[prec] + [", ".join(f"{n} {k}" for k, n in sorted(by[prec].get(t, {}).items(),
-                                                               key=lambda kv: (-kv[1], kv[0])))
-                      or "-" for t in toks]
-            for prec in sorted(by, key=_prec_key)]
+    precs = sorted(by, key=_prec_key)
+    body = [[f"T={t}" if t else "extra shapes"]
+            + [", ".join(f"{n} {k}" for k, n in sorted(by[prec].get(t, {}).items(),
+                                                       key=lambda kv: (-kv[1], kv[0]))) or "-"
+               for prec in precs]
+            for t in toks]
     meta = data.get("meta", {}) if isinstance(data, dict) else {}
-    return Table(["precision"] + [f"T={t}" if t else "extra shapes" for t in toks], body,
+    return Table(["tokens"] + precs, body,
                  caption=f"The rung auto ran (the rows' kernel column), shapes per cell: "
-                         f"{meta.get('gpu', '?')}, {str(meta.get('date', ''))[:10]}"
-                         + (f" ({name})" if name else ""))
+                         f"{meta.get('gpu', '?')}" + (f" ({name})" if name else ""))
 
 
 def suite_summary(data: dict, threshold: float = 60.0) -> list:
@@ -1000,19 +1015,130 @@ def tc_summary(data: dict) -> dict:
     return out
 
 
+def _tc_panels(data: dict, precision: str, candidates):
+    """(records, the (model, layer) panels that have rows, the extra shapes) of a tc-shapes
+    file for ``precision``."""
+    recs = [d for d in tc_records(data, precision) if d["candidate"] in candidates and d["pct"]]
+    panels = [(m, layer) for m in MODELS for layer in LAYERS
+              if any(d["model"] == m and d["layer"] == layer for d in recs)]
+    sweep = sorted({(d["M"], d["N"], d["K"]) for d in recs if d["model"] not in MODELS},
+                   key=lambda s: (s[0] * s[1], s))
+    return recs, panels, sweep
+
+
+def _tc_layer_panel(ax, ds, candidates, top, fontsize=FONT):
+    """One projection: % of torch.matmul against M, a line per candidate; auto's markers say
+    what it ran (hollow: one slice; filled, with S: split-K; triangle: skinny)."""
+    ms = sorted({d["M"] for d in ds})
+    for cand in candidates:
+        pts = sorted((ms.index(d["M"]), d) for d in ds if d["candidate"] == cand)
+        if not pts:
+            continue
+        label, colour, marker, ls = TC_CANDIDATES.get(cand, (cand, "k", "o", "-"))
+        ax.plot([x for x, _ in pts], [d["pct"] for _, d in pts], ls, color=colour, lw=1.4,
+                label=label)
+        for x, d in pts:
+            fam = kernel_family(d["kernel"])
+            mk = "^" if fam == "skinny" else marker
+            filled = cand != "auto" or (fam == "wgmma_split_k" and d["splits"] > 1)
+            ax.plot([x], [d["pct"]], mk, color=colour, mfc=colour if filled else "white", ms=6)
+            if cand == "auto" and d["splits"] > 1:
+                ax.annotate(f"S={d['splits']}", (x, d["pct"]), textcoords="offset points",
+                            xytext=(0, 6), ha="center", fontsize=fontsize, color=colour)
+    ax.set_xticks(range(len(ms)), [str(v) for v in ms], fontsize=fontsize)
+    ax.set_xlabel("M (tokens)", fontsize=fontsize)
+    ax.set_xlim(-0.5, len(ms) - 0.5)
+    _tc_axes(ax, top, fontsize)
+
+
+def _tc_axes(ax, top, fontsize):
+    ax.axhline(100, color="k", ls=":", lw=0.8)
+    ax.set_ylim(0, top)
+    ax.tick_params(axis="y", labelsize=fontsize)
+    ax.grid(True, axis="y", alpha=0.25)
+
+
+def _tc_sweep_panel(ax, recs, sweep, candidates, top, fontsize=FONT):
+    """The extra shapes: a group of bars per shape, one bar per candidate."""
+    there = [c for c in candidates if any(d["candidate"] == c and d["model"] not in MODELS
+                                          for d in recs)]
+    w = 0.8 / max(len(there), 1)
+    for i, cand in enumerate(there):
+        label, colour, _, _ = TC_CANDIDATES.get(cand, (cand, "k", "o", "-"))
+        for j, shp in enumerate(sweep):
+            d = next((d for d in recs if d["candidate"] == cand
+                      and (d["M"], d["N"], d["K"]) == shp and d["model"] not in MODELS), None)
+            if d is None:
+                continue
+            x = j + (i - (len(there) - 1) / 2) * w
+            ax.bar(x, d["pct"], w, color=colour, label=label if j == 0 else None)
+            if cand == "auto" and d["splits"] > 1:
+                ax.text(x, d["pct"] + 1, f"S={d['splits']}", ha="center", fontsize=fontsize,
+                        color=colour)
+    ax.set_xticks(range(len(sweep)), ["x".join(map(str, s)) for s in sweep], fontsize=fontsize,
+                  rotation=20, ha="right")
+    _tc_axes(ax, top, fontsize)
+
+
+def plot_tc_shapes_by_model(data: dict, precision: str = "fp16",
+                            candidates=tuple(TC_CANDIDATES)):
+    """:func:`plot_tc_shapes` as figures a page can show at full size: one per model (a
+    panel per layer, two by two) and one for the extra shapes. Returns the figures (one
+    with a note when the file has no rows for ``precision``)."""
+    plt = _plt()
+    recs, panels, sweep = _tc_panels(data, precision, candidates)
+    meta = data.get("meta", {}) if isinstance(data, dict) else {}
+    if not panels and not sweep:
+        fig, ax = plt.subplots(figsize=(PAGE_IN, 1.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"no {precision} rows in this file", ha="center", va="center")
+        return [fig]
+    top = max([d["pct"] for d in recs] + [100.0]) * 1.15
+    figs = []
+    for m in MODELS:
+        mine = [p for p in panels if p[0] == m]
+        if not mine:
+            continue
+        rows = cdiv(len(mine), 2)
+        fig, axes = plt.subplots(rows, 2, figsize=(PAGE_IN, 2.9 * rows + 1.3), squeeze=False,
+                                 sharey=True)
+        for ax, (_, layer) in zip(axes.flat, mine):
+            ds = [d for d in recs if d["model"] == m and d["layer"] == layer]
+            _tc_layer_panel(ax, ds, candidates, top)
+            ax.set_title(f"{layer}: N={ds[0]['N']}, K={ds[0]['K']}", fontsize=FONT + 1)
+        for ax in list(axes.flat)[len(mine):]:
+            ax.axis("off")
+        for row in axes:
+            row[0].set_ylabel("% of torch.matmul", fontsize=FONT)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=FONT, frameon=False)
+        fig.suptitle(f"{m}, {precision}, {meta.get('gpu', '?')}: each kernel alone against "
+                     "torch.matmul\nauto: hollow = one slice, filled = split-K with S slices, "
+                     "triangle = skinny", fontsize=FONT + 1)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
+        figs.append(fig)
+    if sweep:
+        fig, ax = plt.subplots(figsize=(PAGE_IN, 3.6))
+        _tc_sweep_panel(ax, recs, sweep, candidates, top)
+        ax.set_ylabel("% of torch.matmul", fontsize=FONT)
+        ax.set_title(f"extra shapes (M x N x K), {precision}, {meta.get('gpu', '?')}",
+                     fontsize=FONT + 1)
+        ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        fig.tight_layout()
+        figs.append(fig)
+    return figs
+
+
 def plot_tc_shapes(data: dict, precision: str = "fp16", candidates=tuple(TC_CANDIDATES),
                    title=None):
     """Per projection of the suite (one panel each) the % of torch.matmul against M of the
     candidates of a tc-shapes file (kernel timing); auto's points say what it ran (hollow:
     one slice; filled, with S: split-K; triangle: skinny).  A last panel: the extra shapes
-    as bars.  A note on empty axes when the file has no rows for ``precision``."""
+    as bars.  A note on empty axes when the file has no rows for ``precision``.  One wide
+    figure for a screen; the book's pages use :func:`plot_tc_shapes_by_model`."""
     plt = _plt()
-    recs = [d for d in tc_records(data, precision) if d["candidate"] in candidates and d["pct"]]
+    recs, panels, sweep = _tc_panels(data, precision, candidates)
     meta = data.get("meta", {}) if isinstance(data, dict) else {}
-    panels = [(m, layer) for m in MODELS for layer in LAYERS
-              if any(d["model"] == m and d["layer"] == layer for d in recs)]
-    sweep = sorted({(d["M"], d["N"], d["K"]) for d in recs if d["model"] not in MODELS},
-                   key=lambda s: (s[0] * s[1], s))
     n = len(panels) + (1 if sweep else 0)
     if not n:
         fig, ax = plt.subplots(figsize=(6, 2))
@@ -1026,52 +1152,12 @@ def plot_tc_shapes(data: dict, precision: str = "fp16", candidates=tuple(TC_CAND
     top = max([d["pct"] for d in recs] + [100.0]) * 1.15
     for ax, (m, layer) in zip(flat, panels):
         ds = [d for d in recs if d["model"] == m and d["layer"] == layer]
-        ms = sorted({d["M"] for d in ds})
-        for cand in candidates:
-            pts = sorted((ms.index(d["M"]), d) for d in ds if d["candidate"] == cand)
-            if not pts:
-                continue
-            label, colour, marker, ls = TC_CANDIDATES.get(cand, (cand, "k", "o", "-"))
-            ax.plot([x for x, _ in pts], [d["pct"] for _, d in pts], ls, color=colour, lw=1.2,
-                    label=label)
-            for x, d in pts:
-                fam = kernel_family(d["kernel"])
-                mk = "^" if fam == "skinny" else marker
-                filled = cand != "auto" or (fam == "wgmma_split_k" and d["splits"] > 1)
-                ax.plot([x], [d["pct"]], mk, color=colour, mfc=colour if filled else "white",
-                        ms=5)
-                if cand == "auto" and d["splits"] > 1:
-                    ax.annotate(f"S={d['splits']}", (x, d["pct"]), textcoords="offset points",
-                                xytext=(0, 5), ha="center", fontsize=6, color=colour)
-        N, K = ds[0]["N"], ds[0]["K"]
-        ax.set_xticks(range(len(ms)), [str(v) for v in ms], fontsize=7)
-        ax.set_title(f"{m} {layer}: N={N}, K={K}", fontsize=8)
-        ax.set_xlabel("M (tokens)", fontsize=7)
+        _tc_layer_panel(ax, ds, candidates, top, fontsize=7)
+        ax.set_title(f"{m} {layer}: N={ds[0]['N']}, K={ds[0]['K']}", fontsize=8)
     if sweep:
         ax = flat[len(panels)]
-        there = [c for c in candidates if any(d["candidate"] == c and d["model"] not in MODELS
-                                              for d in recs)]
-        w = 0.8 / max(len(there), 1)
-        for i, cand in enumerate(there):
-            label, colour, _, _ = TC_CANDIDATES.get(cand, (cand, "k", "o", "-"))
-            for j, shp in enumerate(sweep):
-                d = next((d for d in recs if d["candidate"] == cand
-                          and (d["M"], d["N"], d["K"]) == shp and d["model"] not in MODELS), None)
-                if d is None:
-                    continue
-                x = j + (i - (len(there) - 1) / 2) * w
-                ax.bar(x, d["pct"], w, color=colour)
-                if cand == "auto" and d["splits"] > 1:
-                    ax.text(x, d["pct"] + 1,
-                            f"S={d['splits']}", ha="center", fontsize=6, color=colour)
-        ax.set_xticks(range(len(sweep)), ["x".join(map(str, s)) for s in sweep], fontsize=6,
-                      rotation=15)
+        _tc_sweep_panel(ax, recs, sweep, candidates, top, fontsize=6)
         ax.set_title("extra shapes (M x N x K)", fontsize=8)
-    for ax in flat[:n]:
-        ax.axhline(100, color="k", ls=":", lw=0.8)
-        ax.set_ylim(0, top)
-        ax.tick_params(axis="y", labelsize=7)
-        ax.grid(True, axis="y", alpha=0.25)
     for ax in flat[n:]:
         ax.axis("off")
     for row in axes:
@@ -1154,8 +1240,8 @@ def split_shapes():
 def split_choice_table(data: dict, precision: str = "fp16", shapes=None, name: str = ""):
     """A :class:`gemmcourse.notebook.Table`: per shape (:func:`split_shapes`) the slices
     ``wgmma_split_k.splits_for`` of this gemmlib chooses on the GPU of a tc-shapes file
-    (:func:`file_device`) for 64- and 128-row tiles, beside the kernel ``auto`` ran in
-    the file and the slices it recorded.  None when the rung is not there."""
+    (:func:`file_device`) for 64- and 128-row tiles, beside the rung ``auto`` ran in the
+    file and the slices it recorded.  None when the rung is not there."""
     from gemmcourse.notebook import Table
 
     W = split_k_module()
@@ -1171,10 +1257,10 @@ def split_choice_table(data: dict, precision: str = "fp16", shapes=None, name: s
             S = W.effective_splits(W.splits_for(M, N, K, BM, 256, dev), K)
             row += [tiles(M, N, BM, 256), S]
         d = ran.get((M, N, K))
-        row += [d["kernel"], d["splits"]] if d else ["-", "-"]
+        row += [kernel_family(d["kernel"]), d["splits"]] if d else ["-", "-"]
         body.append(row)
-    return Table(("shape", "M x N x K", "k-tiles", "64x256 tiles", "S", "128x256 tiles", "S",
-                  "auto in the file", "its S"), body,
+    return Table(("shape", "M x N x K", "k-tiles", "64-row tiles", "S", "128-row tiles", "S",
+                  "auto ran", "its S"), body,
                  caption=f"Slices from this gemmlib's wgmma_split_k.splits_for on "
                          f"{dev.name} ({dev.sm_count} SMs, {dev.fp32_peak_tflops:.1f} TFLOP/s "
                          f"fp32, {dev.peak_bandwidth_gbs:.0f} GB/s DRAM peak), and what the "
@@ -1255,25 +1341,65 @@ def suite_host_summary(data: dict):
     return out
 
 
-def plot_host_frameworks(sources, models=(), title=None):
-    """Host microseconds per call: per host-cost source (label, file, data) its
-    ``frameworks`` cases, gemmlib beside the framework's own matmul; per models file the
-    median over its rows.  Returns the figure (a note on an empty axes when nothing)."""
-    plt = _plt()
+def host_panels(sources, models=()):
+    """[(title, rows)] of :func:`plot_host_frameworks`: per host-cost source (label, file,
+    data) its ``frameworks`` cases, gemmlib beside the framework's own matmul; per models
+    file (name, data) the median over its rows. A row: (label, gemmlib us, reference us,
+    reference name)."""
     def shape(d):
         return "x".join(str(v) for v in d.get("shape", [])) or "?"
 
-    panels = [(f"{lab}\n{name}\n{shape(d)}, median of back-to-back calls",
+    panels = [(f"{lab}: {shape(d)}, median of back-to-back calls",
                [(r.get("case", "?"), _num(r.get("gemmlib_us")), _num(r.get("reference_us")),
                  r.get("reference", "")) for r in d.get("frameworks", [])])
               for lab, name, d in sources]
     for name, d in models:
         meta = d.get("meta", {})
-        rows = [(f"{inp} {prec} ({n} rows)", g, ref, f"{inp}.matmul")
+        rows = [(f"{inp} {prec}\n({n} shapes)", g, ref, f"{inp}.matmul")
                 for (inp, prec), (n, g, ref) in suite_host_summary(d).items()]
         if rows:
-            panels.append((f"{meta.get('gpu', '?')}, {str(meta.get('date', ''))[:10]}\n"
-                           f"{name}\nthe suite's shapes: median of the rows' host_us", rows))
+            panels.append((f"{meta.get('gpu', '?')}: the suite's shapes, median of the rows' "
+                           "host time", rows))
+    return panels
+
+
+def plot_host_panel(title: str, rows, ax=None):
+    """One panel of host microseconds per call: a pair of bars per row, gemmlib and the
+    framework's matmul, each labelled with its value (the framework's also with the ratio)."""
+    import textwrap
+
+    plt = _plt()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(PAGE_IN, 0.62 * max(len(rows), 1) + 1.9))
+    fig = ax.figure
+    y = np.arange(len(rows))[::-1]
+    h = 0.38
+    g = [r[1] or 0.0 for r in rows]
+    ref = [r[2] or 0.0 for r in rows]
+    ax.barh(y + h / 2, g, h, color="#4a7fb5", label="gemmlib.matmul(A, B)")
+    ax.barh(y - h / 2, ref, h, color="#bbbbbb", label="the framework's matmul")
+    top = max(g + ref + [1.0])
+    for yy, a, b in zip(y, g, ref):
+        ax.text(a + 0.01 * top, yy + h / 2, f"{a:.1f}", va="center", fontsize=FONT)
+        ax.text(b + 0.01 * top, yy - h / 2, f"{b:.1f}" + (f"  ({a / b:.2f}x)" if b else ""),
+                va="center", fontsize=FONT)
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=FONT)
+    ax.set_xlim(0, top * 1.45)
+    ax.tick_params(axis="x", labelsize=FONT)
+    ax.set_xlabel("host µs per call (median, back to back)", fontsize=FONT)
+    ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=FONT + 1)
+    ax.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_host_frameworks(sources, models=(), title=None):
+    """Every panel of :func:`host_panels` side by side in one figure (for a wide screen; the
+    book's pages show each with :func:`plot_host_panel`). Returns the figure (a note on an
+    empty axes when nothing)."""
+    plt = _plt()
+    panels = host_panels(sources, models)
     n = max(len(panels), 1)
     fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.0), squeeze=False)
     if not panels:
@@ -1281,26 +1407,10 @@ def plot_host_frameworks(sources, models=(), title=None):
                         ha="center", transform=axes[0][0].transAxes)
         return fig
     for ax, (lab, rows) in zip(axes[0], panels):
-        y = np.arange(len(rows))[::-1]
-        h = 0.38
-        g = [r[1] or 0.0 for r in rows]
-        ref = [r[2] or 0.0 for r in rows]
-        ax.barh(y + h / 2, g, h, color="#4a7fb5", label="gemmlib.matmul(A, B)")
-        ax.barh(y - h / 2, ref, h, color="#999999", label="the framework's matmul")
-        top = max(g + ref + [1.0])
-        for yy, a, b in zip(y, g, ref):
-            ax.text(a + 0.01 * top, yy + h / 2, f"{a:.1f}", va="center", fontsize=7)
-            ax.text(b + 0.01 * top, yy - h / 2, f"{b:.1f}" + (f"  ({a / b:.2f}x)" if b else ""),
-                    va="center", fontsize=7)
-        ax.set_yticks(y, [r[0] for r in rows], fontsize=8)
-        ax.set_xlim(0, top * 1.35)
-        ax.set_xlabel("host us per call (median, back to back)", fontsize=8)
-        ax.set_title(lab, fontsize=8)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+        plot_host_panel(lab, rows, ax=ax)
     fig.suptitle(title or "what a call costs the host: gemmlib against the frameworks' matmul",
                  fontsize=10)
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=2, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout()
     return fig
 
 
@@ -1347,9 +1457,9 @@ def plot_streams(title=None):
     """Two runs of :func:`side_stream_ops` through :func:`stream_schedule`: the product on
     torch's current stream (the side stream), and on another stream; hazards in red."""
     plt = _plt()
-    cases = [("launched on torch.cuda.current_stream()", "torch side stream s"),
-             ("launched on another stream (e.g. CuPy's default)", "another stream")]
-    fig, axes = plt.subplots(2, 1, figsize=(10, 5.0), sharex=True)
+    cases = [("on torch.cuda.current_stream()", "torch side stream s"),
+             ("on another stream (e.g. CuPy's default)", "another stream")]
+    fig, axes = plt.subplots(2, 1, figsize=(PAGE_IN, 6.2), sharex=True)
     end = 0.0
     for ax, (lab, where) in zip(axes, cases):
         sched, hazards = stream_schedule(side_stream_ops(where))
@@ -1359,17 +1469,23 @@ def plot_streams(title=None):
             y = streams.index(o["stream"])
             ax.barh(y, o["end"] - o["start"], left=o["start"], height=0.6, edgecolor="k",
                     color="#f4cccc" if o["name"] in bad else "#b6d7a8")
-            ax.text((o["start"] + o["end"]) / 2, y, o["name"], ha="center", va="center",
-                    fontsize=8)
+            short = o["end"] - o["start"] < 2
+            label = o["name"].replace(".", ".\n", 1) if short else o["name"]
+            ax.text((o["start"] + o["end"]) / 2, y, label, ha="center", va="center",
+                    fontsize=FONT, linespacing=1.0)
             end = max(end, o["end"])
-        ax.set_yticks(range(len(streams)), streams, fontsize=8)
-        ax.invert_yaxis()
+        ax.set_yticks(range(len(streams)), [s.replace(" stream", "\nstream") for s in streams],
+                      fontsize=FONT)
+        ax.set_ylim(len(streams) - 0.5, -0.5)
         why = "\n".join(f"{r} reads {b} before {w} has finished" for r, w, b in hazards)
-        ax.set_title(f"{lab}:\n" + (why or "every read comes after its write"), fontsize=9,
-                     color="#a00" if hazards else "k")
-    axes[-1].set_xlim(0, end * 1.05)
-    axes[-1].set_xlabel("time (arbitrary units; the host issues one operation per unit)")
-    fig.suptitle(title or "schematic: one stream orders the work, two streams do not", fontsize=10)
+        ax.set_title(f"the product {lab}:\n" + (why or "every read comes after its write"),
+                     fontsize=FONT, color="#a00" if hazards else "k")
+    axes[-1].set_xlim(0, end * 1.02)
+    axes[-1].set_xlabel("time (arbitrary units; the host issues one operation per unit)",
+                        fontsize=FONT)
+    axes[-1].tick_params(labelsize=FONT)
+    fig.suptitle(title or "schematic: one stream orders the work, two streams do not",
+                 fontsize=FONT + 1)
     fig.tight_layout()
     return fig
 
@@ -1382,11 +1498,12 @@ __all__ = ["REFERENCE_GPU", "WS_TILE", "CANDIDATE_TILES", "intensity", "shape_re
            "plot_wave_heat", "skinny_module", "show_skinny_source", "skinny_blocks",
            "split_k_module", "show_split_k_source", "show_functions", "kernel_family",
            "kernels_by_tokens", "kernel_table", "suite_summary", "suite_summary_table",
-           "tc_shapes_files", "tc_records", "tc_summary", "plot_tc_shapes", "ws_decode_points",
+           "tc_shapes_files", "tc_records", "tc_summary", "plot_tc_shapes",
+           "plot_tc_shapes_by_model", "ws_decode_points", "for_gpu",
            "copy_gbps_for", "file_device", "split_shapes", "split_choice_table",
            "split_k_workspace_bytes", "rank_correlation",
            "models_files", "error_rows", "inputs_of", "measured_records", "file_summary",
            "decode_table", "bandwidth_vs_tiles", "pct_summary", "plot_models_roofline",
            "plot_pct_heat", "sweep_table", "host_cost_sources", "frameworks_table",
-           "suite_host_summary", "plot_host_frameworks", "stream_schedule", "side_stream_ops",
+           "suite_host_summary", "host_panels", "plot_host_panel", "plot_host_frameworks", "stream_schedule", "side_stream_ops",
            "plot_streams"]

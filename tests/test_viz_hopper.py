@@ -370,8 +370,53 @@ def test_committed_hopper_results_parse():
 
 def test_figures_draw():
     assert len(vh.plot_swizzle128(16).axes) == 1
-    assert len(vh.plot_kstep_reads(128, 128, lines=16).axes) == 2
-    assert len(vh.plot_accumulators(16).axes) == 2
+    assert len(vh.plot_kstep_reads(128, 128, "A", lines=16).axes) == 1
+    assert len(vh.plot_kstep_reads(128, 128, "B").axes) == 1
+    assert len(vh.plot_accumulators(16).axes) == 1
+
+
+def legible(fig, column_in=6.8, smallest_pt=9.0):
+    """True when ``fig``, saved as the notebooks save it (100 dpi, tight box), fits the book's
+    text column, so that the page shows it at its own size, and sets no text under
+    ``smallest_pt``: no text on the page is then smaller than that. Raises with the culprit."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    width = box.width + 0.2                      # the inline backend pads 0.1 in a side
+    assert width <= column_in, f"{width:.2f} in wide: the page would shrink it"
+    small = [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip() and t.get_fontsize() < smallest_pt]
+    assert not small, small[:5]
+    return True
+
+
+def test_the_chapters_figures_are_legible_at_the_size_the_page_shows():
+    import matplotlib.pyplot as plt
+
+    from gemmcourse import notebook as nb
+
+    nb._style_figures()
+    data = vh.epilogue_files()[0][1] if vh.epilogue_files() else None
+    figs = [vh.plot_swizzle128(16), vh.plot_kstep_reads(128, 128, "A"),
+            vh.plot_kstep_reads(128, 128, "B"), vh.plot_accumulators(16),
+            vh.plot_ws_timeline(stages=4, tiles=2, k_tiles=6),
+            vh.plot_tile_order_traffic(4096, 4096, 4096)]
+    files = vh.hopper_files()
+    if files:
+        figs.append(vh.plot_hopper_bars(files[0][1]))
+    if data is not None:
+        figs.append(vh.plot_epilogue_timeline(data, n=4096, out="fp16"))
+    final = vh.final_files()
+    if final:
+        fig, axes = plt.subplots(2, 1, figsize=(vh.PAGE_IN, 6.4))
+        for ax, prec in zip(axes, ("fp16", "bf16")):
+            vh.plot_steady(final, prec, ax=ax, key="auto16")
+        fig.tight_layout()
+        figs.append(fig)
+    for fig in figs:
+        assert legible(fig)
+        plt.close(fig)
 
 
 def test_sync_lines_find_the_fences():
@@ -470,7 +515,7 @@ def test_lastmile_table_reads_the_committed_run():
     kernels = [r[0] for r in t.rows]
     assert "wgmma_cluster" in kernels and any(k.startswith("wgmma_pingpong") for k in kernels)
     base = next(r for r in t.rows if r[0] == "wgmma_ws_128x256_s4")
-    assert base[4] == "100.0%"
+    assert base[3] == "100.0%" and "132 blocks" in t.caption
 
 
 def test_power_table_reads_the_committed_loop_gap_runs():

@@ -189,9 +189,11 @@ def test_wave_heat_figure():
 def test_tile_table_candidates():
     t = vm.tile_table(vm.shape_records(tokens=(1024,), extra=False), 132,
                       candidates=vm.CANDIDATE_TILES)
-    assert len(t.rows) == len(bm.MODELS) * 4 and len(t.header) == 8 + len(vm.CANDIDATE_TILES)
+    assert len(t.rows) == len(bm.MODELS) * 4 and len(t.header) == 6 + len(vm.CANDIDATE_TILES)
     row = next(r for r in t.rows if r[0] == "qwen2.5-72b" and r[1] == "qkv")
-    assert row[4:7] == [320, 3, "81%"] and row[8] == "320 / 81%" and row[9] == "640 / 97%"
+    assert row[3:6] == [320, 3, "81%"] and row[6] == "320/81%" and row[7] == "640/97%"
+    plain = vm.tile_table(vm.shape_records(tokens=(1024,), extra=False), 132)
+    assert len(plain.header) == 8 and plain.rows[0][-2].startswith("1024x")
 
 
 # --------------------------------------------------------------------------
@@ -283,7 +285,7 @@ def test_decode_table_and_bandwidth_vs_tiles():
     assert len(t.rows) == len(bm.MODELS) * 4 * 2                 # T = 1 and 16
     assert all(r[2] in (1, 16) for r in t.rows) and "f.json" in t.caption
     row = t.rows[0]
-    assert row[6] == vm.tiles(row[2], int(row[3].split("x")[1]))
+    assert row[5] == "wgmma_ws" and len(row) == len(t.header) == 10
     pts, rho = vm.bandwidth_vs_tiles(data)
     assert len(pts) == len(bm.MODELS) * 4 * 2 and rho is not None and -1 <= rho <= 1
     assert vm.bandwidth_vs_tiles(data, kernel="skinny") == ([], None)
@@ -307,12 +309,12 @@ def test_measured_figures():
     assert [ax.get_title().split(":")[0] for ax in heat_axes] == ["fp16", "3xtf32"]
     texts = [t.get_text() for t in heat_axes[0].texts]
     assert "failed" in texts and any(t.startswith("40%\nBW") for t in texts)
-    fig = vm.plot_models_roofline(data)
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "gemmlib, measured" in labels and "torch.matmul, measured" in labels
+    fig = vm.plot_models_roofline(data)          # the legend under the plot, clear of points
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "gemmlib (measured)" in labels and "torch.matmul (measured)" in labels
     fig = vm.plot_models_roofline(None)
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "gemmlib, measured" not in labels and "no measured points" in fig.axes[0].get_title()
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "gemmlib (measured)" not in labels and "no measured points" in fig.axes[0].get_title()
     assert vm.file_summary("f.json", data).startswith("f.json: NVIDIA H100 80GB HBM3")
     assert "1 failed" in vm.file_summary("f.json", data)
 
@@ -326,9 +328,9 @@ def test_kernel_family_and_table():
     by = vm.kernels_by_tokens(data)
     assert by["fp16"][1] == {"wgmma_ws": 8} and by["3xtf32"][16] == {"mma_pipeline": 8}
     assert by["fp16"][0] == {"wgmma_ws": 1}                       # the extra shape
-    t = vm.kernel_table(data, name="f.json")
-    assert t.header[-1] == "extra shapes" and [r[0] for r in t.rows] == ["fp16", "3xtf32"]
-    assert t.rows[0][1] == "8 wgmma_ws" and "f.json" in t.caption
+    t = vm.kernel_table(data, name="f.json")          # a row per token count
+    assert t.header == ["tokens", "fp16", "3xtf32"] and t.rows[-1][0] == "extra shapes"
+    assert t.rows[0][:2] == ["T=1", "8 wgmma_ws"] and "f.json" in t.caption
 
 
 def _summary_numbers(line):
@@ -588,8 +590,14 @@ def test_show_functions(capsys):
 # the chapter
 
 
+def _chapter_18_cells():
+    """The cells of chapter 18's pages (18-models.ipynb and the pages after it)."""
+    return [c for page in sorted((ROOT / "chapters").glob("18*.ipynb"))
+            for c in json.loads(page.read_text())["cells"]]
+
+
 def test_chapter_18_uses_only_helpers_that_exist():
-    cells = json.loads((ROOT / "chapters" / "18-models.ipynb").read_text())["cells"]
+    cells = _chapter_18_cells()
     src = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     for name in set(re.findall(r"\bvm\.(\w+)", src)):
         assert hasattr(vm, name), name
@@ -640,7 +648,7 @@ def test_chapter_18_exercise_solutions_pass_their_checks(capsys):
         tiles = -(-M // BM) * -(-N // 256)
         return 4 * S * tiles * BM * 256 + 4 * tiles * 2 * BM
 
-    cells = json.loads((ROOT / "chapters" / "18-models.ipynb").read_text())["cells"]
+    cells = _chapter_18_cells()
     cell = next("".join(c["source"]) for c in cells
                 if "def my_workspace_bytes" in "".join(c["source"]))
     ns = {}
@@ -652,3 +660,26 @@ def test_chapter_18_exercise_solutions_pass_their_checks(capsys):
     # the solution's example: 16 x 4096 x 4096, 8 slices: 8 MiB of partials, 8 KiB of counters
     assert vm.split_k_workspace_bytes(16, 4096, 4096, 8) == 8 * 2**20 + 8 * 2**10
     assert capsys.readouterr().out.count("[correct]") == 1
+
+
+def test_the_chapters_figures_are_legible_at_the_size_the_page_shows():
+    """Each figure of chapter 18's pages fits the book's text column (so the page shows it
+    at its own size) and sets no text under 9 pt; the host cost is one figure per panel."""
+    import matplotlib.pyplot as plt
+
+    from gemmcourse import notebook as nb
+    from test_viz_hopper import legible
+
+    nb._style_figures()
+    data = _models_data()
+    figs = [vm.plot_models_roofline(data), vm.plot_models_roofline(None), vm.plot_wave_heat(132),
+            vm.plot_work_split(5, 8, 4, 2), vm.plot_pct_heat(data, precisions=["fp16"]),
+            vm.plot_streams()]
+    figs += vm.plot_tc_shapes_by_model(_tc_data(), "fp16")
+    figs += [vm.plot_host_panel(title, rows) for title, rows in
+             vm.host_panels([("NVIDIA H100 80GB HBM3", "h.json", _host_data())],
+                            [("m.json", _models_data())])]
+    assert len(figs) >= 10
+    for fig in figs:
+        assert legible(fig)
+        plt.close(fig)

@@ -1,0 +1,56 @@
+"""Chapter 18's exercise answers (the GEMMs inside a model): the values and reference
+functions the page's checks use, so that its cells do not show them."""
+
+from __future__ import annotations
+
+
+def decode_bytes(M: int, N: int, K: int, **_) -> int:
+    """Fewest bytes of an M x N x K product: fp16 A and B read once, fp32 C written once."""
+    return 2 * (M * K + K * N) + 4 * M * N
+
+
+def decode_us(M: int, N: int, K: int, dram_gbps: float, **_) -> float:
+    """Microseconds those bytes take at ``dram_gbps``."""
+    return 1e6 * decode_bytes(M, N, K) / (dram_gbps * 1e9)
+
+
+def n_tiles(M: int, N: int, BM: int = 128, BN: int = 256, **_) -> int:
+    """BM x BN tiles of an M x N output."""
+    from gemmcourse import viz_models as vm
+
+    return vm.tiles(M, N, BM, BN)
+
+
+def n_waves(M: int, N: int, sms: int, BM: int = 128, BN: int = 256, **_) -> int:
+    """Waves of those tiles, one tile per SM at a time."""
+    from gemmcourse import viz_models as vm
+
+    return vm.waves(n_tiles(M, N, BM, BN), sms)
+
+
+def filled(M: int, N: int, sms: int, BM: int = 128, BN: int = 256, **_) -> float:
+    """Share of the SM-rounds that hold a tile."""
+    from gemmcourse import viz_models as vm
+
+    return vm.wave_efficiency(n_tiles(M, N, BM, BN), sms)
+
+
+def splits(M: int, N: int, sms: int) -> int:
+    """The largest split factor whose blocks fit in one wave (128 x 256 tiles)."""
+    from gemmcourse import viz_models as vm
+
+    return vm.one_wave_splits(M, N, sms)
+
+
+def ridge_tokens(N: int, K: int, ridge: float) -> int:
+    """The fewest tokens at which a T x N x K product reaches ``ridge`` FLOP per byte."""
+    from gemmcourse import viz_models as vm
+
+    return vm.ridge_tokens(N, K, ridge)
+
+
+def workspace_bytes(M: int, N: int, K: int, S: int, BM: int) -> int:
+    """Bytes of ``wgmma_split_k``'s partial sums and ticket counters."""
+    from gemmcourse import viz_models as vm
+
+    return vm.split_k_workspace_bytes(M, N, K, S, BM)
