@@ -32,11 +32,7 @@ NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 
 #: Pages owned by others that still show an answer in a check cell: each owner removes
 #: their entry once the page checks through gemmcourse.exercises.
-KNOWN_TODO = {
-    "13-library-call.ipynb": "check_value / lambda references in its split-K exercises",
-    "17-hopper.ipynb": "lambda and viz_hopper references in its check_function exercises",
-    "18-models.ipynb": "check_value with the expected expression; viz_models references",
-}
+KNOWN_TODO: dict = {}
 
 
 # --------------------------------------------------------------------------

@@ -40,3 +40,27 @@ def k_slice(K: int, BK: int, S: int, z: int) -> tuple[int, int]:
     from gemmcourse.viz import split_k_slices
 
     return split_k_slices(K, BK, S)[z]
+
+
+def packed_words(ptr: int, rows: int, cols: int, itemsize: int = 4) -> tuple:
+    """The 9 parameter words ``dispatch._launch`` writes for one (rows, cols) array at
+    ``ptr``, read back from the parameter block it hands the driver (nothing launches)."""
+    import ctypes
+    from unittest import mock
+
+    from gemmlib import dispatch
+
+    class RecordingDriver:
+        def check(self, rc, what):
+            pass
+
+        def launch_kernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            self.params = params
+            return 0
+
+    drv = RecordingDriver()
+    with mock.patch.object(dispatch, "driver", lambda: drv):
+        dispatch._launch(0, (1, 1, 1), (32, 1, 1), 0, 0,
+                         dispatch._array_words(ptr, rows, cols, itemsize))
+    slot = lambda i: ctypes.c_void_p.from_address(drv.params + 8 * i).value  # noqa: E731
+    return tuple(ctypes.c_int64.from_address(slot(i)).value for i in range(9))
