@@ -709,16 +709,16 @@ def plot_split_k(M: int, N: int, K: int, BM: int, BN: int, BK: int, S: int,
     slices = split_k_slices(K, BK, S)
     cmap = plt.get_cmap("tab10")
     colour = {z: cmap(z % 10) for z in range(S)}
-    fig, axes = plt.subplots(1, 4, figsize=(13, 4.6),
-                             gridspec_kw={"width_ratios": [K, N, N, N]})
-    axA, axB, axW, axC = axes
+    # two by two: four panels in a row leave too little width per title at the book's width
+    fig, axes = plt.subplots(2, 2, figsize=(7.4, 7.4))
+    (axA, axB), (axW, axC) = axes
 
     def frame(ax, h, w, name):
         ax.add_patch(plt.Rectangle((0, 0), w, h, fill=False, lw=1.5))
         ax.set_xlim(-0.02 * w, 1.02 * w)
         ax.set_ylim(1.02 * h, -0.02 * h)
         ax.set_title(name, fontsize=9)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=9)
 
     for z, (t0, t1) in enumerate(slices):
         for t in range(t0, t1):
@@ -729,26 +729,26 @@ def plot_split_k(M: int, N: int, K: int, BM: int, BN: int, BK: int, S: int,
                                         edgecolor="white", lw=0.8, alpha=0.8))
         if t1 > t0:
             mid = (t0 * BK + min(K, t1 * BK)) / 2
-            axA.text(mid, (m0 + m1) / 2, f"z={z}", ha="center", va="center", fontsize=8)
-            axB.text((n0 + n1) / 2, mid, f"z={z}", ha="center", va="center", fontsize=8)
+            axA.text(mid, (m0 + m1) / 2, f"z={z}", ha="center", va="center", fontsize=9)
+            axB.text((n0 + n1) / 2, mid, f"z={z}", ha="center", va="center", fontsize=9)
         # the partial tile of slice z: rows z*M + m0 .. of the workspace
         axW.add_patch(plt.Rectangle((n0, z * M + m0), n1 - n0, m1 - m0, facecolor=colour[z],
                                     edgecolor="k", lw=0.8, alpha=0.8))
         axW.text((n0 + n1) / 2, z * M + (m0 + m1) / 2, f"partial {z}", ha="center",
-                 va="center", fontsize=8)
+                 va="center", fontsize=9)
         if z:
             axW.axhline(z * M, color="grey", lw=0.8, ls="--")
-    frame(axA, M, K, f"A ({M}x{K}): rows {m0}..{m1 - 1}")
-    frame(axB, K, N, f"B ({K}x{N}): columns {n0}..{n1 - 1}")
-    frame(axW, S * M, N, f"workspace W ({S}*{M} x {N})")
+    frame(axA, M, K, f"A ({M}x{K}):\nrows {m0}..{m1 - 1}")
+    frame(axB, K, N, f"B ({K}x{N}):\ncolumns {n0}..{n1 - 1}")
+    frame(axW, S * M, N, f"workspace W\n({S}*{M} x {N})")
     axC.add_patch(plt.Rectangle((n0, m0), n1 - n0, m1 - m0, facecolor="#888", edgecolor="k",
                                 lw=0.8, alpha=0.6))
     axC.text((n0 + n1) / 2, (m0 + m1) / 2, " + ".join(f"W{z}" for z in range(min(S, 4)))
-             + (" + ..." if S > 4 else ""), ha="center", va="center", fontsize=8)
-    frame(axC, M, N, f"C ({M}x{N}) = sum in order z = 0..{S - 1}")
+             + (" + ..." if S > 4 else ""), ha="center", va="center", fontsize=9)
+    frame(axC, M, N, f"C ({M}x{N}) = sum\nin order z = 0..{S - 1}")
     ktiles = -(-K // BK)
     fig.suptitle(title or f"split-K, block ({bx}, {by}): {ktiles} k-tiles of {BK} in {S} "
-                 f"slices of at most {-(-ktiles // max(S, 1))} (one colour per block z)",
+                 f"slices\nof at most {-(-ktiles // max(S, 1))} (one colour per block z)",
                  fontsize=10)
     fig.tight_layout()
     return legible(fig)
