@@ -92,3 +92,24 @@ def test_every_rung_has_a_chapter_in_the_toc():
         if f"chapters/{spec.chapter}" not in toc:
             warnings.warn(f"rung {spec.name!r} (chapter {spec.chapter}) has no chapter in "
                           "the book yet")
+
+
+def test_every_rung_names_the_page_that_builds_it():
+    """A rung's ``chapter`` is the page that builds it, not its chapter's first page: among the
+    pages of its chapter (13, 13b, ...) that page names the rung's module at least as often as
+    any other, and at least once."""
+    import gemmlib
+
+    text = {nb.stem: "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"])
+            for nb in NOTEBOOKS}
+    for spec in gemmlib.all_specs():
+        if spec.chapter not in text:
+            continue                 # no page yet: the test above warns
+        base = spec.module.rsplit(".", 1)[-1]
+        counts = {page: len(re.findall(rf"\b{base}\b", t)) for page, t in text.items()
+                  if page[:2] == spec.chapter[:2]}
+        assert counts[spec.chapter] > 0, f"{spec.chapter} never names rung {spec.name!r}"
+        most = max(counts, key=counts.get)
+        assert counts[spec.chapter] == counts[most], (
+            f"rung {spec.name!r} says chapter {spec.chapter}, but {most} names {base} more "
+            f"often ({counts}): is {most} the page that builds it?")

@@ -107,7 +107,7 @@ def test_misaligned_B_takes_the_scalar_path(monkeypatch):
 def test_k_zero_and_default_spec():
     assert gemmlib.verify(small("bf16"), [(3, 5, 0)]).checks[0].rel_error == 0.0
     spec = skinny.SPEC
-    assert spec.name == "skinny" and spec.precision == "fp16" and spec.chapter == "18-models"
+    assert spec.name == "skinny" and spec.precision == "fp16" and spec.chapter == "18b-decode"
     assert spec.tile == (skinny.MMAX, 32 * 8) and spec.operand_align == 0
     assert "skinny" in gemmlib.list_kernels()
 

@@ -544,7 +544,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         must.append(rf"cvt\.rn\.{'f16' if OUT == 'fp16' else 'bf16'}\.f32")
     return KernelSpec(
         name=name,
-        chapter="18-models",
+        chapter="18b-decode",
         idea="decode (M <= 16): each block streams a slab of B's columns once in 16-byte "
              "loads, all M rows of A from shared memory, fp32 FMAs into registers; K split "
              "across warps and, when N is narrow, across blocks (fixed-order sums)",

@@ -176,7 +176,7 @@ def build(SPLITS: int = 0, **tile) -> KernelSpec:
     name = "_".join(x for x in ("split_k", tile_name, f"s{SPLITS}" if SPLITS else "") if x)
     return KernelSpec(
         name=name,
-        chapter="13-library-call",
+        chapter="13b-split-k",
         idea="K cut into slices so that small-output, deep-K problems fill the GPU; the "
              "slices' partial products are added in a fixed order (bit-identical results)",
         kernel=main.kernel,

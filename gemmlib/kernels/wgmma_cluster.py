@@ -244,7 +244,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
                   r"::bytes\.multicast::cluster", r"mapa\.shared::cluster",
                   r"mbarrier\.arrive\.shared::cluster",
                   r"barrier\.cluster\.arrive") + out_ptx(OUT),
-        **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
+        **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
+           "chapter": "17e-last-mile"},
     )
 
 

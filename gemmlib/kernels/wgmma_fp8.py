@@ -104,7 +104,7 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
     out_dtype = "uint16" if OUT == "bf16" else "float32"
     return KernelSpec(
         name=name,
-        chapter="17-hopper",
+        chapter="17d-tf32-fp8",
         idea="FP8 (e4m3/e5m2) on wgmma m64nNk32, K-major tiles, the tile's accumulators "
              "scaled by s_a * s_b before a bf16 or fp32 store",
         kernel=kernel,

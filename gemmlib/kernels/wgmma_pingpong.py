@@ -203,7 +203,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | N
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
                   r"wgmma\.wait_group\.sync\.aligned 1") + (
             (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
-        **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
+        **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
+           "chapter": "17e-last-mile"},
     )
 
 

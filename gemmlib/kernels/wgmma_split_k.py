@@ -310,7 +310,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                   r"cp\.async\.bulk\.tensor\.2d", r"atom\.global\.add",
                   r"membar\.gl|fence\.sc\.gpu|fence\.acq_rel\.gpu") + (
             (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
-        **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
+        **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
+           "chapter": "18d-wgmma-split-k"},
     )
 
 

@@ -327,7 +327,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                   r"cp\.async\.bulk\.wait_group\.read 0", r"fence\.proxy\.async",
                   r"st\.shared\.(?:v2\.f32|b32)") + (
             (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
-        **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
+        **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
+           "chapter": "17f-tma-store"},
     )
 
 

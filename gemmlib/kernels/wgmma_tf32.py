@@ -150,7 +150,7 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
     name = rung_name("wgmma_tf32", None, default, BM, BN, STAGES, GROUP_M)
     return KernelSpec(
         name=name,
-        chapter="17-hopper",
+        chapter="17d-tf32-fp8",
         idea="tf32 wgmma reads both operands K-major: a pre-pass transposes B, then "
              "wgmma_ws's producer/consumer ring runs on (N, K) tiles",
         kernel=kernel,

@@ -147,7 +147,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
         tma_swizzle=128,
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.try_wait\.parity"),
-        **spec_fields(precision, __name__),
+        **{**spec_fields(precision, __name__), "chapter": "17b-tma"},
     )
 
 

@@ -199,7 +199,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
                   r"wgmma\.wait_group\.sync\.aligned 1") + (
             (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
-        **{**spec_fields(precision, __name__), **out_fields(precision, OUT)},
+        **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
+           "chapter": "17c-warp-specialisation"},
     )
 
 
