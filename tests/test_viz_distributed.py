@@ -1,11 +1,13 @@
-"""Chapter 19's helpers (gemmcourse.viz_distributed) and what the page says about the committed
-multi-GPU measurements.
+"""Chapter 19's helpers (gemmcourse.viz_distributed) and what its two pages say about the
+committed multi-GPU measurements.
 
-The page's prose states results that its cells compute from results/distributed-*.json; the
-tests here recompute each stated number and each claim ("faster in every configuration", "5 of
-the 6") from the same files, so that a new run that changes them fails here until the prose is
-updated.  The exercise answers of gemmcourse.exercises.ch19 are checked against what the page
-computed before they moved there.
+Chapter 19 is two pages: ``19-distributed`` (the algorithms, the model of overlap, the CPU run
+and the exercises) and ``19b-measured`` (the GPU measurements).  The measured page's prose states
+results that its cells compute from results/distributed-*.json; the tests here recompute each
+stated number and each claim ("faster in every configuration", "5 of the 6") from the same
+files, so that a new run that changes them fails here until the prose is updated.  The first
+page's model and opening read the same files.  The exercise answers of gemmcourse.exercises.ch19
+are checked against what the page computed before they moved there.
 """
 
 from __future__ import annotations
@@ -18,14 +20,18 @@ from statistics import median
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "chapters" / "19-distributed.ipynb"
+PAGE = ROOT / "chapters" / "19-distributed.ipynb"          # the algorithms, the exercises
+MEASURED = ROOT / "chapters" / "19b-measured.ipynb"        # the GPU measurements
 
 vd = pytest.importorskip("gemmcourse.viz_distributed")
 
 
-def _prose() -> str:
-    cells = json.loads(PAGE.read_text())["cells"]
-    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+def _cells(page: Path) -> list:
+    return json.loads(page.read_text())["cells"]
+
+
+def _prose(page: Path = MEASURED) -> str:
+    return "\n".join("".join(c["source"]) for c in _cells(page) if c["cell_type"] == "markdown")
 
 
 def _say(text: str) -> str:
@@ -43,7 +49,14 @@ def runs():
 
 @pytest.fixture(scope="module")
 def prose():
-    return _say(_prose())
+    """The measured page's prose, where the measured claims are."""
+    return _say(_prose(MEASURED))
+
+
+@pytest.fixture(scope="module")
+def algorithms_prose():
+    """The first page's prose: the model, the opening, the exercises."""
+    return _say(_prose(PAGE))
 
 
 # --------------------------------------------------------------------------
@@ -177,14 +190,77 @@ def test_the_tensor_parallel_layer(prose):
     assert "With 4 GPUs its layer took longer than with 2" in prose
 
 
-def test_the_model_and_the_opening(runs, prose):
+def test_the_model_and_the_opening(runs, prose, algorithms_prose):
+    """The model of overlap and the first exercise are on the measured page, the 12 ms of
+    one H200 in the chapter's opening."""
     bw, _ = vd.link_bandwidth()
     t = vd.model_times("gather_A", 8192, 4 * 8192, 8192, 4, "fp16", busbw_gbs=bw)
     assert 0.15 <= 1 - t["efficiency_serial"] <= 0.25 and "about a fifth" in prose
+    assert t["efficiency_overlapped"] > 0.995 and "hides the all-gather completely" in prose
     cublas = [r["median_ms"] for d in runs.values() for r in d["single"]
               if r["engine"] == "cublas" and r["dtype"] == "fp16" and r["scaling"] == "strong"]
-    assert all(11.5 <= ms <= 12.5 for ms in cublas) and "in about 12 ms" in prose
+    assert all(11.5 <= ms <= 12.5 for ms in cublas) and "in about 12 ms" in algorithms_prose
     assert f"At the {bw:.0f} GB/s" in prose
+
+
+def test_the_measured_page_states_its_result(runs):
+    """The opening of 19b states the measured result: the best overlapped weak-scaling
+    efficiency on each GPU count (and what reached it), the copy engines against NCCL
+    overlapped, and torch.matmul + NCCL against the copy engines."""
+    opening = _say("".join(_cells(MEASURED)[0]["source"]))
+    assert opening.startswith("# 19.2 ")
+    said = []
+    for P in (2, 4):
+        best = vd.best_rows(runs[P])
+        (sc, alg, w), r = max(((k, r) for k, r in best.items() if k[0] == "weak"
+                               and k[2] in ("nccl overlap", "copy", "direct")),
+                              key=lambda kr: kr[1]["efficiency"])
+        assert r["efficiency"] < 0.9
+        said.append(f"{100 * r['efficiency']:.1f}% on {P} GPUs ({vd.NAMES[alg]}, "
+                    f"{vd.WAY_NAMES[w]})")
+    assert f"reached a weak-scaling efficiency of {said[0]} and {said[1]}, below the 90% " \
+           "aimed for" in opening
+    wins, torch_weak = [], []
+    for d in runs.values():
+        best = vd.best_rows(d)
+        for sc in ("weak", "strong"):
+            for alg in ("gather_A", "gather_B", "reduce_scatter"):
+                c = best[(sc, alg, "copy")]["median_ms"]
+                wins.append(c < best[(sc, alg, "nccl overlap")]["median_ms"])
+                if sc == "weak":
+                    torch_weak.append(best[(sc, alg, "torch")]["median_ms"] < c)
+    assert all(wins) and f"in all {len(wins)} 1-D and row-parallel configurations" in opening
+    assert f"faster in {sum(torch_weak)} of the {len(torch_weak)} weak-scaling" in opening
+
+
+def test_the_algorithms_page_states_its_result_and_points_to_the_measurements(runs):
+    """19's opening states the CPU run's result and that no overlapped schedule reached 90%
+    on the GPUs, and leaves the measured numbers to 19b."""
+    opening = _say("".join(_cells(PAGE)[0]["source"]))
+    assert "{doc}`19b-measured`" in opening
+    assert "to float32 rounding of a float64 NumPy product" in opening
+    assert "the overlapped all-gather gives wrong blocks" in opening
+    assert "no overlapped schedule reached the weak-scaling efficiency of 90%" in opening
+    assert all(r["efficiency"] < 0.9 for d in runs.values()
+               for (sc, _, w), r in vd.best_rows(d).items()
+               if sc == "weak" and w in ("nccl overlap", "copy", "direct"))
+
+
+def test_the_split_pages_refer_to_each_other():
+    """What crossed to the other page is linked, not 'above', 'below' or 'at the end'; the
+    measured page has the chapter's set-up cell and reads the committed files itself."""
+    first, measured = _say(_prose(PAGE)), _say(_prose(MEASURED))
+    for phrase in ("timeline at the end", "measurements at the end", "next section",
+                   "measured timelines above", "Measured on GPUs", "model above"):
+        assert phrase not in first, phrase
+    assert first.count("{doc}`19b-measured`") >= 3
+    assert "{doc}`19-distributed`" in measured
+    setup = [c for c in _cells(PAGE) if c["cell_type"] == "code"][0]
+    setup_b = [c for c in _cells(MEASURED) if c["cell_type"] == "code"][0]
+    assert setup_b["source"] == setup["source"] and "nb.setup()" in "".join(setup["source"])
+    src = "\n".join("".join(c["source"]) for c in _cells(MEASURED) if c["cell_type"] == "code")
+    assert "vd.distributed_files()" in src and "vd.block_files()" in src
+    assert "vd.model_times(" in src and "check_value" not in src
 
 
 # --------------------------------------------------------------------------
@@ -217,14 +293,18 @@ def test_exercise_answers():
     assert panels([3, 4], [2, 5]) == gd.panels([3, 4], [2, 5])
 
 
-def test_the_page_checks_only_through_the_exercises():
-    src = "\n".join("".join(c["source"]) for c in json.loads(PAGE.read_text())["cells"]
-                    if c["cell_type"] == "code")
+@pytest.mark.parametrize("page, want", [
+    (PAGE, {"summa_bytes", "one_d_bytes", "gather_which", "bytes_pulled", "peer_offset"}),
+    (MEASURED, {"bytes_received", "flops", "bytes_per_flop", "wall_overlapped", "wall_serial"}),
+], ids=["19", "19b"])
+def test_the_page_checks_only_through_the_exercises(page, want):
+    """The chapter's exercises, on the page whose idea each one is (bytes of the algorithms and
+    transports on 19, bytes into time on 19b), each page's numbered from 1."""
+    src = "\n".join("".join(c["source"]) for c in _cells(page) if c["cell_type"] == "code")
     assert "check_value" not in src and "check_hidden" not in src
-    keys = set(re.findall(r'ex\.check\(\s*"ch19\.(\w+)"', src))
-    assert keys == {"bytes_received", "flops", "bytes_per_flop", "summa_bytes", "one_d_bytes",
-                    "gather_which", "wall_overlapped", "wall_serial", "bytes_pulled",
-                    "peer_offset"}
+    assert set(re.findall(r'ex\.check\(\s*"ch19\.(\w+)"', src)) == want
+    numbers = [int(n) for n in re.findall(r"(?m)^\*\*(\d+)\. ", _prose(page))]
+    assert numbers == list(range(1, len(numbers) + 1)) and numbers
 
 
 # --------------------------------------------------------------------------
