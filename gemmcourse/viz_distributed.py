@@ -546,18 +546,7 @@ def distributed_files(directory=None):
     from gemmcourse import notebook as nb
 
     files = nb.committed_json("distributed-*.json", directory)
-    best: dict = {}
-    for n, d in files:
-        if n.startswith("distributed-block-") or not isinstance(d, dict):
-            continue
-        m = d.get("meta", {})
-        if m.get("device") != "gpu":
-            continue
-        key = (m.get("gpu"), m.get("processes"))
-        if key not in best or (str(m.get("date", "")), n) > best[key][0]:
-            best[key] = ((str(m.get("date", "")), n), n, d)
-    return [(n, d) for _, n, d in sorted(best.values(), key=lambda v: (
-        v[2]["meta"].get("processes") or 0, str(v[2]["meta"].get("gpu"))))]
+    return _newest_gpu_runs((n, d) for n, d in files if not n.startswith("distributed-block-"))
 
 
 def block_files(directory=None):
@@ -565,8 +554,14 @@ def block_files(directory=None):
     (results/distributed-block-<gpu>-x<P>-<date>.json), the newest per GPU and process count."""
     from gemmcourse import notebook as nb
 
+    return _newest_gpu_runs(nb.committed_json("distributed-block-*.json", directory))
+
+
+def _newest_gpu_runs(files) -> list:
+    """Of (name, data) pairs, the GPU runs only, the newest per GPU and process count,
+    ordered by process count."""
     best: dict = {}
-    for n, d in nb.committed_json("distributed-block-*.json", directory):
+    for n, d in files:
         m = d.get("meta", {}) if isinstance(d, dict) else {}
         if m.get("device") != "gpu":
             continue

@@ -1,6 +1,6 @@
 """Read the built book as a reader's browser shows it: headless Chromium at 1280 px.
 
-For every page of ``_build/html``: its height, the code/output blocks that scroll sideways,
+For every page of ``_build/html``: its height, the code/output blocks that scroll sideways (collapsed ones not counted),
 the tables wider than the text column, and each figure's display scale (shown width over
 the PNG's own width; a figure drawn at the book's width shows at about 1.0).
 
@@ -19,11 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 JS = """
 const col = document.querySelector('main, .bd-article, article') || document.body;
 const colW = col.getBoundingClientRect().width;
+const shown = e => e.offsetParent !== null && e.getBoundingClientRect().width > 0;
 const scrollers = [...document.querySelectorAll('pre, div.output, .cell_output')]
-    .filter(e => e.scrollWidth > e.clientWidth + 2).length;
+    .filter(e => shown(e) && e.scrollWidth > e.clientWidth + 2).length;
 const wide = [...document.querySelectorAll('table')]
-    .filter(t => t.getBoundingClientRect().width > colW + 2).length;
-const imgs = [...document.querySelectorAll('img')].filter(i => i.naturalWidth > 0)
+    .filter(t => shown(t) && t.getBoundingClientRect().width > colW + 2).length;
+const imgs = [...document.querySelectorAll('img')].filter(i => i.naturalWidth > 0 && shown(i))
     .map(i => ({src: i.getAttribute('src').slice(0, 60), natural: i.naturalWidth,
                 shown: Math.round(i.getBoundingClientRect().width)}));
 return {height: document.documentElement.scrollHeight, column: Math.round(colW),

@@ -93,22 +93,32 @@ class _Runner:
     def _hold(self, keep) -> None:
         self._keep.extend(t for t in keep if t is not None)
 
+    def _on_comm(self, label: str, body, after=None):
+        """Queue ``body`` on the comm stream after the compute stream's work so far (or after
+        the event ``after``); record it; return an event for :meth:`wait`."""
+        if after is None:
+            self.comm.wait_stream(self.compute)   # inputs (and reused memory) are ready
+        else:
+            self.comm.wait_event(after)
+        with torch.cuda.stream(self.comm):
+            t0 = self._now(self.comm)
+            body()
+            done = torch.cuda.Event(enable_timing=self.tl is not None)
+            done.record(self.comm)
+        if self.tl is not None:
+            self.tl._add(self.call, "comm", label, t0, done)
+        return done
+
     def issue(self, label: str, ops, keep=()):
         """Start the collectives ``ops`` (callables taking ``async_op``), in order, on the
         comm stream after the work queued so far; return what :meth:`wait` needs.  Nothing
         blocks the host."""
         self._hold(keep)
         if self.gpu:
-            self.comm.wait_stream(self.compute)   # inputs (and reused memory) are ready
-            with torch.cuda.stream(self.comm):
-                t0 = self._now(self.comm)
+            def chain():
                 for op in ops:
                     op(True).wait()               # the comm stream waits for NCCL: a chain
-                done = torch.cuda.Event(enable_timing=self.tl is not None)
-                done.record(self.comm)
-            if self.tl is not None:
-                self.tl._add(self.call, "comm", label, t0, done)
-            return done
+            return self._on_comm(label, chain)
         t0 = self._now(None)
         works = [op(True) for op in ops]
         if self.tl is not None:
@@ -124,18 +134,7 @@ class _Runner:
         :meth:`wait`.  On CPU processes ``fn`` runs now, on the host."""
         self._hold(keep)
         if self.gpu:
-            if after is None:
-                self.comm.wait_stream(self.compute)
-            else:
-                self.comm.wait_event(after)
-            with torch.cuda.stream(self.comm):
-                t0 = self._now(self.comm)
-                fn()
-                done = torch.cuda.Event(enable_timing=self.tl is not None)
-                done.record(self.comm)
-            if self.tl is not None:
-                self.tl._add(self.call, "comm", label, t0, done)
-            return done
+            return self._on_comm(label, fn, after)
         t0 = self._now(None)
         fn()
         if self.tl is not None:
