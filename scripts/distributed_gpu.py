@@ -308,9 +308,13 @@ def torch_allgather_matmul(Al, Bl, gather, P):
 def _group_name():
     g = dist.group.WORLD
     try:
+        import warnings
+
         import torch.distributed._symmetric_memory as symm
 
-        symm.enable_symm_mem_for_group(g.group_name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm.enable_symm_mem_for_group(g.group_name)
     except Exception:  # noqa: BLE001 - newer torch needs no enabling
         pass
     return g.group_name

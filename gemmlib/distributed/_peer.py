@@ -21,6 +21,8 @@ trailing barrier.
 
 from __future__ import annotations
 
+import warnings
+
 try:
     import torch
     import torch.distributed as dist
@@ -62,8 +64,10 @@ class DeviceWorkspace(_Base):
 
         super().__init__(slot)
         g = group or dist.group.WORLD
-        try:  # torch versions before 2.8 need the group enabled first; later ones ignore it
-            symm.enable_symm_mem_for_group(g.group_name)
+        try:  # older torch needs the group enabled first; newer torch warns that it need not
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm.enable_symm_mem_for_group(g.group_name)
         except Exception:  # noqa: BLE001
             pass
         self.buf = symm.empty(2 * slot, dtype=torch.uint8, device=device)
