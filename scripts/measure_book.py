@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 JS = """
 const col = document.querySelector('main, .bd-article, article') || document.body;
 const colW = col.getBoundingClientRect().width;
-const shown = e => e.offsetParent !== null && e.getBoundingClientRect().width > 0;
+const shown = e => e.offsetParent !== null && e.getBoundingClientRect().width > 0
+    && !e.closest('details:not([open])');
 const scrollers = [...document.querySelectorAll('pre, div.output, .cell_output')]
     .filter(e => shown(e) && e.scrollWidth > e.clientWidth + 2).length;
 const wide = [...document.querySelectorAll('table')]
