@@ -1,4 +1,4 @@
-"""GEMM over several GPUs (or CPU processes): 1-D tensor-parallel and SUMMA.
+"""GEMM over several GPUs (or CPU processes): all-gather, reduce-scatter and SUMMA.
 
 One process per GPU, launched the standard way::
 
