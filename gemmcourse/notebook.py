@@ -601,12 +601,17 @@ def check_value(answer, expected, what: str, rel: float = 1e-9) -> bool:
     if isinstance(expected, bool):  # a yes/no check computed by the cell
         return _verdict(bool(answer) == expected, what if bool(answer) == expected
                         else f"{what}: not right yet. Look at the hint and try again.")
-    try:
-        ok = abs(float(answer) - float(expected)) <= rel * max(1.0, abs(float(expected)))
-    except (TypeError, ValueError):
-        ok = answer == expected
+    ok = _same(answer, expected, rel)
     return _verdict(ok, f"{what} = {expected}" if ok else f"{what}: you have {answer!r}, "
                     "which is not it. Look at the hint and try again.")
+
+
+def _same(answer, expected, rel: float) -> bool:
+    """Numbers within ``rel`` (relative, at least 1 absolute), anything else equal."""
+    try:
+        return abs(float(answer) - float(expected)) <= rel * max(1.0, abs(float(expected)))
+    except (TypeError, ValueError):
+        return answer == expected
 
 
 def check_hidden(answer, expected, what: str, rel: float = 1e-9) -> bool:
@@ -614,10 +619,7 @@ def check_hidden(answer, expected, what: str, rel: float = 1e-9) -> bool:
     exercise checks of :mod:`gemmcourse.exercises`)."""
     if answer is None or answer is Ellipsis:
         return _verdict(False, f"{what}: replace the placeholder with your answer.")
-    try:
-        ok = abs(float(answer) - float(expected)) <= rel * max(1.0, abs(float(expected)))
-    except (TypeError, ValueError):
-        ok = answer == expected
+    ok = _same(answer, expected, rel)
     return _verdict(ok, f"{what}: right." if ok else f"{what}: you have {answer!r}, which is "
                     "not it. Look at the hint and try again.")
 

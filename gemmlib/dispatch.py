@@ -727,9 +727,8 @@ def machine_code(lib, cc) -> bytes:
     if lib._linking_files or lib.needs_cudadevrt:
         raise CudaError("gemmlib kernels link no other code; this one asks numba to link "
                         f"{sorted(map(str, lib._linking_files)) or 'cudadevrt'}")
-    suffix = "a" if tuple(cc) >= (9, 0) else ""
-    ptx = lib.get_asm_str(cc=(cc[0], cc[1], suffix))
-    return assemble(ptx, f"sm_{cc[0]}{cc[1]}{suffix}", lib._max_registers)
+    ptx = lib.get_asm_str(cc=(cc[0], cc[1], ""))
+    return assemble(ptx, f"sm_{cc[0]}{cc[1]}", lib._max_registers)
 
 
 def compiled_spec(spec: KernelSpec) -> Compiled:

@@ -122,8 +122,11 @@ def test_the_spread_between_runs(runs, prose):
     assert f"has measured {said[0]} GPUs and {said[1]}, but no run reached" in prose
 
 
-def test_copy_engines_against_nccl_torch_and_direct(runs, prose):
-    copy_wins, torch_weak, direct_slower = [], [], []
+def _copy_against_the_others(runs):
+    """Over every run, 1-D and row-parallel configuration: whether copy engines beat NCCL
+    overlapped, whether direct reads were slower than copies, and (weak scaling) whether
+    torch.matmul + NCCL beat the copy engines."""
+    copy_wins, direct_slower, torch_weak = [], [], []
     for d in runs.values():
         best = vd.best_rows(d)
         for sc in ("weak", "strong"):
@@ -133,6 +136,11 @@ def test_copy_engines_against_nccl_torch_and_direct(runs, prose):
                 direct_slower.append(best[(sc, alg, "direct")]["median_ms"] > c)
                 if sc == "weak":
                     torch_weak.append(best[(sc, alg, "torch")]["median_ms"] < c)
+    return copy_wins, direct_slower, torch_weak
+
+
+def test_copy_engines_against_nccl_torch_and_direct(runs, prose):
+    copy_wins, direct_slower, torch_weak = _copy_against_the_others(runs)
     assert all(copy_wins) and "faster in every 1-D and row-parallel configuration" in prose
     assert all(direct_slower) and "slower than copies everywhere" in prose
     assert f"was faster in {sum(torch_weak)} of the {len(torch_weak)} weak-scaling" in prose
@@ -220,15 +228,7 @@ def test_the_measured_page_states_its_result(runs):
                     f"{vd.WAY_NAMES[w]})")
     assert f"reached a weak-scaling efficiency of {said[0]} and {said[1]}, below the 90% " \
            "aimed for" in opening
-    wins, torch_weak = [], []
-    for d in runs.values():
-        best = vd.best_rows(d)
-        for sc in ("weak", "strong"):
-            for alg in ("gather_A", "gather_B", "reduce_scatter"):
-                c = best[(sc, alg, "copy")]["median_ms"]
-                wins.append(c < best[(sc, alg, "nccl overlap")]["median_ms"])
-                if sc == "weak":
-                    torch_weak.append(best[(sc, alg, "torch")]["median_ms"] < c)
+    wins, _, torch_weak = _copy_against_the_others(runs)
     assert all(wins) and f"in all {len(wins)} 1-D and row-parallel configurations" in opening
     assert f"faster in {sum(torch_weak)} of the {len(torch_weak)} weak-scaling" in opening
 

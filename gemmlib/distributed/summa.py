@@ -158,20 +158,16 @@ def _check_summa(table, pr, pc, call):
     P = len(table)
     for r in range(P):
         i, j = divmod(r, pc)
-        M_i, ka, kb, N_j = table[r][6], table[r][7], table[r][8], table[r][9]
-        row0, col0 = table[i * pc], table[j]
-        if M_i != row0[6]:
-            raise ValueError(f"{call}: grid row {i} must share A's rows, but rank {i * pc} has "
-                             f"{row0[6]} and rank {r} has {M_i}")
-        if ka != col0[7]:
-            raise ValueError(f"{call}: grid column {j} must share A's columns (its stretch of K), "
-                             f"but rank {j} has {col0[7]} and rank {r} has {ka}")
-        if kb != row0[8]:
-            raise ValueError(f"{call}: grid row {i} must share B's rows (its stretch of K), but "
-                             f"rank {i * pc} has {row0[8]} and rank {r} has {kb}")
-        if N_j != col0[9]:
-            raise ValueError(f"{call}: grid column {j} must share B's columns, but rank {j} has "
-                             f"{col0[9]} and rank {r} has {N_j}")
+        # (field, the rank it must agree with, what they share)
+        for f, ref, what in ((6, i * pc, f"grid row {i} must share A's rows,"),
+                             (7, j, f"grid column {j} must share A's columns (its stretch of "
+                                    f"K),"),
+                             (8, i * pc, f"grid row {i} must share B's rows (its stretch of "
+                                         f"K),"),
+                             (9, j, f"grid column {j} must share B's columns,")):
+            if table[r][f] != table[ref][f]:
+                raise ValueError(f"{call}: {what} but rank {ref} has {table[ref][f]} and rank "
+                                 f"{r} has {table[r][f]}")
     ka = [table[c][7] for c in range(pc)]
     kb = [table[r * pc][8] for r in range(pr)]
     if sum(ka) != sum(kb):
