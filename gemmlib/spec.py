@@ -171,6 +171,11 @@ class KernelSpec:
     #: cluster rungs: blocks per thread-block cluster along x (launched with
     #: ``cuLaunchKernelEx``'s cluster attribute by ``gemmlib.dispatch``; 1: no cluster)
     cluster: int = 1
+    #: rungs with a bias epilogue: the kernel takes a fourth array right after C, the bias
+    #: as a (1, N) row in the inputs' element type (uint16 bits for fp16/bf16), added to
+    #: each accumulator in fp32 before the single rounding into C; a (0, N) array (null
+    #: pointer) means no bias.  One compiled kernel serves both
+    bias_arg: bool = False
 
     @property
     def b_kmajor(self) -> bool:
