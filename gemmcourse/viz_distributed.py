@@ -43,6 +43,10 @@ MEASURED_H200 = {"fp16": {"cublas": 753.1, "gemmlib": 606.2},
                  "bf16": {"cublas": 781.7, "gemmlib": 634.4},
                  "fp32": {"cublas": 51.2, "gemmlib": 51.2 * 0.9}}
 BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+#: the GPU whose committed multi-GPU runs chapter 19b's prose describes; the readers of the
+#: committed runs take ``gpu=`` for another (``meta.gpu``, e.g. "NVIDIA H100 80GB HBM3") or
+#: ``gpu=None`` for every GPU
+PAGE_GPU = "NVIDIA H200"
 
 
 def _plt():
@@ -539,31 +543,35 @@ def lifetime_table(lifetime) -> list[tuple]:
 # Committed multi-GPU results
 
 
-def distributed_files(directory=None):
+def distributed_files(directory=None, gpu=PAGE_GPU):
     """[(file name, data)] of the committed multi-GPU runs, results/distributed-<gpu>-x<P>-
     <date>.json measured on GPUs (CPU runs of the script's --cpu mode and the tensor-parallel
-    block's files are skipped): the newest per GPU and process count, by process count."""
+    block's files are skipped): the newest per GPU and process count, by process count; those
+    of ``gpu`` (its ``meta.gpu``; by default the page's, :data:`PAGE_GPU`), or of every GPU
+    for ``gpu=None``."""
     from gemmcourse import notebook as nb
 
     files = nb.committed_json("distributed-*.json", directory)
-    return _newest_gpu_runs((n, d) for n, d in files if not n.startswith("distributed-block-"))
+    return _newest_gpu_runs(((n, d) for n, d in files if not n.startswith("distributed-block-")),
+                            gpu)
 
 
-def block_files(directory=None):
+def block_files(directory=None, gpu=PAGE_GPU):
     """[(file name, data)] of the tensor-parallel block's committed runs
-    (results/distributed-block-<gpu>-x<P>-<date>.json), the newest per GPU and process count."""
+    (results/distributed-block-<gpu>-x<P>-<date>.json), the newest per GPU and process count;
+    ``gpu`` as in :func:`distributed_files`."""
     from gemmcourse import notebook as nb
 
-    return _newest_gpu_runs(nb.committed_json("distributed-block-*.json", directory))
+    return _newest_gpu_runs(nb.committed_json("distributed-block-*.json", directory), gpu)
 
 
-def _newest_gpu_runs(files) -> list:
-    """Of (name, data) pairs, the GPU runs only, the newest per GPU and process count,
-    ordered by process count."""
+def _newest_gpu_runs(files, gpu=None) -> list:
+    """Of (name, data) pairs, the GPU runs only (of ``gpu`` alone unless it is None), the
+    newest per GPU and process count, ordered by process count."""
     best: dict = {}
     for n, d in files:
         m = d.get("meta", {}) if isinstance(d, dict) else {}
-        if m.get("device") != "gpu":
+        if m.get("device") != "gpu" or (gpu is not None and m.get("gpu") != gpu):
             continue
         key = (m.get("gpu"), m.get("processes"))
         if key not in best or (str(m.get("date", "")), n) > best[key][0]:
@@ -622,6 +630,12 @@ def options_text(o: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(o.items())) or "defaults"
 
 
+def _gpus(files) -> str:
+    """The GPUs of some runs, for a caption ("NVIDIA H200", or two joined by "and")."""
+    names = sorted({str(d["meta"].get("gpu", "GPU")) for _, d in files}) or ["GPU"]
+    return " and ".join(names)
+
+
 def scaling_table(files, scaling: str, dtype: str = "fp16"):
     """One nb.Table: for each committed run (P GPUs) and algorithm, the fastest time of each
     way of moving the data, "ms (efficiency)", the fastest of the row marked *."""
@@ -640,7 +654,7 @@ def scaling_table(files, scaling: str, dtype: str = "fp16"):
             rows.append((P, SHORT[alg], *[
                 "-" if r is None else f"{r['median_ms']:.2f} ({100 * r['efficiency']:.1f}%)"
                 + (" *" if r["median_ms"] == fastest else "") for r in cells.values()]))
-    gpu = files[0][1]["meta"].get("gpu", "GPU") if files else "GPU"
+    gpu = _gpus(files)
     what = ("each GPU multiplies 8192^3 (weak scaling)" if scaling == "weak" else
             "P GPUs share one 16384^3 product (strong scaling)")
     return nb.Table(("GPUs", "algorithm", *[WAY_HEADS[w] for w in WAYS]), rows,
@@ -822,7 +836,7 @@ def block_table(files):
                 cells.append("-" if r is None else f"{r['tok_s']:,.0f}" + (
                     "" if e == "torch" else f" ({r['pct_torch']:.1f}%)"))
             rows.append((data["meta"].get("processes"), f"{phase}, {tokens} tokens", *cells))
-    gpu = files[0][1]["meta"].get("gpu", "GPU") if files else "GPU"
+    gpu = _gpus(files)
     return nb.Table(("GPUs", "phase", "torch.matmul + NCCL", "torch async-TP", "gemmlib, NCCL",
                      "gemmlib, copy engines"), rows,
                     caption=f"tokens/s (share of torch.matmul + NCCL's) of one Llama-3.1-8B "
@@ -847,15 +861,15 @@ def scaling_rows(data) -> list[tuple]:
     return out
 
 
-def show_distributed_results(directory=None, timelines: bool = True) -> int:
-    """Every row of each committed multi-GPU run: NCCL's all-gather bandwidth, the rows,
-    the targets, and (``timelines``) the first two recorded timelines; returns how many runs
-    there were (0: says so plainly)."""
+def show_distributed_results(directory=None, timelines: bool = True, gpu=PAGE_GPU) -> int:
+    """Every row of each committed multi-GPU run (of ``gpu``, as in :func:`distributed_files`):
+    NCCL's all-gather bandwidth, the rows, the targets, and (``timelines``) the first two
+    recorded timelines; returns how many runs there were (0: says so plainly)."""
     from IPython.display import display
 
     from gemmcourse import notebook as nb
 
-    files = distributed_files(directory)
+    files = distributed_files(directory, gpu)
     if not files:
         print("No multi-GPU measurement is committed: results/distributed-<gpu>-x<P>-"
               "<date>.json appears once `bash scripts/distributed_gpu.sh` has run on a machine "

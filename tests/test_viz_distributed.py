@@ -69,6 +69,25 @@ def test_files_are_the_runs_not_the_block(runs):
     assert [d["meta"]["processes"] for _, d in vd.block_files()] == [2, 4]
 
 
+def test_the_page_reads_its_own_gpu_and_the_others_apart():
+    """The page describes the runs of one GPU (vd.PAGE_GPU); another GPU's committed runs are
+    read with gpu=, never mixed into the page's tables and sentences."""
+    assert {d["meta"]["gpu"] for _, d in vd.distributed_files() + vd.block_files()} == {
+        vd.PAGE_GPU}
+    every = vd.distributed_files(gpu=None)
+    for gpu in {d["meta"]["gpu"] for _, d in every}:
+        files, blocks = vd.distributed_files(gpu=gpu), vd.block_files(gpu=gpu)
+        assert {d["meta"]["gpu"] for _, d in files + blocks} == {gpu}
+        assert len({d["meta"]["processes"] for _, d in files}) == len(files)
+        t = vd.scaling_table(files, "weak")
+        assert gpu in t.caption and len(t.rows) == 4 * len(files)
+        assert all(sum(c.endswith(" *") for c in row[2:]) == 1 for row in t.rows)
+        if blocks:
+            assert gpu in vd.block_table(blocks).caption
+    assert len(every) == sum(len(vd.distributed_files(gpu=g))
+                             for g in {d["meta"]["gpu"] for _, d in every})
+
+
 def test_way_of_each_row(runs):
     d = runs[4]
     ways = {vd.way(r) for r in d["rows"]}
@@ -108,13 +127,14 @@ def test_the_target_was_missed(runs, prose):
 
 def test_the_spread_between_runs(runs, prose):
     """'the copy transport's all-gather of A has measured from X% to Y% on 2 GPUs and from ... on
-    4': the committed runs and the logs of the benchmark's runs."""
+    4': the committed runs and the logs of the benchmark's runs on the page's GPU."""
     said = []
     for P in (2, 4):
         pat = re.compile(rf"fp16 weak scaling on {P} GPUs, gather_A with overlap: ([\d.]+)% "
                          r">= 90% \(\{'transport': 'copy'")
-        seen = [float(m.group(1)) for log in ROOT.glob(f"results/distributed-*/bench-x{P}*.log")
-                for m in pat.finditer(log.read_text())]
+        logs = [log.read_text() for log in ROOT.glob(f"results/distributed-*/bench-x{P}*.log")]
+        seen = [float(m.group(1)) for text in logs if f"{P} x {vd.PAGE_GPU}: " in text
+                for m in pat.finditer(text)]
         committed = vd.best_rows(runs[P])[("weak", "gather_A", "copy")]["efficiency"]
         seen.append(float(f"{100 * committed:.1f}"))
         assert max(seen) < 90
