@@ -751,6 +751,15 @@ def _compiled_round16(out: str) -> Compiled:
                     dtype=("float32", "uint16"), nargs=2)
 
 
+def _compiled_finish(out: str, bias: str) -> Compiled:
+    from gemmlib.kernels import split_k
+
+    bits = {"fp32": "float32", "fp16": "uint16", "bf16": "uint16"}
+    return compiled(split_k.BIAS_FINISH[(out, bias)], module=split_k.__name__,
+                    params={"OUT": out, "BIAS": bias},
+                    dtype=("float32", bits[bias], bits[out]), nargs=3)
+
+
 def _compiled_reduce(spec: KernelSpec) -> Compiled:
     # the workspace and C are the kernel's output type (float32 also for 16-bit inputs)
     return compiled(spec.reduce_kernel, module=spec.module, params={}, dtype=spec.out_dtype,
@@ -810,7 +819,14 @@ class _Bound:
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
         self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
                       + _array_words(0, c_rows, N, ic))
-        for rows, cols, dt in p.workspace:   # split-K sums in the kernel: W, then tickets
+        #: rungs with a bias epilogue: the bias row's words right after C ((0, N): none)
+        self.bias_word = len(self.words) + 4 if spec.bias_arg else None
+        if spec.bias_arg:
+            self.words += _array_words(0, 0, N, ia)
+        #: the data words of the workspace arrays (split-K sums in the kernel: W, tickets)
+        self.work_words = []
+        for rows, cols, dt in p.workspace:
+            self.work_words.append(len(self.words) + 4)
             self.words += _array_words(0, rows, cols, np.dtype(dt).itemsize)
         #: the word after the arrays: TMA rungs' address of the tensor maps
         self.maps_word = len(self.words)
@@ -831,6 +847,9 @@ class _Bound:
         #: run_rounded: its rounding kernels (by output type, loaded on first use), words
         self.round16 = {}
         self.round_words = _array_words(0, c_rows, N, 4) + _array_words(0, M, N, 2)
+        #: the bias epilogue kernels of rungs without their own (by (C's type, bias type))
+        self.finish = {}
+        self.finish_words = {}
         self.reduce_grid = p.reduce_grid   # computed once, not per launch
 
 
@@ -892,20 +911,29 @@ def _bound(p: Plan) -> _Bound:
 
 
 def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None,
-        scales: tuple = ()) -> None:
+        scales: tuple = (), bias: tuple = ()) -> None:
     """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
 
     B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
     :func:`gemmlib.matmul` makes them first.  ``bound``: the plan already made ready
-    for the current context (:func:`bound`), when the caller keeps it.
+    for the current context (:func:`bound`), when the caller keeps it.  ``bias``:
+    ``(address, type)`` of a row of N values ("fp32", "fp16", "bf16") added to every row
+    of C -- by the rung's own epilogue (``spec.bias_arg``), else by one more kernel
+    (:func:`_finish_bias`).
     """
     b = bound or _bound(p)
+    if bias and not p.spec.bias_arg:
+        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32")
+        return
     if p.spec.tma_boxes and p.K == 0:   # no map of an empty matrix: C = 0 without the kernel
+        if bias:
+            _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32")
+            return
         isz = np.dtype(p.spec.out_dtype).itemsize   # float32, or bf16 bits (FP8 rungs)
         backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, isz * p.M * p.N, stream)
         return
     if p.splits <= 1:   # the common case: one launch
-        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales)
+        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias)
         return
     # The slices' sums: one buffer per bound plan and stream, kept (launches on one stream
     # run in order: the next call's slices are written after this call's sum has read them).
@@ -915,7 +943,7 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
 
 
 def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: int = 0,
-                bound=None) -> None:
+                bound=None, bias: tuple = ()) -> None:
     """Plan ``p`` of a rung that writes float32, for a C of 16-bit ``out`` ("fp16" /
     "bf16") at ``c_ptr`` (GPU only).  The rung writes its result -- or its K slices'
     partial products -- into a float32 buffer kept per bound plan and stream, and one
@@ -923,6 +951,9 @@ def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: i
     nearest even: two launches, as split-K's float32 call, instead of a float32 C and a
     cast of it by the array library."""
     b = bound or _bound(p)
+    if bias:   # the sum, the bias and the rounding in one more kernel
+        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, (), bias, out)
+        return
     if p.spec.tma_boxes and p.K == 0:   # C = +0.0 (zero bits), as run's float32 C
         backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, 2 * p.M * p.N, stream)
         return
@@ -932,6 +963,31 @@ def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: i
     if fn is None:
         fn = b.round16[out] = _compiled_round16(out).function(driver().current_context())
     _launch_reduce(fn, b, p, w_ptr, c_ptr, stream, "round_words")
+
+
+def _run_then_bias(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
+                   scales: tuple, bias: tuple, out: str) -> None:
+    """A rung without a bias epilogue (or a float32 build of one, for a 16-bit ``out``):
+    it writes float32 -- into C itself when C is float32 and K is not sliced, else into
+    this plan's float32 buffer -- and ``split_k.BIAS_FINISH`` adds the slices and the bias
+    in fp32 and rounds once into C."""
+    in_place = out == "fp32" and p.splits <= 1
+    w_ptr = c_ptr if in_place else _partials(b, p, stream)
+    if p.spec.tma_boxes and p.K == 0:
+        backend.array_module().cuda.runtime.memsetAsync(w_ptr, 0, 4 * p.M * p.N, stream)
+    else:
+        _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales)
+    key = (out, bias[1])
+    fn = b.finish.get(key)
+    if fn is None:
+        fn = b.finish[key] = _compiled_finish(*key).function(driver().current_context())
+        item = 4 if out == "fp32" else 2
+        b.finish_words[key] = (_array_words(0, p.M * p.splits, p.N, 4)
+                               + _array_words(0, 1, p.N, 4 if bias[1] == "fp32" else 2)
+                               + _array_words(0, p.M, p.N, item))
+    words = list(b.finish_words[key])
+    words[_DATA[0]], words[_DATA[1]], words[_DATA[2]] = w_ptr, bias[0], c_ptr
+    _launch(fn, b.reduce_grid, p.spec.reduce_block, 0, stream, words)
 
 
 def _partials(b: "_Bound", p: Plan, stream: int) -> int:
@@ -944,7 +1000,7 @@ def _partials(b: "_Bound", p: Plan, stream: int) -> int:
 
 
 def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
-                 scales: tuple) -> None:
+                 scales: tuple, bias: tuple = ()) -> None:
     """The main kernel of bound plan ``b`` writing ``c_ptr`` (C, or the slices' buffer):
     the pointers into its parameter block, packed once (then its workspace arrays and the
     address of its tensor maps where it takes them)."""
@@ -954,10 +1010,15 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
     values[_A_WORD] = a_ptr
     values[_B_WORD] = b_ptr
     values[_C_WORD] = c_ptr
-    if p.workspace:   # the words after C: this stream's workspace arrays
+    if b.bias_word is not None:   # the bias row: (1, N) at its address, or (0, N): none
+        w = b.bias_word
+        values[w] = bias[0] if bias else 0
+        values[w + 1] = 1 if bias else 0                # shape[0]
+        values[w - 2] = p.N if bias else 0              # size
+    if p.workspace:   # the words after C (and the bias): this stream's workspace arrays
         ws = b.scratch.get(stream) or _scratch(b, p, stream)
-        for i, ptr in enumerate(ws[1]):
-            values[_C_WORD + _WORDS * (i + 1)] = ptr
+        for w, ptr in zip(b.work_words, ws[1]):
+            values[w] = ptr
     if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
         values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr)
     drv = driver()

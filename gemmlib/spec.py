@@ -194,8 +194,10 @@ class KernelSpec:
 
     @property
     def array_dtypes(self) -> tuple[str, ...]:
-        """The dtypes of every array argument: A, B, C, then the workspace arrays."""
-        return self.kernel_dtypes + tuple(self.workspace_dtypes)
+        """The dtypes of every array argument: A, B, C, the bias row (``bias_arg``: A's
+        element type), then the workspace arrays."""
+        bias = self.kernel_dtypes[:1] if self.bias_arg else ()
+        return self.kernel_dtypes + bias + tuple(self.workspace_dtypes)
 
     def c_map_ok(self, N: int, c_ptr: int) -> bool:
         """Whether this call's C gets a TMA map (``tma_store_box``; the kernel's own test)."""
