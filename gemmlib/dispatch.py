@@ -48,6 +48,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import struct
@@ -387,6 +388,39 @@ def with_out(spec: KernelSpec, out: str) -> KernelSpec:
     if out != "fp32":
         params["OUT"] = out
     return build(rung_of(spec), params)
+
+
+def _rebuilt(spec: KernelSpec, **changes) -> KernelSpec | None:
+    """``spec``'s rung built with its parameters and ``changes``, or None where the rung's
+    ``build`` takes no such parameter (or refuses the value)."""
+    rung = rung_of(spec)
+    builder = importlib.import_module(f"gemmlib.kernels.{rung}").build
+    takes = inspect.signature(builder).parameters
+    if any(k not in takes for k in changes):
+        return None
+    params = {k: v for k, v in spec.params.items() if k in takes}
+    params.update(changes)
+    try:
+        return build(rung, params)
+    except (TypeError, ValueError):
+        return None
+
+
+def with_layout(spec: KernelSpec, b_layout: str) -> KernelSpec | None:
+    """``spec`` built to read B as ``b_layout``: "KN" (a row-major (K, N) B) or "NK" (B's
+    memory is (N, K) row-major: a column-major B, ``W.t()`` of an ``nn.Linear`` weight).
+    None where the rung has no such build: the caller then copies B."""
+    if spec.b_operand == b_layout:
+        return spec
+    return _rebuilt(spec, B_LAYOUT=b_layout)
+
+
+def with_bias(spec: KernelSpec) -> KernelSpec:
+    """``spec`` built with its own bias epilogue where the rung has one (``BIAS``), else
+    ``spec`` itself: :func:`run` then adds the bias with one more kernel."""
+    if spec.bias_arg:
+        return spec
+    return _rebuilt(spec, BIAS=True) or spec
 
 
 #: a C in the inputs' 16-bit type from one K slice of a 128 x 256 tile on Hopper: wgmma_store
@@ -1146,29 +1180,46 @@ def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
 
 
 def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=(),
-           out16: str | None = None) -> None:
+           out16: str | None = None, bias=None, bias_type: str = "fp32") -> None:
     """Launch on arrays the kernel can take as they are (no checks).
 
     On a GPU: any arrays with ``__cuda_array_interface__`` (CuPy, numba), through
     :func:`run` (:func:`run_rounded` with ``out16``: a 16-bit C of uint16 bits from a
     rung that writes float32).  In the simulator: numba's launch, with the split-K
-    workspace, the reduction and the rounding done the same way.
+    workspace, the reduction and the rounding done the same way.  ``bias``: a (1, N)
+    row of ``bias_type`` ("fp32", or "fp16"/"bf16" as uint16 bits) added to C's rows.
     """
     p = spec_or_plan if isinstance(spec_or_plan, Plan) else plan(spec_or_plan, M, N, K)
     if not SIMULATOR:
         ptr = [x.__cuda_array_interface__["data"][0] for x in (A, B, C)]
+        bias_arg = () if bias is None else (bias.__cuda_array_interface__["data"][0], bias_type)
         if out16 is not None:
-            run_rounded(p, *ptr, out16, stream=stream_handle(stream))
+            run_rounded(p, *ptr, out16, stream=stream_handle(stream), bias=bias_arg)
         else:
-            run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales))
+            run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales), bias=bias_arg)
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
-    from gemmlib.kernels.split_k import REDUCE16   # run_rounded's: sum the slices, round
+    from gemmlib.kernels.split_k import BIAS_FINISH, REDUCE16
+
+    if bias is not None and (not spec.bias_arg or (spec.tma_boxes and K == 0)):
+        out = out16 or "fp32"   # as run's _run_then_bias
+        W = C if out == "fp32" and p.splits <= 1 else np.empty((p.splits * M, N), np.float32)
+        if spec.tma_boxes and K == 0:
+            W[...] = 0
+        elif p.splits <= 1:
+            launch(p, A, B, W, M, N, K, stream, scales)
+        else:   # the slices' partial products, unsummed
+            spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
+        BIAS_FINISH[(out, bias_type)][p.reduce_grid, spec.reduce_block, s](W, bias, C)
+        return
+    #: the arrays a bias-epilogue rung takes right after C
+    extra = [] if not spec.bias_arg else [
+        bias if bias is not None else np.zeros((0, N), np.dtype(spec.kernel_dtypes[0]))]
 
     if out16 is not None and p.splits <= 1:   # as run_rounded: float32 first, then rounded
         W = np.empty((M, N), np.float32)
-        launch(p, A, B, W, M, N, K, stream)
+        launch(p, A, B, W, M, N, K, stream, bias=bias, bias_type=bias_type)
         REDUCE16[out16][p.reduce_grid, spec.reduce_block, s](W, C)
         return
     if spec.tma_boxes:
@@ -1189,14 +1240,14 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         maps = tma.simulated_maps(arrays, boxes, spec.tma_swizzle,
                                   tuple(scales) if spec.scale_words else ())
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC, *work,
-                                                        np.uint64(maps))
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC, *extra,
+                                                        *work, np.uint64(maps))
         if dC is not None:
             C[...] = dC._ary
         return
     if p.splits <= 1:   # (a rung that sums its K slices itself takes its workspace after C)
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *work)
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *extra, *work)
         return
     W = np.empty((p.splits * M, N), dtype=np.float32)
     spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
