@@ -269,9 +269,9 @@ def _astype_hint(op: _Operand, name: str, want: str) -> str:
 
 def _device_hint(op: _Operand, device: int) -> str:
     if op.kind == "torch":
-        return (f"call it inside `with torch.cuda.device({device}):` "
+        return (f"call matmul inside `with torch.cuda.device({device}):` "
                 f"(or torch.cuda.set_device({device}))")
-    return f"call it inside `with cupy.cuda.Device({device}):`"
+    return f"call matmul inside `with cupy.cuda.Device({device}):`"
 
 
 def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | None,
@@ -318,7 +318,7 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
                     f"out shares memory with {name}: the kernel would overwrite its own input "
                     f"while reading it. Pass a separate output array")
     if not a.on_host:
-        current = _current_device()
+        current = backend.array_module().cuda.runtime.getDevice()
         for op, name in ops:
             if op.device is not None and op.device != current:
                 raise ValueError(
