@@ -478,6 +478,15 @@ class Plan:
     splits: int = 1
     #: (rows, cols, dtype) of the workspace arrays of specs that take them (spec.workspace)
     workspace: tuple = ()
+    #: a batched launch (``spec.batched``): this many products of (M / batch) x N x K,
+    #: their A, B and C stacked row after row (M counts every product's rows); grid y
+    #: is the batch index
+    batch: int = 1
+
+    @property
+    def b_rows(self) -> int:
+        """Rows of B's memory: (N, K) for a K-major build, else (K, N), per product."""
+        return self.batch * (self.N if self.spec.b_kmajor else self.K)
 
     @property
     def reduce_grid(self) -> tuple[int, int, int]:
@@ -494,13 +503,14 @@ _PLANS = _LRU(4096)
 CALLS = _LRU(4096)
 
 
-def plan(kernel, M: int, N: int, K: int) -> Plan:
-    """The launch plan of ``kernel`` (rung name, "auto" or spec) for (M, N, K).
+def plan(kernel, M: int, N: int, K: int, batch: int = 1) -> Plan:
+    """The launch plan of ``kernel`` (rung name, "auto" or spec) for (M, N, K), or for
+    ``batch`` products of that shape in one launch (a spec with ``batched``).
 
     Checks the spec's constraints on this device (``ConstraintError`` naming
     the one that fails); memoised, so a repeated shape costs a dict lookup.
     """
-    key = (kernel if isinstance(kernel, str) else id(kernel), M, N, K)
+    key = (kernel if isinstance(kernel, str) else id(kernel), M, N, K, batch)
     p = _PLANS.get(key)
     if p is not None and (isinstance(kernel, str) or p.spec is kernel):
         return p
@@ -510,9 +520,15 @@ def plan(kernel, M: int, N: int, K: int) -> Plan:
     geo = spec.launch(M, N, K)
     splits = geo.grid[2] if spec.reduce_kernel is not None else 1
     work = tuple(spec.workspace(M, N, K)) if spec.workspace is not None else ()
+    grid = geo.grid
+    if batch != 1:
+        if not spec.batched or splits > 1 or work or spec.b_prep is not None:
+            raise ValueError(f"{spec.name} has no batched launch")
+        # the SMs shared among the products: each product's blocks walk its tiles
+        grid = (max(1, min(grid[0], -(-dev.sm_count // batch))), batch, 1)
     STATS["plans"] += 1
-    return _PLANS.put(key, Plan(spec, M, N, K, geo.grid, geo.block, geo.dynamic_shared_bytes,
-                                splits, work))
+    return _PLANS.put(key, Plan(spec, M * batch, N, K, grid, geo.block,
+                                geo.dynamic_shared_bytes, splits, work, batch))
 
 
 # --------------------------------------------------------------------------
@@ -850,7 +866,7 @@ class _Bound:
         spec, M, N, K = p.spec, p.M, p.N, p.K
         ia, ib, ic = (np.dtype(d).itemsize for d in spec.kernel_dtypes)
         item = ic
-        b_rows, b_cols = (N, K) if spec.b_kmajor else (K, N)
+        b_rows, b_cols = p.b_rows, (K if spec.b_kmajor else N)
         c_rows = M * p.splits  # the workspace when K is split
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
         self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
@@ -1150,7 +1166,7 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
     name = TMA_DTYPE[spec.precision]
     (box_a, box_b), sw = spec.tma_boxes, spec.tma_swizzle
     isz = np.dtype(ia).itemsize
-    b_shape = (N, K) if spec.b_kmajor else (K, N)
+    b_shape = (p.b_rows, K) if spec.b_kmajor else (p.b_rows, N)
     if spec.scale_words and len(scales) != 2:
         raise ValueError(f"{spec.name} needs the device addresses of its two scales")
     ops = [(a_ptr, (M, K), K * isz, name, box_a, sw),
