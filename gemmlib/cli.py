@@ -117,6 +117,10 @@ def cmd_layouts(args) -> int:
         kw["precisions"] = tuple(args.precisions)
     if args.tokens:
         kw["tokens"] = tuple(args.tokens)
+    if args.layouts:
+        kw["layouts"] = tuple(args.layouts)
+    if args.squares is not None:
+        kw["squares"] = tuple(args.squares)
     data = bl.run_suite(**kw)
     for line in bl.summary(data):
         print(line)
@@ -213,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--inputs", nargs="*", choices=("torch", "cupy"),
                    help="models suite: torch (default) and/or cupy operands")
     s.add_argument("--models", nargs="*", help="models suite: llama-3.1-8b qwen2.5-72b")
+    s.add_argument("--layouts", nargs="*", choices=("NN", "NT", "TN", "TT"),
+                   help="layouts suite: the layouts (default all four)")
+    s.add_argument("--squares", nargs="*", type=int,
+                   help="layouts suite: square sizes (default 4096 8192)")
     s.add_argument("--tokens", nargs="*", type=int, help="models suite: token counts (M)")
     s.add_argument("--host-cost", action="store_true",
                    help="instead: where one call's host time goes (64^3, step by step) and "
