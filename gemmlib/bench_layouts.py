@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from gemmlib import backend, dispatch
+from gemmlib import backend, bench_models, dispatch
 from gemmlib.api import matmul
 from gemmlib.bench_models import (MODELS, copy_bandwidth, loop_time, operand_sets,
                                   projections)
@@ -217,14 +217,6 @@ def summary(data: dict) -> list[str]:
 
 
 def save(data: dict, directory="results") -> str:
-    import json
-    from pathlib import Path
-
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    m = data["meta"]
     for r in data["rows"]:
-        r["gpu"] = m.get("gpu")
-    path = d / f"layouts-{m['gpu_slug']}-{m['date'][:10]}.json"
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return str(path)
+        r["gpu"] = data["meta"].get("gpu")
+    return bench_models.save(data, directory, "layouts")
