@@ -1085,7 +1085,7 @@ def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
 
 
 def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=(),
-           out16: str | None = None) -> None:
+           out16: str | None = None, bias=None) -> None:
     """Launch on arrays the kernel can take as they are (no checks).
 
     On a GPU: any arrays with ``__cuda_array_interface__`` (CuPy, numba), through
@@ -1103,6 +1103,9 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
+    # bias rungs (spec.bias_arg): the bias right after C, (1, N), or (0, N) for none
+    after_c = ([bias if bias is not None else np.zeros((0, N), spec.kernel_dtypes[0])]
+               if spec.bias_arg else [])
     from gemmlib.kernels.split_k import REDUCE16   # run_rounded's: sum the slices, round
 
     if out16 is not None and p.splits <= 1:   # as run_rounded: float32 first, then rounded
@@ -1128,8 +1131,8 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         maps = tma.simulated_maps(arrays, boxes, spec.tma_swizzle,
                                   tuple(scales) if spec.scale_words else ())
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC, *work,
-                                                        np.uint64(maps))
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC,
+                                                        *after_c, *work, np.uint64(maps))
         if dC is not None:
             C[...] = dC._ary
         return

@@ -40,7 +40,9 @@ from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.vector import aligned8, store2
 from gemmlib.kernels.mma_atom import ARG_DTYPES
 from gemmlib.kernels.wgmma_async import (GROUP_BYTES, HOPPER_ONLY, ROW_BYTES, SLICE_BYTES,
-                                         compile_sources, rung_name, store_source, tile_order)
+                                         bias_code, bias_fields, bias_params, bias_suffix,
+                                         check_layout, compile_sources, layout_params,
+                                         layout_suffix, rung_name, store_source, tile_order)
 from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, ws_kernel
 from gemmlib.precision import INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
@@ -134,31 +136,41 @@ SIXTEEN_BYTE_ROWS = k_multiple(4, "float32")
 
 
 def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), B_LAYOUT: str = "KN",
+          BIAS: bool = False) -> KernelSpec:
+    """``B_LAYOUT``: "KN", B given (K, N) and transposed by the pre-pass; "NK", B given
+    (N, K) -- an ``nn.Linear`` weight, C = A @ B.T -- read as it is.  ``BIAS``: the kernel
+    takes a float32 (1, N) bias after C (a (0, N) one: none), added before the store."""
     if precision not in PRECISIONS:
         raise ValueError(f"wgmma_tf32 computes in {PRECISIONS}, got {precision!r}")
     check_tile(BM, BN, STAGES, REGS)
+    check_layout(B_LAYOUT)
+    NK = B_LAYOUT == "NK"
     assert SLICE_BYTES == 64 * ROW_BYTES      # a consumer's 64 rows of A, as in wgmma_ws
     env = {"mma": H.wgmma_kmajor(BN, "tf32", in_place=True), "desc": H.smem_desc,
            "uidx": uidx, "store2": store2, "aligned8": aligned8}
     k_tile, store_acc = compile_sources((mma_source(BN), store_source(BN, 1)), env)
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
-                                   tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
+                                   tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES,
+                                   add_bias=bias_code(precision, BN, 1, True) if BIAS else None)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_tf32", None, default, BM, BN, STAGES, GROUP_M)
+    name += layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         chapter="17d-tf32-fp8",
-        idea="tf32 wgmma reads both operands K-major: a pre-pass transposes B, then "
-             "wgmma_ws's producer/consumer ring runs on (N, K) tiles",
+        idea=("tf32 wgmma reads both operands K-major: B given as (N, K) is read as it is, "
+              "then wgmma_ws's producer/consumer ring runs on (N, K) tiles" if NK else
+              "tf32 wgmma reads both operands K-major: a pre-pass transposes B, then "
+              "wgmma_ws's producer/consumer ring runs on (N, K) tiles"),
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS),
+                    REGS=REGS, **layout_params(B_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
         dynamic_shared=True,
         min_cc=H.MIN_CC,
@@ -169,10 +181,12 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
         constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
         tma_boxes=((BM, BK), (BN, BK)),
         tma_swizzle=128,
-        b_prep=TRANSPOSE32,
+        b_operand=B_LAYOUT,
+        b_prep=None if NK else TRANSPOSE32,       # an (N, K) B is already K-major
         b_prep_block=(TILE, ROWS, 1),
-        b_prep_grid=transpose_grid,
+        b_prep_grid=None if NK else transpose_grid,
         module=__name__,
+        **bias_fields(BIAS),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k8\.f32\.tf32\.tf32",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared") + (
             (r"setmaxnreg\.inc",) if REGS else ()),
