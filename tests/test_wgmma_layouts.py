@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _reliability import EPS32, on_blocks, operands16
+from _reliability import EPS32, HOPPER, on_blocks, operands16
 from gemmlib import backend, dispatch
 from gemmlib import precision as P
 from gemmlib.kernels import (wgmma_cluster, wgmma_pingpong, wgmma_split_k, wgmma_store,
@@ -62,15 +62,21 @@ def operands(precision: str, M: int, N: int, K: int, layout: str, seed: int):
 
 
 def run(spec, precision, M, N, K, layout, seed, with_bias=True):
-    """C from ``spec`` on 2 blocks into a poisoned C (float32 or 16-bit bits), and the
-    float64 operands."""
+    """C from ``spec`` (in the simulator on 2 blocks) into a poisoned C (float32 or 16-bit
+    bits), and the float64 operands."""
     A, B, bias, a64, b64, bias64 = operands(precision, M, N, K, layout, seed)
     out = spec.params.get("OUT", "fp32")
     C = (np.full((M, N), np.nan, np.float32) if out == "fp32"
          else np.full((M, N), POISON16, np.uint16))
     kw = {"bias": bias} if spec.bias_arg and with_bias else {}
-    dispatch.launch(on_blocks(spec, 2), A, B, C, M, N, K, **kw)
-    return C, a64, b64, (bias64 if kw else None)
+    if backend.SIMULATOR:
+        dispatch.launch(on_blocks(spec, 2), A, B, C, M, N, K, **kw)
+        return C, a64, b64, (bias64 if kw else None)
+    xp = backend.array_module()
+    dC = xp.asarray(C)
+    kw = {k: xp.asarray(v) for k, v in kw.items()}
+    dispatch.launch(spec, xp.asarray(A), xp.asarray(B), dC, M, N, K, **kw)
+    return np.asarray(backend.to_host(dC)), a64, b64, (bias64 if kw else None)
 
 
 def check(C, out: str, a64, b64, bias64=None, what=""):
@@ -200,3 +206,40 @@ def test_nk_without_bias(kind, precision, out, shape):
                  seed=sum(shape), with_bias=False)
     assert np.array_equal(C.view(np.uint32 if out == "fp32" else np.uint16),
                           C0.view(np.uint32 if out == "fp32" else np.uint16))
+
+
+# --------------------------------------------------------------------------- the GPU
+
+#: the default tiles, shapes of a model's layers and odd ones (GPU: ``dispatch.launch``
+#: passes the bias after C, as the simulator's launch does)
+GPU_CASES = [
+    (lambda: wgmma_ws.build("fp16", B_LAYOUT="NK", BIAS=True), "fp16", (37, 1001, 3000)),
+    (lambda: wgmma_ws.build("bf16", OUT="bf16", B_LAYOUT="NK", BIAS=True), "bf16",
+     (300, 515, 1032)),
+    (lambda: wgmma_ws.build("fp16", BIAS=True), "fp16", (129, 264, 200)),
+    (lambda: wgmma_split_k.build("bf16", BM=64, B_LAYOUT="NK", BIAS=True), "bf16",
+     (9, 4100, 4096)),
+    (lambda: wgmma_split_k.build("fp16", BM=64, SPLITS=5, OUT="fp16", B_LAYOUT="NK",
+                                 BIAS=True), "fp16", (17, 333, 2048)),
+    (lambda: wgmma_store.build("bf16", STAGES=4, PIECES=2, OUT="bf16", B_LAYOUT="NK",
+                               BIAS=True), "bf16", (300, 1000, 1032)),
+    (lambda: wgmma_store.build("fp16", B_LAYOUT="NK", BIAS=True), "fp16", (129, 333, 520)),
+    (lambda: wgmma_pingpong.build("fp16", B_LAYOUT="NK", BIAS=True), "fp16", (300, 515, 1032)),
+    (lambda: wgmma_cluster.build("fp16", B_LAYOUT="NK", BIAS=True), "fp16", (300, 515, 1032)),
+    (lambda: wgmma_tf32.build(B_LAYOUT="NK", BIAS=True), "tf32", (130, 501, 1028)),
+    (lambda: wgmma_tf32.build(BIAS=True), "tf32", (65, 264, 260)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make, precision, shape", GPU_CASES)
+def test_nk_and_bias_on_hopper_gpu(make, precision, shape):
+    if not HOPPER:
+        pytest.skip("wgmma needs an H100/H200")
+    spec = make()
+    out = spec.params.get("OUT", "fp32")
+    for with_bias in (True, False):
+        C, a64, b64, bias64 = run(spec, precision, *shape, spec.b_operand,
+                                  seed=int(np.random.default_rng().integers(1 << 30)),
+                                  with_bias=with_bias)
+        check(C, out, a64, b64, bias64, (spec.name, with_bias))

@@ -34,6 +34,23 @@ synchronises, and the warpgroup issues 4 k-steps x 2 instructions.
 Inputs are fp16 or bf16 (``precision``), accumulation fp32; K and N must be
 multiples of 8 (16-byte rows; ``gemmlib.matmul`` pads other shapes).  Needs
 sm_90a (H100/H200): other GPUs get a ``ConstraintError``.
+
+The pieces the later (TMA) rungs share live here too, with two options of theirs:
+
+* **B as torch holds a weight** (``B_LAYOUT="NK"``).  ``F.linear(x, W)`` is
+  ``x @ W.T`` with W (N, K) row-major: B is *K-major*, wgmma's own layout.  Its
+  tile is then A's: BN rows of 64 halves (128 bytes, 128-byte swizzled), the
+  descriptor stepping 32 bytes per k-step with SBO 1024 between groups of 8
+  rows, and the instruction is built without trans-b (:func:`mma_source`,
+  :func:`warpgroup_code`).  Only K must be a multiple of 8 (B's rows are K
+  long); the rung is named ``..._nk`` and ``gemmlib.dispatch`` passes B as (N, K).
+* **A bias** (``BIAS=True``, :func:`bias_code`).  The kernel takes a fourth array
+  right after C, ``bias`` (1, N) in the inputs' element type (uint16 bits), or
+  (0, N) for none -- one compiled kernel for both: the test is uniform.  Each
+  accumulator gets ``bias[0, col]`` (fp16 bits through ``cvt.f32.f16``, bf16
+  bits shifted into a float32's top half) before the single rounding and store
+  into C: ``F.linear(x, W, b)`` in one kernel.  Builds without a bias keep their
+  arguments (A, B, C, maps) (:func:`bias_entry`) and their names.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16

@@ -43,6 +43,10 @@ simulated: there the rung is built with ``CM = 1`` (a cluster of one block:
 multicast to itself, the same barriers and arrivals), which CI checks; the
 GPU tests run ``CM = 2``.  A kernel built for CM blocks traps if launched
 without its cluster instead of waiting forever for a peer.
+
+``B_LAYOUT="NK"`` (B as an ``nn.Linear`` weight, (N, K)) keeps the 64 x 64 panels:
+panel p is then rows n0 + 64 p .. of B, 64 rows of its K-major tile, multicast as
+before.  ``BIAS=True`` adds a (1, N) bias before the store, as in ``wgmma_ws``.
 """
 
 from gemmlib import backend

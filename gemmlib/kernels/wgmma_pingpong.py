@@ -52,6 +52,9 @@ consumers are busy elsewhere.  This rung changes who owns a tile:
   halves, 32 KiB for 128 x 128, and the ring is by default the deepest that
   fits the 227 KiB a block may have (7 stages): copies run further ahead of
   the consumer that is computing (fewer stages are a build away, to compare).
+
+``B_LAYOUT="NK"`` (B as an ``nn.Linear`` weight) and ``BIAS=True`` are ``wgmma_ws``'s
+options; a consumer adds the bias to both 64-row slices of its tile before its store.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64

@@ -33,6 +33,11 @@ chosen per shape by :func:`splits_for`: enough units to fill the SMs, slices
 of at least MIN_KTILES k-tiles, and workspace traffic small next to the
 operands.  S = 1 is ``wgmma_ws`` exactly, with a one-element workspace.  BM =
 64 (one consumer warpgroup) halves the rows wasted on padding at decode.
+
+``B_LAYOUT="NK"`` (B as an ``nn.Linear`` weight, (N, K)) and ``BIAS=True`` are
+``wgmma_ws``'s options; the bias is added exactly once, by the thread that
+finishes a tile's sum (or, at S = 1, holds it), before the rounding into C.  A
+bias build takes the bias right after C, then the workspace arrays, then the maps.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ This rung changes only the epilogue:
 * **When C cannot take a TMA store** (a row of C not a multiple of 16 bytes, or C not
   16-byte aligned) the consumers store from registers as ``wgmma_ws`` does: the same test
   (``KernelSpec.c_map_ok``) on the host decides whether the call passes a map of C.
+
+``B_LAYOUT="NK"`` and ``BIAS=True`` are ``wgmma_ws``'s options; the bias is added to
+the accumulators before they are staged (or stored from registers).
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint32, uint64

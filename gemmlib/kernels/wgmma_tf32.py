@@ -23,6 +23,10 @@ rung changes one thing against ``wgmma_ws``, where B lives:
   m64nNk16 of 16-bit inputs) and 1024 bytes per 8 rows.
 * **The rest is wgmma_ws**: producer warpgroup, consumer warpgroups, the
   full/empty mbarrier ring, persistent tiles (:func:`wgmma_ws.ws_kernel`).
+* **A weight needs no pre-pass.**  ``nn.Linear`` keeps its weight as (N, K)
+  row-major, already K-major: built with ``B_LAYOUT="NK"`` the rung takes B
+  so (C = A @ B.T) and reads it as it is (``b_prep=None``).  ``BIAS=True`` adds
+  a float32 (1, N) bias before the store (``wgmma_async.bias_code``).
 
 TF32 keeps the float32 exponent and 10 of its 23 mantissa bits.  The tensor
 core reads the top 19 bits of each float32 in shared memory and ignores the

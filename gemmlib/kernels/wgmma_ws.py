@@ -31,6 +31,12 @@ during the epilogue.  This rung splits the roles:
 The producer starts with parity 1 on the empty barriers: a fresh barrier is
 in phase 0, and waiting for the phase *before* it (parity 1) returns at
 once, so the first STAGES fills go ahead without consumers.
+
+Built with ``B_LAYOUT="NK"`` the rung takes B as (N, K) -- an ``nn.Linear``
+weight, C = A @ B.T -- and copies each k-tile of it as one BN x 64 box, K-major
+like A's (``wgmma_tma.tma_loader``); with ``BIAS=True`` the consumers add a
+(1, N) bias to their accumulators before the store (``wgmma_async.bias_code``),
+so ``F.linear(x, W, b)`` is one kernel.
 """
 
 from gemmlib import backend
