@@ -47,6 +47,7 @@ from gemmlib.kernels.wgmma_async import (GROUP_BYTES, HOPPER_ONLY, ROW_BYTES, SL
                                          bias_code, bias_fields, bias_params, bias_suffix,
                                          check_layout, compile_sources, layout_params,
                                          layout_suffix, rung_name, store_source, tile_order)
+from gemmlib.kernels.wgmma_tma import tma_loader
 from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, ws_kernel
 from gemmlib.precision import INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
@@ -110,20 +111,10 @@ def mma_source(BN: int) -> str:
 
 def kmajor_loader(BM: int, BN: int):
     """``load_stage(ring, s, bar, maps, k0, m0, n0)``: A's BM x BK box and B's BN x BK box
-    (of the (N, K) copy) into stage ``s``, their bytes announced on ``bar``."""
-    from gemmlib.backend import uint64
-
-    A_BYTES = BM * ROW_BYTES
-    STAGE_BYTES = A_BYTES + BN * ROW_BYTES
-
-    @cuda.jit(device=True)
-    def load_stage(ring, s, bar, maps, k0, m0, n0):
-        base = ring + s * STAGE_BYTES
-        H.mbarrier_expect_tx(bar, STAGE_BYTES)
-        H.tma_load_2d(base, maps, k0, m0, bar)                        # (column, row)
-        H.tma_load_2d(base + A_BYTES, maps + uint64(128), k0, n0, bar)
-
-    return load_stage, A_BYTES, STAGE_BYTES
+    (of the (N, K) copy) into stage ``s``, their bytes announced on ``bar``.  A K-major
+    k-tile is rows of 128 bytes whatever the element type, so this is the 16-bit rungs'
+    loader for an (N, K) B (``wgmma_tma.tma_loader``)."""
+    return tma_loader(BM, BN, "NK")
 
 
 def k_multiple(elements: int, what: str) -> Constraint:

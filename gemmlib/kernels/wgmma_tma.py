@@ -56,7 +56,8 @@ def wait(bar, parity):
 def tma_loader(BM: int, BN: int, b_layout: str = "KN"):
     """``load_stage(ring, s, bar, maps, k0, m0, n0)``: one thread starts the copies of the
     k-tile at ``k0`` of tile (m0, n0) into stage ``s`` and announces their bytes on ``bar``.
-    ``b_layout`` "NK": B is (N, K), and its k-tile is one BN x 64 box, K-major as A's."""
+    ``b_layout`` "NK": B is (N, K), and its k-tile is one box of BN rows of 128 bytes,
+    K-major as A's (the same bytes for tf32 and FP8: ``wgmma_tf32.kmajor_loader``)."""
     A_BYTES = BM * BK * 2
     STAGE_BYTES = A_BYTES + BK * BN * 2
     PANELS = BN // 64
