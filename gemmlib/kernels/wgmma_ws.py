@@ -44,11 +44,11 @@ from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
 from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry, bias_fields,
-                                         bias_params, no_bias, bias_suffix, check_layout, check_out,
+                                         bias_params, bias_suffix, check_layout, check_out,
                                          layout_fields, layout_params, layout_ptx,
-                                         layout_suffix, out_fields, out_params, out_ptx,
-                                         out_suffix, rung_name, spec_fields, tile_order,
-                                         warpgroup_code)
+                                         layout_suffix, no_bias, out_fields, out_params,
+                                         out_ptx, out_suffix, rung_name, spec_fields,
+                                         tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.spec import KernelSpec, cdiv
 
