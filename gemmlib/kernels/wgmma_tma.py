@@ -13,7 +13,8 @@ accelerator* (TMA) moves a whole tile with one instruction:
   hangs over the matrix edges with zeros: no bounds tests in the kernel.
   A's k-tile is one BM x 64 box; B's is BN/64 boxes of 64 k x 64 n (a
   swizzled box row holds at most 128 bytes), which land as the panels of
-  ``wgmma_async``'s MN-major B tile.
+  ``wgmma_async``'s MN-major B tile.  A B given as (N, K) (``B_LAYOUT="NK"``
+  in the rungs built on this loader) is one BN x 64 box, K-major like A's.
 * **An mbarrier says when it has landed.**  Each stage has a barrier in
   shared memory.  The issuing thread *arrives* on it announcing the bytes
   to come (``mbarrier.arrive.expect_tx``); the copies count their bytes off
@@ -52,12 +53,24 @@ def wait(bar, parity):
         pass
 
 
-def tma_loader(BM: int, BN: int):
+def tma_loader(BM: int, BN: int, b_layout: str = "KN"):
     """``load_stage(ring, s, bar, maps, k0, m0, n0)``: one thread starts the copies of the
-    k-tile at ``k0`` of tile (m0, n0) into stage ``s`` and announces their bytes on ``bar``."""
+    k-tile at ``k0`` of tile (m0, n0) into stage ``s`` and announces their bytes on ``bar``.
+    ``b_layout`` "NK": B is (N, K), and its k-tile is one box of BN rows of 128 bytes,
+    K-major as A's (the same bytes for tf32 and FP8: ``wgmma_tf32.kmajor_loader``)."""
     A_BYTES = BM * BK * 2
     STAGE_BYTES = A_BYTES + BK * BN * 2
     PANELS = BN // 64
+
+    if b_layout == "NK":
+        @cuda.jit(device=True)
+        def load_stage(ring, s, bar, maps, k0, m0, n0):
+            base = ring + s * STAGE_BYTES
+            H.mbarrier_expect_tx(bar, STAGE_BYTES)
+            H.tma_load_2d(base, maps, k0, m0, bar)
+            H.tma_load_2d(base + A_BYTES, maps + uint64(128), k0, n0, bar)   # B's rows n0..
+
+        return load_stage, A_BYTES, STAGE_BYTES
 
     @cuda.jit(device=True)
     def load_stage(ring, s, bar, maps, k0, m0, n0):
@@ -71,9 +84,10 @@ def tma_loader(BM: int, BN: int):
     return load_stage, A_BYTES, STAGE_BYTES
 
 
-def tma_boxes(BM: int) -> tuple:
-    """The boxes the tensor maps copy: A's BM x 64 k-tile, and one 64 x 64 panel of B."""
-    return ((BM, BK), (BK, 64))
+def tma_boxes(BM: int, BN: int = 64, b_layout: str = "KN") -> tuple:
+    """The boxes the tensor maps copy: A's BM x 64 k-tile, and one 64 x 64 panel of a (K, N)
+    B -- or, for a (N, K) B (``b_layout`` "NK"), its whole BN x 64 k-tile."""
+    return ((BM, BK), (BN, BK) if b_layout == "NK" else (BK, 64))
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4,
