@@ -128,7 +128,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
                         s = it % STAGES
                         wait(H.smem_addr(bars, EMPTY + s), ((it // STAGES) % 2) ^ 1)
                         load_stage(ring, s, H.smem_addr(bars, owner * STAGES + s), maps,
-                                   kt * BK, m0, n0)
+                                   kt * BK, m0, n0, 0)
                         it += 1
                     owner ^= 1
         else:                                # ---- consumers 0 and 1, a tile each in turn

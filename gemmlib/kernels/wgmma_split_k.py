@@ -241,7 +241,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                     for kt in range(k0, k1):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0, 0)
                         it += 1
         else:                                # ---- consumer warpgroups
             more()

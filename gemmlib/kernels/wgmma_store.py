@@ -222,7 +222,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                     for kt in range(num_k):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0, 0)
                         it += 1
             elif to_tma and t % 32 == 0 and t // 32 <= CONSUMERS:   # warps 1, 2: storers
                 c = t // 32 - 1              # the consumer this thread stores for

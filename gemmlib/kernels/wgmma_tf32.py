@@ -110,7 +110,7 @@ def mma_source(BN: int) -> str:
 
 
 def kmajor_loader(BM: int, BN: int):
-    """``load_stage(ring, s, bar, maps, k0, m0, n0)``: A's BM x BK box and B's BN x BK box
+    """``load_stage(ring, s, bar, maps, k0, m0, n0, b_row)``: A's BM x BK box and B's BN x BK box
     (of the (N, K) copy) into stage ``s``, their bytes announced on ``bar``.  A K-major
     k-tile is rows of 128 bytes whatever the element type, so this is the 16-bit rungs'
     loader for an (N, K) B (``wgmma_tma.tma_loader``)."""

@@ -28,6 +28,14 @@ during the epilogue.  This rung splits the roles:
   copying the next tile's k-tiles.  The ring's position (``it``) runs on
   across tiles, in both roles alike.
 
+**A batch of products in one launch** (``torch.bmm``'s shapes): grid y is the
+product's index.  The products' A, B and C lie one under the other in the same
+arrays, and the same tensor maps, so a product's rows are offset by its index times
+its rows; its blocks walk its own tiles.  A box that hangs over a product's last rows
+reads the next product's rows: those rows of the accumulators are never stored, and
+what hangs past K meets A's zero-filled columns (``gemmlib.matmul`` batches a (K, N)
+B only when K is a whole number of k-tiles, so no product reads another's B).
+
 The producer starts with parity 1 on the empty barriers: a fresh barrier is
 in phase 0, and waiting for the phase *before* it (parity 1) returns at
 once, so the first STAGES fills go ahead without consumers.
@@ -109,8 +117,13 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
-        M, K = A.shape
+        # A batched launch (grid y > 1) runs product blockIdx.y of gridDim.y, whose A, B
+        # and C rows follow the previous products' in the same arrays (and maps)
+        M = A.shape[0] // cuda.gridDim.y
+        K = A.shape[1]
         N = C.shape[1]
+        a_row = cuda.blockIdx.y * M
+        b_row = cuda.blockIdx.y * (B.shape[0] // cuda.gridDim.y)
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
         tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
@@ -132,7 +145,8 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
                     for kt in range(num_k):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, a_row + m0,
+                                   n0, b_row)
                         it += 1
         else:                                # ---- consumer warpgroups
             more()
@@ -159,7 +173,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
                     H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
                 finish(acc, maps)
                 add_bias(acc, bias, t % 128, n0, N)
-                store_acc(C, acc, t % 128, m0 + 64 * (wg - 1), n0, M, N)
+                store_acc(C, acc, t % 128, a_row + m0 + 64 * (wg - 1), n0, a_row + M, N)
 
     return bias_entry(wgmma_ws_kernel, BIAS, jit_opts), NT, STAGES * STAGE_BYTES + 1024
 
@@ -213,6 +227,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                     REGS=REGS, **out_params(OUT), **layout_params(B_LAYOUT),
                     **bias_params(BIAS)),
         shared_bytes=SHARED,
+        batched=True,
         tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
         tma_swizzle=128,
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
