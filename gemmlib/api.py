@@ -549,6 +549,9 @@ def _stacked(A, B, a: _Operand, b: _Operand, out, bias, **kw):
     if out is not None and tuple(out.shape) != batch + (M, N):
         raise ValueError(f"out has shape {tuple(out.shape)}, but A @ B has shape "
                          f"{batch + (M, N)}")
+    C = _one_launch(A, B, a, b, batch, out, bias, kw)
+    if C is not None:
+        return C
     C = out
     for idx in np.ndindex(*batch):
         Ai, Bi = A[_entry(idx, a.shape)], B[_entry(idx, b.shape)]
@@ -562,6 +565,83 @@ def _stacked(A, B, a: _Operand, b: _Operand, out, bias, **kw):
         first = matmul(A.reshape(-1, a.shape[-1])[:0, :0], B.reshape(-1, N)[:0], **kw)
         C = _empty_stack(first, batch, (M, N))
     return C
+
+
+def _strides(op: _Operand) -> tuple:
+    """An operand's strides in elements."""
+    x = op.obj
+    if op.kind == "torch":
+        return tuple(x.stride())
+    return tuple(s // x.itemsize for s in x.strides)
+
+
+def _one_launch(A, B, a: _Operand, b: _Operand, batch: tuple, out, bias, kw):
+    """A batch of 16-bit products as one launch of a batched rung (``wgmma_ws`` on
+    Hopper, ``dispatch.select_batched``), where the operands allow it: the same batch
+    shape (no broadcast), A a contiguous stack, B a contiguous stack of row-major
+    matrices or of column-major ones (``K.transpose(-1, -2)``), 16-byte rows, and no
+    ``out``, kernel or precision named.  None where not: the caller loops."""
+    if (out is not None or kw.get("kernel") not in (None, dispatch.AUTO)
+            or kw.get("precision") is not None or a.dname not in _SIXTEEN
+            or b.dname != a.dname or (a.on_host and not SIMULATOR) or a.kind != b.kind
+            or tuple(a.shape[:-2]) != batch or tuple(b.shape[:-2]) != batch):
+        return None
+    (M, K), N = a.shape[-2:], b.shape[-1]
+    nb = int(np.prod(batch))
+    sb = _strides(b)
+    if not a.c_contiguous or M * N * K * nb == 0 or K % 8:
+        return None
+    if b.c_contiguous:
+        b_layout = "KN"
+        if N % 8 or K % 64:   # a (K, N) B: no k-tile may reach the next product's rows
+            return None
+    elif _c_contiguous(b.shape[:-2] + (N, K), sb[:-2] + (sb[-1], sb[-2]), 1):
+        b_layout = "NK"
+    else:
+        return None
+    o16 = _out_type(kw.get("out_dtype"), a, None)
+    spec = dispatch.select_batched(_PRECISION_OF[a.dname], M, N, K,
+                                   _OUT_KIND.get(o16, "fp32"), b_layout, bias is not None)
+    if spec is None:
+        return None
+    z = None if bias is None else _describe_bias(bias, a, N)
+    p = dispatch.plan(spec, M, N, K, batch=nb)
+    stream = kw.get("stream")
+    if a.on_host:   # the simulator: the stacks as the 2-D arrays the kernel takes
+        A2 = np.ascontiguousarray(a.obj).view(np.uint16).reshape(nb * M, K)
+        bk = b.obj if b_layout == "KN" else np.swapaxes(b.obj, -1, -2)   # (.., N, K)
+        B2 = np.ascontiguousarray(bk).view(np.uint16).reshape(-1, bk.shape[-1])
+        C = (_host16(np.empty(batch + (M, N), np.uint16), o16, a) if o16 else
+             np.empty(batch + (M, N), np.float32))
+        C2 = (C.view(np.uint16) if o16 else C).reshape(nb * M, N)
+        Z = None if z is None else _kernel_array(z, np).reshape(1, N)
+        dispatch.launch(p, A2, B2, C2, nb * M, N, K, stream=stream, bias=Z,
+                        bias_type=_BIAS_TYPE[a.dname])
+        return C
+    if a.kind == "torch" and stream is None:
+        stream = _torch_current_stream(a.device)
+    if a.ptr % 16 or b.ptr % 16:
+        return None
+    C = _allocate_stack(batch + (M, N), o16 or "float32", a)
+    bias_arg = () if z is None else (z.ptr, _BIAS_TYPE[z.dname])
+    dispatch.run(p, a.ptr, b.ptr, _out_ptr(C), dispatch.stream_handle(stream), bias=bias_arg)
+    return C
+
+
+#: the tensor-core precision of 16-bit inputs
+_PRECISION_OF = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def _allocate_stack(shape: tuple, dname: str, like: _Operand):
+    """An uninitialised stack for a batched launch's C, in A's own array type."""
+    if like.kind == "torch":
+        return _torch().empty(shape, dtype=getattr(_torch(), dname), device=like.obj.device)
+    xp = backend.array_module()
+    if dname == "bfloat16":
+        from gemmlib.precision import BF16Array
+
+        return BF16Array(xp.empty(shape, np.uint16))
+    return xp.empty(shape, dtype=dname)
 
 
 def _entry(idx: tuple, shape: tuple) -> tuple:

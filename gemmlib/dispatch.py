@@ -425,6 +425,21 @@ def with_bias(spec: KernelSpec) -> KernelSpec:
     return _rebuilt(spec, BIAS=True) or spec
 
 
+def select_batched(precision: str, M: int, N: int, K: int, out: str, b_layout: str,
+                   bias: bool = False) -> KernelSpec | None:
+    """The rung that runs a batch of (M, N, K) products in one launch (``plan``'s
+    ``batch``): ``wgmma_ws`` on an H100/H200 (and in the simulator), its tile narrowed to
+    128 columns when N is no wider; None elsewhere (``gemmlib.matmul`` then loops)."""
+    if precision not in ("fp16", "bf16") or not (
+            SIMULATOR or tuple(backend.device_info().compute_capability) == (9, 0)):
+        return None
+    params = {"precision": precision, "BN": 128 if N <= 128 else 256, "OUT": out,
+              "B_LAYOUT": b_layout, "BIAS": bias}
+    spec = build("wgmma_ws", {k: v for k, v in params.items()
+                              if v != {"OUT": "fp32", "B_LAYOUT": "KN", "BIAS": False}.get(k)})
+    return None if spec.failed_constraints(M, N, K, backend.device_info()) else spec
+
+
 #: a C in the inputs' 16-bit type from one K slice of a 128 x 256 tile on Hopper: wgmma_store
 #: (the epilogue through shared memory and a TMA store) with four stages, the tile staged in
 #: two 32 KiB halves to make room for the fourth.  In a loop of calls at the power cap it ran

@@ -156,6 +156,29 @@ def test_batches(ashape, bshape):
     assert np.allclose(C.astype(np.float64), ref, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("b_layout", ["KN", "NK"])
+def test_a_batch_is_one_launch(b_layout, monkeypatch):
+    """(b, M, K) @ (b, K, N): one launch of the batched rung, grid y the product; M not a
+    whole tile (a box reads the next product's rows: never stored), a bias on top."""
+    launches = []
+    real = dispatch.launch
+
+    def spy(p, *args, **kw):
+        launches.append((p.spec.name, p.batch))
+        return real(p, *args, **kw)
+
+    monkeypatch.setattr(dispatch, "launch", spy)
+    nb, M, N, K = 3, 70, 16, 64
+    X = RNG.standard_normal((nb, M, K)).astype(np.float16)
+    Y = (RNG.standard_normal((nb, K, N)) if b_layout == "KN" else
+         np.swapaxes(RNG.standard_normal((nb, N, K)), -1, -2)).astype(np.float16)
+    z = RNG.standard_normal(N).astype(np.float16)
+    C = gemmlib.matmul(X, Y, bias=z)
+    ref = np.matmul(X.astype(np.float64), Y.astype(np.float64)) + z
+    assert launches == [(launches[0][0], nb)] and "wgmma_ws" in launches[0][0]
+    assert C.dtype == np.float16 and np.allclose(C.astype(np.float64), ref, atol=2e-2)
+
+
 @pytest.mark.parametrize("ashape, bshape, match", [
     ((4,), (4, 2), r"matrices or stacks of matrices: A has shape \(4,\)"),
     ((2, 3, 4), (2, 5, 6), r"inner dimensions differ: A has shape \(2, 3, 4\)"),
