@@ -1213,16 +1213,19 @@ def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
 
 
 def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=(),
-           out16: str | None = None, bias=None, bias_type: str = "fp32") -> None:
+           out16: str | None = None, bias=None, bias_type: str | None = None) -> None:
     """Launch on arrays the kernel can take as they are (no checks).
 
     On a GPU: any arrays with ``__cuda_array_interface__`` (CuPy, numba), through
     :func:`run` (:func:`run_rounded` with ``out16``: a 16-bit C of uint16 bits from a
     rung that writes float32).  In the simulator: numba's launch, with the split-K
     workspace, the reduction and the rounding done the same way.  ``bias``: a (1, N)
-    row of ``bias_type`` ("fp32", or "fp16"/"bf16" as uint16 bits) added to C's rows.
+    row of ``bias_type`` ("fp32", or "fp16"/"bf16" as uint16 bits; by default float32
+    for a float32 row, else the spec's precision) added to C's rows.
     """
     p = spec_or_plan if isinstance(spec_or_plan, Plan) else plan(spec_or_plan, M, N, K)
+    if bias is not None and bias_type is None:
+        bias_type = "fp32" if np.dtype(bias.dtype).itemsize == 4 else p.spec.precision
     if not SIMULATOR:
         ptr = [x.__cuda_array_interface__["data"][0] for x in (A, B, C)]
         bias_arg = () if bias is None else (bias.__cuda_array_interface__["data"][0], bias_type)
