@@ -8,7 +8,7 @@
 
 from gemmlib import _compat  # noqa: F401  (before numba)
 from gemmlib._version import __version__
-from gemmlib.api import DEFAULT_KERNEL, matmul
+from gemmlib.api import DEFAULT_KERNEL, linear, matmul
 from gemmlib.backend import SIMULATOR, NoGPUError, device_info
 from gemmlib.dispatch import get_spec as get_kernel
 from gemmlib.kernels import LADDER, all_specs
@@ -22,7 +22,7 @@ def list_kernels() -> list[str]:
 
 
 __all__ = [
-    "matmul", "verify", "list_kernels", "get_kernel", "all_specs", "device_info",
+    "matmul", "linear", "verify", "list_kernels", "get_kernel", "all_specs", "device_info",
     "ConstraintError", "NoGPUError", "KernelSpec", "Report", "SIMULATOR", "LADDER",
     "DEFAULT_KERNEL", "__version__",
 ]

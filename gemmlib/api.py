@@ -37,18 +37,6 @@ from gemmlib.spec import KernelSpec
 DEFAULT_KERNEL = "auto"
 
 
-def _default_kernel(transpose_b: bool) -> str:
-    """The kernel for a call that names none.
-
-    A @ B: the autotuned choice.  A @ B.T (B given K-major): the fastest rung
-    that takes B that way and runs on this GPU (cp.async needs sm_80).
-    """
-    if not transpose_b:
-        return DEFAULT_KERNEL
-    backend.require_device()
-    return "double_buffer" if backend.device_info().compute_capability >= (8, 0) else "layout_nt"
-
-
 @dataclass
 class _Operand:
     """What matmul needs to know about one array, whatever library made it."""
@@ -68,10 +56,17 @@ class _Operand:
     #: bfloat16 operands: what carried them ("bf16array", "ml_dtypes" or "torch"), the type
     #: a bfloat16 result comes back in
     bf16_from: str = ""
+    #: how the elements lie: "C" (row-major: a unit stride along the last dimension, rows
+    #: one after the other), "F" (a 2-D matrix whose transpose is row-major: ``W.t()``,
+    #: ``x.T``, Fortran order), or "" (anything else: a step, a gap between rows, a
+    #: broadcast); from ``c_contiguous`` and the strides
+    layout: str = ""
 
     def __post_init__(self):
         if not self.dname:
             self.dname = _dtype_name(self.dtype)
+        if not self.layout and self.c_contiguous:
+            self.layout = "C"
 
     def _replace_kind(self, kind: str) -> "_Operand":
         self.kind = kind
@@ -97,6 +92,16 @@ def _c_contiguous(shape, strides, itemsize) -> bool:
             return False
         expected *= n
     return True
+
+
+def _layout(shape, strides, itemsize=1) -> str:
+    """"C", "F" (2-D only: the transpose is row-major) or "" for ``strides`` (in units of
+    ``itemsize``)."""
+    if _c_contiguous(shape, strides, itemsize):
+        return "C"
+    if len(shape) == 2 and _c_contiguous(shape[::-1], strides[::-1], itemsize):
+        return "F"
+    return ""
 
 
 #: DLPack device types whose memory the CPU reads directly (kDLCPU, kDLCUDAHost).
@@ -185,20 +190,27 @@ def _bf16_source(x) -> str:
 def _describe_cupy(x) -> _Operand:
     nbytes = x.nbytes
     mem = x.data
-    return _Operand(x, x.shape, x.dtype, x.flags.c_contiguous, on_host=False, ptr=mem.ptr,
-                    nbytes=nbytes, device=mem.device_id if nbytes else None, kind="cupy")
+    c = x.flags.c_contiguous
+    return _Operand(x, x.shape, x.dtype, c, on_host=False, ptr=mem.ptr,
+                    nbytes=nbytes, device=mem.device_id if nbytes else None, kind="cupy",
+                    layout="C" if c else _layout(x.shape, x.strides, x.itemsize))
 
 
 def _describe_torch(x) -> _Operand:
     """A torch CUDA tensor, from its own attributes (one call's worth of cheap queries)."""
-    if x.requires_grad:  # as torch's own exporters refuse it: autograd would not see the product
-        raise RuntimeError("a tensor that requires grad cannot be used by gemmlib (autograd "
-                           "does not see its kernels): pass tensor.detach() instead")
+    if x.requires_grad and _torch().is_grad_enabled():
+        # autograd would not see the product: fine under no_grad / inference_mode only
+        raise RuntimeError("a tensor that requires grad cannot be used by gemmlib.matmul "
+                           "while autograd records (it does not see gemmlib's kernels): call "
+                           "it under torch.no_grad() or torch.inference_mode(), or pass "
+                           "tensor.detach()")
     dtype, dname = _torch_dtype(x.dtype)
     nbytes = x.numel() * dtype.itemsize
-    return _Operand(x, tuple(x.shape), dtype, x.is_contiguous(), on_host=False,
+    c = x.is_contiguous()
+    return _Operand(x, tuple(x.shape), dtype, c, on_host=False,
                     ptr=x.data_ptr(), nbytes=nbytes, device=x.get_device() if nbytes else None,
-                    kind="torch", dname=dname)
+                    kind="torch", dname=dname,
+                    layout="C" if c else _layout(tuple(x.shape), x.stride()))
 
 
 def _describe_other(x, name: str) -> _Operand:
@@ -207,7 +219,9 @@ def _describe_other(x, name: str) -> _Operand:
             and hasattr(x, "__dlpack__") and _dlpack_on_host(x)):
         x = np.from_dlpack(x)  # e.g. a torch CPU tensor: a host array, zero-copy
     if isinstance(x, np.ndarray):
-        return _Operand(x, x.shape, x.dtype, x.flags.c_contiguous, on_host=True)
+        c = x.flags.c_contiguous
+        return _Operand(x, x.shape, x.dtype, c, on_host=True,
+                        layout="C" if c else _layout(x.shape, x.strides, x.itemsize))
     if SIMULATOR:
         raise TypeError(
             f"{name}: in the simulator gemmlib works on NumPy arrays; got {type(x).__name__}")
@@ -224,6 +238,7 @@ def _describe_other(x, name: str) -> _Operand:
     dtype = np.dtype(cai["typestr"])
     strides = cai.get("strides") or None
     contiguous = True if strides is None else _c_contiguous(shape, strides, dtype.itemsize)
+    layout = "C" if contiguous else _layout(shape, strides, dtype.itemsize)
     ptr = int(cai["data"][0])
     nbytes = int(np.prod(shape)) * dtype.itemsize
     device = None
@@ -232,7 +247,7 @@ def _describe_other(x, name: str) -> _Operand:
     kind = "numba" if cuda.is_cuda_array(x) and type(x).__module__.startswith("numba") else (
         "cupy" if type(x).__module__.startswith("cupy") else "other")
     return _Operand(x, shape, dtype, contiguous, on_host=False, ptr=ptr, nbytes=nbytes,
-                    device=device, kind=kind)
+                    device=device, kind=kind, layout=layout)
 
 
 def _overlap(a: _Operand, b: _Operand) -> bool:
@@ -241,24 +256,36 @@ def _overlap(a: _Operand, b: _Operand) -> bool:
     return a.nbytes > 0 and b.nbytes > 0 and a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
+def _contiguous_hint(op: _Operand, name: str) -> str:
+    """How the caller's framework makes ``name`` row-major."""
+    return f"{name}.contiguous()" if op.kind == "torch" else f"cupy.ascontiguousarray({name})"
+
+
+def _astype_hint(op: _Operand, name: str, want: str) -> str:
+    if op.kind == "torch":
+        return f"{name}.to(torch.{want})"
+    return f"{name}.astype(np.{want})"
+
+
+def _device_hint(op: _Operand, device: int) -> str:
+    if op.kind == "torch":
+        return (f"call matmul inside `with torch.cuda.device({device}):` "
+                f"(or torch.cuda.set_device({device}))")
+    return f"call matmul inside `with cupy.cuda.Device({device}):`"
+
+
 def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | None,
-                    transpose_b: bool = False, out_dtype: str | None = None):
+                    out_dtype: str | None = None):
+    """The checks every 2-D product makes; ``b`` is described as the (K, N) matrix it is
+    (a column-major B -- ``W.t()`` -- with ``b.layout == "F"``)."""
     for op, name in ((a, "A"), (b, "B")):
         if len(op.shape) != 2:
             raise ValueError(f"{name} must be a 2-D matrix; got shape {op.shape}")
-    want_b = "NK" if transpose_b else "KN"
-    if spec.b_operand != want_b:
-        raise ValueError(
-            f"kernel {spec.name!r} computes " + ("A @ B.T from B of shape (N, K); call it "
-            "with transpose_b=True" if spec.b_operand == "NK" else
-            "A @ B from B of shape (K, N); call it with transpose_b=False"))
-    (M, K) = a.shape
-    (N, K2) = b.shape if transpose_b else b.shape[::-1]
+    (M, K), (K2, N) = a.shape, b.shape
     if K != K2:
-        expr = "A @ B.T needs B's columns" if transpose_b else "A @ B needs B's rows"
         raise ValueError(
-            f"inner dimensions differ: A is {M}x{K} and B is {b.shape[0]}x{b.shape[1]}; "
-            f"{expr} ({K2}) to equal A's columns ({K})")
+            f"inner dimensions differ: A is {M}x{K} and B is {K2}x{N}; "
+            f"A @ B needs B's rows ({K2}) to equal A's columns ({K})")
     ops = [(a, "A"), (b, "B")] + ([(c, "out")] if c is not None else [])
     for op, name in ops:
         want = spec.dtype if name != "out" else (out_dtype or spec.out_dtype)
@@ -268,7 +295,7 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
             shown = op.dname if op.dname == "bfloat16" or op.kind == "torch" else op.dtype
             raise TypeError(
                 f"{name} has dtype {shown}, but "
-                f"{what}: convert it first (e.g. {name}.astype(np.{want}))"
+                f"{what}: convert it first (e.g. {_astype_hint(op, name, want)})"
                 + ("" if spec.precision == "fp32" or name == "out" else
                    f" or pass precision= for the input's own type"))
     if a.on_host != b.on_host or (c is not None and c.on_host != a.on_host):
@@ -282,25 +309,21 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
         if isinstance(c.obj, np.ndarray) and not c.obj.flags.writeable:
             raise ValueError("out is read-only; pass a writeable array or None")
         if not c.c_contiguous:
-            raise ValueError("out must be C-contiguous (row-major); pass a fresh array or None")
+            raise ValueError("out must be C-contiguous (row-major); pass a fresh array "
+                             f"(e.g. {'torch.empty' if c.kind == 'torch' else 'cupy.empty'}"
+                             "((M, N), ...)) or None")
         for op, name in ((a, "A"), (b, "B")):
             if _overlap(c, op):
                 raise ValueError(
                     f"out shares memory with {name}: the kernel would overwrite its own input "
                     f"while reading it. Pass a separate output array")
     if not a.on_host:
-        for op, name in ((a, "A"), (b, "B")):
-            if not op.c_contiguous:
-                raise ValueError(
-                    f"{name} is not C-contiguous (a transposed or strided view?): the kernels "
-                    f"read row-major memory directly. Pass cupy.ascontiguousarray({name})")
         current = backend.array_module().cuda.runtime.getDevice()
         for op, name in ops:
             if op.device is not None and op.device != current:
                 raise ValueError(
                     f"{name} lives on GPU {op.device} but the current device is GPU {current}: "
-                    f"call matmul inside `with cupy.cuda.Device({op.device}):`"
-                    + (f" (or torch.cuda.device({op.device}))" if op.kind == "torch" else ""))
+                    + _device_hint(op, op.device))
     return M, N, K
 
 
@@ -351,113 +374,90 @@ def _staging_stream(stream):
 
 def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=None,
            transpose_b: bool = False, precision: str | None = None, scale_a=None,
-           scale_b=None, out_dtype=None):
-    """C = A @ B (or A @ B.T with ``transpose_b=True``) with one of gemmlib's kernels.
+           scale_b=None, out_dtype=None, bias=None):
+    """C = A @ B (+ bias) with one of gemmlib's kernels, as ``torch.matmul`` computes it.
 
     Parameters
     ----------
-    A, B : 2-D arrays, (M, K) and (K, N), float32.
+    A, B : matrices (M, K) and (K, N), or stacks of them: float32, float16, bfloat16
+        (torch, ``ml_dtypes.bfloat16``, ``gemmlib.precision.BF16Array``) or FP8.
         GPU arrays -- CuPy, numba device arrays, or anything exposing
-        ``__cuda_array_interface__`` or ``__dlpack__`` (torch, JAX) -- are
-        used in place and must be C-contiguous (row-major): a transposed,
-        Fortran-order, strided or broadcast view is refused with a message
-        naming ``ascontiguousarray``, not silently copied.  A C-contiguous
-        view with an offset (``A[3:]``, a sub-buffer not 16-byte aligned) is
-        fine: kernels that move float4s check alignment and fall back.  A
-        torch tensor that requires grad is refused by torch itself (detach
-        it).  Arrays on a GPU other than the current one are refused, naming
-        ``cupy.cuda.Device``.
-        Host arrays -- NumPy arrays of any strides (transposed, sliced,
-        Fortran order, negative or zero strides, read-only) and host DLPack
-        producers such as torch CPU tensors -- are copied to the GPU and the
-        result comes back as NumPy; the copies run on ``stream``, in order
-        with the kernel.  Mixing host and GPU operands is refused.
-        Any other dtype (float64, float16, byte-swapped '>f4', ...) is
-        refused with a TypeError naming ``astype``.
-    out : optional array of shape (M, N), same dtype and place as A and B
-        (float32 for tensor-core products, or the inputs' own 16-bit type: see
-        ``out_dtype``), C-contiguous and writeable.  Must not share memory with A or B
-        (refused: the kernel would overwrite its input while reading it).
-        Written in place and returned.  Allocated when None in the inputs'
-        own type: a torch tensor on the inputs' device for torch CUDA
-        tensors, a numba device array when A is one, else CuPy (NumPy for
-        host inputs).  An output that does not fit in GPU memory raises
+        ``__cuda_array_interface__`` or ``__dlpack__`` (torch, JAX) -- are read in
+        place in either layout: row-major, or column-major (a transposed view such as
+        ``W.t()`` of an ``nn.Linear`` weight, ``x.T``, Fortran order).  A B in
+        column-major order is read as it lies by every rung with a K-major build (the
+        ``auto`` choices on Hopper and most others); a rung without one, a column-major
+        A, and views with no unit stride (``A[:, ::2]``, a gap between rows) are copied
+        into row-major order first, on the call's stream (the result is the same; the
+        copy costs time).  Shapes follow ``torch.matmul``: ``(..., M, K) @ (K, N)``
+        flattens the leading dimensions into one product; ``(b, M, K) @ (b, K, N)`` and
+        broadcast batch dimensions give ``(b, M, N)``, one product per batch entry.
+        1-D operands are refused (reshape them to (1, K) or (K, 1)).  A torch tensor
+        that requires grad is accepted under ``torch.no_grad()`` /
+        ``torch.inference_mode()`` (autograd does not see these kernels).  Arrays on a
+        GPU other than the current one are refused, naming how to switch.
+        Host arrays -- NumPy arrays of any strides and host DLPack producers such as
+        torch CPU tensors -- are copied to the GPU and the result comes back as NumPy
+        (a torch CPU tensor for torch inputs).  Mixing host and GPU operands is refused.
+        Other dtypes (float64, byte-swapped, ...) are refused with a TypeError naming
+        the conversion in the caller's framework.
+    out : optional array of C's shape and type, row-major and writeable, not sharing
+        memory with A or B.  Written in place and returned.  Allocated when None in the
+        inputs' own array type.  An output that does not fit in GPU memory raises
         ``MemoryError`` with its size.
+    bias : optional row of N values (shape (N,) or (1, N)), in the inputs' dtype (as
+        ``F.linear`` takes it; float32 for float32 inputs), added to every row of C in
+        fp32 before C's single rounding (see :func:`linear`).
     kernel : rung name (see ``gemmlib.list_kernels()``), a KernelSpec, or
-        ``"auto"`` (the default): the configuration the autotuner measured
-        fastest for this GPU and shape class, with K split into slices when
-        the output alone cannot fill the GPU (see ``gemmlib.dispatch.select``).
-        With ``transpose_b=True`` the default is the fastest rung that takes
-        B as (N, K).  Each configuration is compiled once per process and its
-        machine code cached on disk (``gemmlib.dispatch``).
+        ``"auto"`` (the default): the configuration measured fastest for this GPU and
+        shape class, with K split into slices when the output alone cannot fill the
+        GPU (see ``gemmlib.dispatch.select``).  Each configuration is compiled once per
+        process and its machine code cached on disk (``gemmlib.dispatch``).
     stream : CuPy, numba or torch stream to launch on.  Default: the inputs'
         framework's current stream -- ``torch.cuda.current_stream()`` for torch
-        tensors (so the product is ordered with the caller's torch work, side
-        streams included), CuPy's current stream otherwise.  Anything else is
-        refused with a TypeError.  The call returns without waiting for GPU
-        inputs and outputs; host results are ready.
-    transpose_b : if True, B is given as (N, K), row-major (K-major, the
-        layout of the CuTe chapters), and C = A @ B.T.  Only kernels whose
-        spec says ``b_operand="NK"`` take it.
-
+        tensors, CuPy's current stream otherwise.  Anything else is refused with a
+        TypeError.  The call returns without waiting for GPU inputs and outputs; host
+        results are ready.
+    transpose_b : kept as an alias: ``matmul(A, W, transpose_b=True)`` is
+        ``matmul(A, W.T)`` (W given as (N, K), row-major), read in place.
     precision : what the product is computed in (see ``gemmlib.precision``).
-        ``None`` (default): the inputs' own type -- float32 exactly, in fp32
-        on the CUDA cores; float16 and bfloat16 (torch bf16 tensors,
-        ``ml_dtypes.bfloat16`` arrays, ``gemmlib.precision.BF16Array``) on
-        the tensor cores, products exact, accumulated in fp32.  For float32
-        inputs ``"tf32"`` rounds them to TF32 on the tensor cores (~1e-4
-        relative error, about 8x faster), and ``"3xtf32"`` splits each into
-        two TF32 parts and issues three tensor-core products: fp32-level
-        accuracy at tensor-core speed.  Tensor-core products return float32
-        unless ``out_dtype`` (or a 16-bit ``out``) asks for the inputs' own type,
-        and compute A @ B (``transpose_b=False``);
-        they need sm_80 or newer (``ConstraintError`` otherwise).  On an
-        H100/H200 tf32 runs ``wgmma_tf32`` where its tiles fill the GPU.
-        ``"e4m3"`` / ``"e5m2"``: FP8 (torch float8 tensors need no ``precision``;
-        CuPy/NumPy pass uint8 bit patterns), see ``scale_a``.  The default
-        kernel is the autotuned ``mma_pipeline``, and on an H100/H200 for fp16
-        and bf16 inputs ``wgmma_ws`` (Hopper's warpgroup MMA fed by TMA, chapter
-        17); ``"mma_atom"``, ``"mma_swizzle"``, ``"wgmma_async"`` and
-        ``"wgmma_tma"`` are teaching rungs.
-
-    out_dtype : the type of C.  float16 / bfloat16 inputs: float32 (``None``, the
-        default) or the inputs' own type, as ``torch.matmul`` returns it --
-        ``torch.float16`` / ``torch.bfloat16``, ``numpy.float16`` (CuPy's),
-        ``ml_dtypes.bfloat16`` or the names ``"float16"``, ``"fp16"``,
-        ``"bfloat16"``, ``"bf16"``.  An ``out`` array of the inputs' 16-bit type
-        asks for it too.  The product is accumulated in fp32 and each element
-        rounded once to the 16-bit type (nearest even): by the kernel itself where
-        it has a 16-bit epilogue (builds with ``OUT``: the wgmma rungs and
-        ``wgmma_split_k`` on an H100/H200, ``skinny`` at decode sizes), which halves
-        the bytes C costs; every other kernel (``mma_*`` and the CUDA-core rungs,
-        e.g. ``auto`` on other GPUs) writes float32 into a buffer kept per plan and
-        stream, and one more kernel adds its K slices (if any) and rounds the sums
-        into C (``gemmlib.dispatch.run_rounded``).
-        The result has the
-        inputs' own array type (a torch bf16 tensor, a ``BF16Array`` for BF16Array
-        inputs).  Float32 inputs (any ``precision``) are written as float32 only.
-        Any other ``out_dtype`` raises ValueError; one that does not match the
-        inputs (fp16 out of bf16 inputs, 16-bit out of float32 inputs), TypeError.
+        ``None`` (default): the inputs' own type -- float32 exactly, in fp32 on the
+        CUDA cores; float16 and bfloat16 on the tensor cores, products exact,
+        accumulated in fp32.  For float32 inputs ``"tf32"`` rounds them to TF32 on the
+        tensor cores (~1e-4 relative error, about 8x faster), and ``"3xtf32"`` splits
+        each into two TF32 parts and issues three tensor-core products: fp32-level
+        accuracy at tensor-core speed.  Tensor-core products need sm_80 or newer
+        (sm_75 for fp16; ``ConstraintError`` otherwise).  ``"e4m3"`` / ``"e5m2"``: FP8
+        (torch float8 tensors need no ``precision``; CuPy/NumPy pass uint8 bit
+        patterns), see ``scale_a``.
+    out_dtype : the type of C.  By default the inputs' own type, as ``torch.matmul``
+        and ``cupy.matmul`` return it: float16 in, float16 out (accumulated in fp32,
+        each element rounded once, to nearest even, by the kernel's own 16-bit epilogue
+        where it has one, else by one more kernel after a float32 result).  For 16-bit
+        inputs ``out_dtype=float32`` (``torch.float32``, ``numpy.float32``, "float32",
+        "fp32") asks for the fp32 accumulators themselves.  An ``out`` array's dtype asks
+        the same.  Any other ``out_dtype`` raises ValueError; one that does not match
+        the inputs (fp16 out of bf16 inputs, 16-bit out of float32 inputs), TypeError.
         FP8 inputs: bfloat16 (default) or float32, see below.
     scale_a, scale_b : FP8 inputs only (``gemmlib.fp8``):
         C = (scale_a * scale_b) * (A @ B) with float32 per-tensor scales (one-element
-        float32 CUDA tensors as for ``torch._scaled_mm``, or floats), written as
-        ``out_dtype`` bfloat16 (default) or float32.  A torch B may be column-major
-        (``w.t()``: read without a copy) or row-major (transposed first).
+        float32 CUDA tensors as for ``torch._scaled_mm``, or floats).  A torch B may be
+        column-major (``w.t()``: read without a copy) or row-major (transposed first).
 
-    Any M, N, K >= 0 is accepted; nothing needs padding, and indices are
-    64-bit (matrices past 2**31 elements work where the grid allows).  A kernel that
-    cannot run the problem on this GPU raises ``ConstraintError`` naming the
-    constraint, before anything is launched.  The tensor-core pipeline moves
-    16-byte pieces: when K or N is not a multiple of 8 (16-bit) or 4 (float32),
-    or an operand is not 16-byte aligned, the call first copies A and B into
-    zero-padded aligned buffers (the result is the same; the copy costs time).
+    Any M, N, K >= 0 is accepted; nothing needs padding, and indices are 64-bit.  A
+    kernel that cannot run the problem on this GPU raises ``ConstraintError`` naming
+    the constraint, before anything is launched.  The tensor-core pipelines move
+    16-byte pieces: when K or N is not a multiple of 8 (16-bit) or 4 (float32), or an
+    operand is not 16-byte aligned, the call first copies A and B into zero-padded
+    aligned buffers (the result is the same; the copy costs time).
     """
     if stream is not None:
         _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
     if (precision in _FP8 or a.dname.startswith("float8") or kernel in SCALED
             or getattr(kernel, "precision", None) in _FP8):
+        if bias is not None:
+            raise ValueError("bias is not supported with FP8 inputs")
         from gemmlib import fp8
 
         fmt = fp8.fp8_format(a.dname, precision) or (
@@ -469,23 +469,214 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
                               kernel=kernel, stream=stream, transpose_b=transpose_b)
     if scale_a is not None or scale_b is not None:
         raise ValueError("scale_a and scale_b apply to FP8 inputs only")
+    if transpose_b:
+        if len(b.shape) != 2:
+            raise ValueError(f"transpose_b=True takes a 2-D B of shape (N, K); got {b.shape}")
+        B, b = _transposed(B, b)
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        return _stacked(A, B, a, b, out, bias, kernel=kernel, stream=stream,
+                        precision=precision, out_dtype=out_dtype)
     c = _describe(out, "out") if out is not None else None
-    o16 = None if out_dtype is None and c is None else _out_type(out_dtype, a, c)
+    o16 = _out_type(out_dtype, a, c)
     if a.kind == "torch" and stream is None:
         stream = _torch_current_stream(a.device)
-    key = _call_key(a, b, c, kernel, transpose_b, precision, o16)
+    z = _describe_bias(bias, a, b.shape[1]) if bias is not None else None
+    key = _call_key(a, b, c, kernel, precision, o16, z)
     if key is not None:
         known = dispatch.CALLS.get(key)
         if known is not None and _still_holds(known, a, b, c):
-            return _run_known(known, a, b, c, out, stream)
+            return _run_known(known, a, b, c, out, stream, z)
     _RECORD.known = None
-    C = _matmul(a, b, c, out, kernel, stream, transpose_b, precision, o16)
+    C = _matmul(a, b, c, out, kernel, stream, precision, o16, z)
     if key is not None and _RECORD.known is not None:
         _RECORD.known.kernel = kernel
         dispatch.CALLS.put(key, _RECORD.known)
     if out is None and a.kind in ("numpy", "dlpack") and not isinstance(A, np.ndarray):
         C = _like_input(C, A)
     return C
+
+
+def linear(x, weight, bias=None, **kwargs):
+    """``torch.nn.functional.linear``: ``x @ weight.T + bias`` with ``weight`` of shape
+    (out_features, in_features) as ``nn.Linear`` keeps it (read in place, no copy), ``x``
+    of shape (..., in_features), ``bias`` of shape (out_features,) or None.  The bias is
+    added in fp32 before the single rounding into the result's type.  ``kwargs``: as
+    :func:`matmul` (``out``, ``kernel``, ``stream``, ``precision``, ``out_dtype``)."""
+    return matmul(x, weight, transpose_b=True, bias=bias, **kwargs)
+
+
+def _transposed(X, op: _Operand):
+    """A 2-D operand's transpose, as an object (a view) and its description."""
+    XT = X.T if not _is_bf16array(X) else _bf16_transposed(X)
+    t = _Operand(op.obj.T, op.shape[::-1], op.dtype, op.layout == "F", op.on_host, op.ptr,
+                 op.nbytes, op.device, op.kind, op.dname, op.bf16_from,
+                 {"C": "F", "F": "C"}.get(op.layout, ""))
+    return XT, t
+
+
+def _bf16_transposed(X):
+    from gemmlib.precision import BF16Array
+
+    return BF16Array(X.bits.T)
+
+
+def _stacked(A, B, a: _Operand, b: _Operand, out, bias, **kw):
+    """Products of stacks, as ``torch.matmul``: ``(..., M, K) @ (K, N)`` as one product of
+    the flattened rows; batch dimensions (broadcast) as one product per entry."""
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ValueError(f"matmul takes matrices or stacks of matrices: A has shape "
+                         f"{a.shape}, B has shape {b.shape} (reshape a vector to (1, K) "
+                         f"or (K, 1))")
+    if _is_bf16array(A) or _is_bf16array(B):
+        raise ValueError("stacks of BF16Array are not supported: pass torch or ml_dtypes "
+                         "bfloat16 arrays, or one matrix at a time")
+    K, N = b.shape[-2], b.shape[-1]
+    if a.shape[-1] != K:
+        raise ValueError(f"inner dimensions differ: A has shape {a.shape} and B {b.shape}; "
+                         f"A @ B needs B's rows ({K}) to equal A's columns ({a.shape[-1]})")
+    if len(b.shape) == 2:   # (..., M, K) @ (K, N): the rows of every matrix, one product
+        lead = tuple(a.shape[:-1])
+        rows = int(np.prod(lead))
+        out2 = None if out is None else _flat_out(out, (rows, N))
+        C = matmul(A.reshape(rows, K), B, out2, bias=bias, **kw)
+        return out if out is not None else C.reshape(*lead, N)
+    try:
+        batch = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    except ValueError:
+        raise ValueError(f"batch dimensions do not broadcast: A has shape {a.shape}, "
+                         f"B has shape {b.shape}") from None
+    M = a.shape[-2]
+    if out is not None and tuple(out.shape) != batch + (M, N):
+        raise ValueError(f"out has shape {tuple(out.shape)}, but A @ B has shape "
+                         f"{batch + (M, N)}")
+    C = _one_launch(A, B, a, b, batch, out, bias, kw)
+    if C is not None:
+        return C
+    C = out
+    for idx in np.ndindex(*batch):
+        Ai, Bi = A[_entry(idx, a.shape)], B[_entry(idx, b.shape)]
+        if C is None:   # the first product tells the result's type and dtype
+            first = matmul(Ai, Bi, bias=bias, **kw)
+            C = _empty_stack(first, batch)
+            C[idx] = first
+            continue
+        matmul(Ai, Bi, C[idx], bias=bias, **kw)
+    if C is None:   # an empty batch: the type a product of these inputs would have
+        first = matmul(A.reshape(-1, a.shape[-1])[:0, :0], B.reshape(-1, N)[:0], **kw)
+        C = _empty_stack(first, batch, (M, N))
+    return C
+
+
+def _strides(op: _Operand) -> tuple:
+    """An operand's strides in elements."""
+    x = op.obj
+    if op.kind == "torch":
+        return tuple(x.stride())
+    return tuple(s // x.itemsize for s in x.strides)
+
+
+def _one_launch(A, B, a: _Operand, b: _Operand, batch: tuple, out, bias, kw):
+    """A batch of 16-bit products as one launch of a batched rung (``wgmma_ws`` on
+    Hopper, ``dispatch.select_batched``), where the operands allow it: the same batch
+    shape (no broadcast), A a contiguous stack, B a contiguous stack of row-major
+    matrices or of column-major ones (``K.transpose(-1, -2)``), 16-byte rows, and no
+    ``out``, kernel or precision named.  None where not: the caller loops."""
+    if (out is not None or kw.get("kernel") not in (None, dispatch.AUTO)
+            or kw.get("precision") is not None or a.dname not in _SIXTEEN
+            or b.dname != a.dname or (a.on_host and not SIMULATOR) or a.kind != b.kind
+            or tuple(a.shape[:-2]) != batch or tuple(b.shape[:-2]) != batch):
+        return None
+    (M, K), N = a.shape[-2:], b.shape[-1]
+    nb = int(np.prod(batch))
+    sb = _strides(b)
+    if not a.c_contiguous or M * N * K * nb == 0 or K % 8:
+        return None
+    if b.c_contiguous:
+        b_layout = "KN"
+        if N % 8 or K % 64:   # a (K, N) B: no k-tile may reach the next product's rows
+            return None
+    elif _c_contiguous(b.shape[:-2] + (N, K), sb[:-2] + (sb[-1], sb[-2]), 1):
+        b_layout = "NK"
+    else:
+        return None
+    o16 = _out_type(kw.get("out_dtype"), a, None)
+    spec = dispatch.select_batched(_PRECISION_OF[a.dname], M, N, K,
+                                   _OUT_KIND.get(o16, "fp32"), b_layout, bias is not None)
+    if spec is None:
+        return None
+    z = None if bias is None else _describe_bias(bias, a, N)
+    p = dispatch.plan(spec, M, N, K, batch=nb)
+    stream = kw.get("stream")
+    if a.on_host:   # the simulator: the stacks as the 2-D arrays the kernel takes
+        A2 = np.ascontiguousarray(a.obj).view(np.uint16).reshape(nb * M, K)
+        bk = b.obj if b_layout == "KN" else np.swapaxes(b.obj, -1, -2)   # (.., N, K)
+        B2 = np.ascontiguousarray(bk).view(np.uint16).reshape(-1, bk.shape[-1])
+        C = (_host16(np.empty(batch + (M, N), np.uint16), o16, a) if o16 else
+             np.empty(batch + (M, N), np.float32))
+        C2 = (C.view(np.uint16) if o16 else C).reshape(nb * M, N)
+        Z = None if z is None else _kernel_array(z, np).reshape(1, N)
+        dispatch.launch(p, A2, B2, C2, nb * M, N, K, stream=stream, bias=Z,
+                        bias_type=_BIAS_TYPE[a.dname])
+        return C
+    if a.kind == "torch" and stream is None:
+        stream = _torch_current_stream(a.device)
+    if a.ptr % 16 or b.ptr % 16:
+        return None
+    C = _allocate_stack(batch + (M, N), o16 or "float32", a)
+    bias_arg = () if z is None else (z.ptr, _BIAS_TYPE[z.dname])
+    dispatch.run(p, a.ptr, b.ptr, _out_ptr(C), dispatch.stream_handle(stream), bias=bias_arg)
+    return C
+
+
+#: the tensor-core precision of 16-bit inputs
+_PRECISION_OF = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def _allocate_stack(shape: tuple, dname: str, like: _Operand):
+    """An uninitialised stack for a batched launch's C, in A's own array type."""
+    if like.kind == "torch":
+        return _torch().empty(shape, dtype=getattr(_torch(), dname), device=like.obj.device)
+    xp = backend.array_module()
+    if dname == "bfloat16":
+        from gemmlib.precision import BF16Array
+
+        return BF16Array(xp.empty(shape, np.uint16))
+    return xp.empty(shape, dtype=dname)
+
+
+def _entry(idx: tuple, shape: tuple) -> tuple:
+    """The index of batch entry ``idx`` (of the broadcast batch shape) in an operand of
+    ``shape``: its own batch dimensions are the trailing ones, size 1 broadcast."""
+    own = shape[:-2]
+    idx = idx[len(idx) - len(own):] if own else ()
+    return tuple(0 if n == 1 else i for i, n in zip(idx, own))
+
+
+def _flat_out(out, shape):
+    """``out`` of a stack's shape as the one (rows, N) matrix it is in memory."""
+    try:
+        if hasattr(out, "data_ptr"):   # torch: view() refuses what would need a copy
+            return out.view(*shape)
+        if not getattr(out, "flags", {"C_CONTIGUOUS": False})["C_CONTIGUOUS"]:
+            raise ValueError
+        return out.reshape(shape)
+    except Exception:
+        raise ValueError(f"out of shape {tuple(out.shape)} cannot be viewed as one "
+                         f"{shape[0]} x {shape[1]} matrix: pass a contiguous out") from None
+
+
+def _empty_stack(first, batch: tuple, matrix: tuple | None = None):
+    """An uninitialised stack of ``batch`` results typed like ``first`` (shaped like it,
+    or ``matrix``)."""
+    torch = _torch()
+    shape = batch + (tuple(first.shape) if matrix is None else matrix)
+    if torch is not None and isinstance(first, torch.Tensor):
+        return torch.empty(shape, dtype=first.dtype, device=first.device)
+    if isinstance(first, np.ndarray):
+        return np.empty(shape, dtype=first.dtype)
+    if type(first).__module__.startswith("numba"):
+        return cuda.device_array(shape, dtype=first.dtype)
+    return backend.array_module().empty(shape, dtype=first.dtype)
 
 
 _FP8 = ("e4m3", "e5m2")
@@ -519,11 +710,14 @@ def _out_name(out_dtype) -> str:
 
 
 def _out_type(out_dtype, a: _Operand, c: _Operand | None) -> str | None:
-    """What C holds, from ``out_dtype`` and ``out`` (described as ``c``): None (float32, as
-    by default), "float32" (asked for), "float16" or "bfloat16" (the inputs' own type)."""
+    """What C holds, from ``out_dtype`` and ``out`` (described as ``c``): None (float32:
+    float32 inputs, or an ``out`` of float32), "float32" (asked for), "float16" or
+    "bfloat16" (the inputs' own type: the default for 16-bit inputs, as torch.matmul)."""
     want = None if out_dtype is None else _out_name(out_dtype)
     if want is None:
-        if c is not None and c.dname in _SIXTEEN and a.dname in _SIXTEEN:
+        if c is None:
+            return a.dname if a.dname in _SIXTEEN else None
+        if c.dname in _SIXTEEN and a.dname in _SIXTEEN:
             if c.dname != a.dname:
                 raise TypeError(f"out holds {c.dname}; a product of {a.dname} inputs is "
                                 f"written as float32 or {a.dname}")
@@ -564,7 +758,7 @@ class _Known:
     __slots__ = ("plan", "out_dtype", "align", "bound", "devices", "kernel", "out16")
 
     def __init__(self, plan, out_dtype, align: int, out16: str | None = None):
-        self.plan = plan
+        self.plan = plan            # for a column-major B, a plan of a K-major ("NK") build
         self.out16 = out16          # "fp16"/"bf16": the plan writes float32, rounded into C
         self.kernel = None          # a KernelSpec the call named (its key holds only its id)
         self.out_dtype = out_dtype  # the output's dtype, in the inputs' framework
@@ -576,8 +770,8 @@ class _Known:
 _RECORD = threading.local()  # the long path leaves its conclusion here
 
 
-def _call_key(a: _Operand, b: _Operand, c: _Operand | None, kernel, transpose_b, precision,
-              out_type: str | None = None):
+def _call_key(a: _Operand, b: _Operand, c: _Operand | None, kernel, precision,
+              out_type: str | None = None, z: _Operand | None = None):
     """A key for calls whose checks must conclude alike, or None (long path only)."""
     if a.kind not in ("cupy", "torch"):
         return None
@@ -588,12 +782,13 @@ def _call_key(a: _Operand, b: _Operand, c: _Operand | None, kernel, transpose_b,
         # alive (_Known.kernel), so no other spec can take its id while the entry lives.
         kernel = ("spec", id(kernel))
     ck = None if c is None else (c.kind, c.dname, c.dtype, c.shape, c.c_contiguous)
-    return (a.kind, a.dname, a.dtype, a.shape, a.c_contiguous,
-            b.kind, b.dname, b.dtype, b.shape, b.c_contiguous, ck, kernel, transpose_b, precision,
-            out_type)
+    zk = None if z is None else (z.kind, z.dname, z.shape, z.c_contiguous)
+    return (a.kind, a.dname, a.dtype, a.shape, a.layout,
+            b.kind, b.dname, b.dtype, b.shape, b.layout, ck, kernel, precision, out_type, zk)
 
 
 def _still_holds(k: _Known, a: _Operand, b: _Operand, c: _Operand | None) -> bool:
+    # (the bias, when there is one, is read in place: any address will do)
     """The checks that depend on this call's pointers and the current device."""
     if k.align and (a.ptr % 16 or b.ptr % 16):
         return False  # the long path pads
@@ -616,7 +811,7 @@ def _current_device() -> int:
     return _GET_DEVICE()
 
 
-def _run_known(k: _Known, a, b, c, out, stream):
+def _run_known(k: _Known, a, b, c, out, stream, z=None):
     p = k.plan
     device = _current_device()
     if out is None:
@@ -627,12 +822,39 @@ def _run_known(k: _Known, a, b, c, out, stream):
     bound = k.bound.get(device)
     if bound is None:   # loaded in this device's context once; then no context query
         bound = k.bound[device] = dispatch.bound(p)
+    bias = () if z is None else (z.ptr, _BIAS_TYPE[z.dname])
     if k.out16 is None:
-        dispatch.run(p, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream), bound=bound)
+        dispatch.run(p, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream), bound=bound,
+                     bias=bias)
     else:
         dispatch.run_rounded(p, a.ptr, b.ptr, c_ptr, k.out16, dispatch.stream_handle(stream),
-                             bound=bound)
+                             bound=bound, bias=bias)
     return C
+
+
+#: a bias's element type as the kernels name it
+_BIAS_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def _describe_bias(bias, a: _Operand, N: int) -> _Operand:
+    """The bias row, checked: N values of the inputs' type (float32 for float32 inputs),
+    contiguous, where the inputs are."""
+    z = _describe(bias, "bias")
+    if tuple(z.shape) not in ((N,), (1, N)):
+        raise ValueError(f"bias has shape {tuple(z.shape)}; a product with N = {N} columns "
+                         f"takes a bias of shape ({N},)")
+    want = a.dname if a.dname in _SIXTEEN else "float32"
+    if z.dname != want:
+        raise TypeError(f"bias has dtype {z.dname}, but the inputs are {a.dname}: pass it as "
+                        f"{_astype_hint(z, 'bias', want)}")
+    if z.on_host != a.on_host:
+        raise TypeError("bias must be where A and B are (all on the GPU or all on the host)")
+    if not z.on_host:
+        if not z.c_contiguous:
+            raise ValueError(f"bias is not contiguous: pass {_contiguous_hint(z, 'bias')}")
+        if z.device is not None and a.device is not None and z.device != a.device:
+            raise ValueError(f"bias lives on GPU {z.device} but A on GPU {a.device}")
+    return z
 
 
 def _new_output(k: _Known, a: _Operand, device: int):
@@ -660,8 +882,9 @@ def _remember(plan, a: _Operand, C, align: int, out16: str | None = None) -> Non
         _RECORD.known = _Known(plan, C.dtype, align, out16)
 
 
-def _matmul(a, b, c, out, kernel, stream, transpose_b, precision, o16=None):
-    """matmul's long path: every check, with its message.  ``o16``: see _out_type."""
+def _matmul(a, b, c, out, kernel, stream, precision, o16=None, z=None):
+    """matmul's long path: every check, with its message.  ``o16``: see _out_type;
+    ``z``: the bias, described."""
     if precision is None and isinstance(kernel, KernelSpec):
         precision = kernel.precision
     elif precision is None and isinstance(kernel, str) and kernel != dispatch.AUTO:
@@ -672,45 +895,19 @@ def _matmul(a, b, c, out, kernel, stream, transpose_b, precision, o16=None):
 
         prec = check_precision(precision, a.dname)
         if prec != "fp32":
-            return _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16)
-    kernel = kernel or _default_kernel(transpose_b)
-    # The spec the operand checks read (dtype, B's layout); "auto" resolves per shape below.
-    spec = dispatch.get_spec(dispatch.AUTO_RUNG if kernel == dispatch.AUTO else kernel)
-    M, N, K = _check_operands(spec, a, b, c, transpose_b)
+            return _tensor_core_call(prec, a, b, c, out, kernel, stream, o16, z)
+    kernel = kernel or DEFAULT_KERNEL
+    auto = isinstance(kernel, str) and kernel == dispatch.AUTO
+    # The spec the operand checks read (dtype); "auto" resolves per shape below.
+    M, N, K = _check_operands(dispatch.get_spec(dispatch.AUTO_RUNG if auto else kernel),
+                              a, b, c)
     backend.require_device()
-    plan = dispatch.plan(kernel, M, N, K)  # the constraint check (ConstraintError) is here
-
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
-        xp = backend.array_module()
-        with _staging_stream(stream):  # copies in, kernel, copy out: one stream, in order
-            C = matmul(xp.asarray(np.ascontiguousarray(a.obj)),
-                       xp.asarray(np.ascontiguousarray(b.obj)),
-                       kernel=plan.spec, stream=stream, transpose_b=transpose_b)
-            result = xp.asnumpy(C)  # blocking: waits for the kernel
-        if out is None:
-            return result
-        c.obj[...] = result
-        return out
-
-    if a.on_host:  # simulator: kernels run on NumPy arrays directly
-        # The simulator copies every argument back after the launch: read-only
-        # inputs (np.broadcast_to, frozen arrays) need a private copy.
-        A_, B_ = (x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C")
-                  for x in (a.obj, b.obj))
-        C = c.obj if out is not None else np.empty((M, N), dtype=plan.spec.dtype)
-        if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
-            dispatch.launch(plan, A_, B_, C, M, N, K, stream=stream)
-        return C if out is None else out  # out itself (a torch CPU tensor stays one)
-
-    if out is not None:
-        C, c_ptr = out, c.ptr
-    else:
-        C = _allocate_output(M, N, plan.spec.dtype, like=a)
-        c_ptr = _out_ptr(C)
-    if M != 0 and N != 0:  # else nothing to compute (K == 0 launches: C must become zeros)
-        dispatch.run(plan, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream))
-        _remember(plan, a, C, 0)
-    return C
+        return _staged(a, b, c, out, z, stream, kernel=kernel)
+    spec = dispatch.select(M, N, K) if auto else dispatch.get_spec(kernel)
+    if z is not None:
+        spec = dispatch.with_bias(spec)
+    return _launched(a, b, c, out, z, spec, stream, M, N, K, None, None)
 
 
 def _sixteen_bit_default(a: _Operand, kernel) -> bool:
@@ -726,12 +923,9 @@ def _sixteen_bit_default(a: _Operand, kernel) -> bool:
     return dispatch.get_spec(kernel).precision != "fp32"
 
 
-def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None):
+def _tensor_core_call(prec, a, b, c, out, kernel, stream, o16=None, z=None):
     """matmul in a tensor-core precision (operands described, precision checked).
     ``o16`` (see _out_type): "float16" / "bfloat16" for a C in the inputs' own type."""
-    if transpose_b:
-        raise ValueError("the tensor-core kernels compute A @ B: pass B as (K, N) with "
-                         "transpose_b=False")
     kernel = kernel or dispatch.AUTO
     auto = isinstance(kernel, str) and kernel == dispatch.AUTO
     check_spec = (kernel if isinstance(kernel, KernelSpec) else
@@ -744,42 +938,73 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None)
             raise ValueError(f"kernel {check_spec.name!r} writes {a.dname}, not float32")
         o16 = a.dname
     o16 = None if o16 == "float32" else o16
-    M, N, K = _check_operands(check_spec, a, b, c, False, out_dtype=o16)
+    M, N, K = _check_operands(check_spec, a, b, c, out_dtype=o16)
     backend.require_device()
+    if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
+        return _staged(a, b, c, out, z, stream, kernel=kernel, precision=prec,
+                       out_dtype=o16 or "float32")
     okind = _OUT_KIND.get(o16, "fp32")
     if auto:
         spec = dispatch.select_tc(prec, M, N, K, out=okind)
     else:   # a rung by name: its 16-bit epilogue where it has one; a KernelSpec as given
         spec = dispatch.with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
+    if z is not None:
+        biased = dispatch.with_bias(spec)
+        # a 16-bit epilogue without the bias: its float32 build, then the bias and the
+        # rounding in one more kernel (one rounding, as with the bias in the epilogue)
+        spec = biased if biased.bias_arg else dispatch.with_out(spec, "fp32")
     #: a 16-bit C the kernel does not write itself ("fp16"/"bf16", else None): it writes
     #: float32, which one more kernel rounds into C (dispatch.run_rounded)
     out16 = okind if o16 is not None and spec.out_dtype != "uint16" else None
-    if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
-        xp = backend.array_module()
-        with _staging_stream(stream):
-            C = matmul(*(_to_device(op, xp) for op in (a, b)), kernel=spec, stream=stream,
-                       out_dtype=o16)
-            result = xp.asnumpy(C if o16 is None else _bits_of(C, False, xp))
-        if out is None:
-            return result if o16 is None else _host16(result, o16, a)
-        (c.obj if o16 is None else _bits_of(c.obj, True, np))[...] = result
-        return out
+    return _launched(a, b, c, out, z, spec, stream, M, N, K, o16, out16)
+
+
+def _staged(a, b, c, out, z, stream, **kw):
+    """Host operands (NumPy, torch CPU tensors): copied to the GPU, the product there, the
+    result copied back -- all on ``stream``, in order with the kernel."""
+    xp = backend.array_module()
+    o16 = kw.get("out_dtype")
+    o16 = None if o16 in (None, "float32") else o16
+    with _staging_stream(stream):
+        dev = [_to_device(op, xp) for op in (a, b)]
+        bias = None if z is None else _to_device(z, xp)
+        C = matmul(*dev, stream=stream, bias=bias, **kw)
+        result = xp.asnumpy(C if o16 is None else _bits_of(C, False, xp))  # waits
+    if out is None:
+        return result if o16 is None else _host16(result, o16, a)
+    (c.obj if o16 is None else _bits_of(c.obj, True, np))[...] = result
+    return out
+
+
+def _launched(a, b, c, out, z, spec, stream, M, N, K, o16, out16):
+    """The product with ``spec`` on operands where they are (GPU, or NumPy in the
+    simulator): A read row-major and B as the spec reads it -- in place where they lie
+    so, else copied -- padded where the spec's 16-byte pieces need it; C allocated
+    unless given.  Remembers what a repeat may skip (:func:`_remember`)."""
     xp = np if a.on_host else backend.array_module()
     # Every copy below runs on the kernel's stream, in order with the caller's work.
     with _staging_stream(stream) if not a.on_host else nullcontext():
-        A_, B_ = _kernel_array(a, xp), _kernel_array(b, xp)
+        a, b, spec, copied = _fit_layouts(a, b, spec, stream)
+        nk = spec.b_operand == "NK"
+        A_ = _kernel_array(a, xp)
+        B_ = _kernel_array(_t(b) if nk else b, xp)   # NK: the (N, K) row-major memory
+        Z_ = None if z is None else _kernel_array(z, xp).reshape(1, N)
         al = spec.operand_align
-        misaligned = not a.on_host and (a.ptr % 16 or b.ptr % 16)
+        misaligned = bool(al) and not a.on_host and (a.ptr % 16 or b.ptr % 16)
         Kp, Np = K, N
         if al and (K % al or N % al or misaligned):   # stage into zero-padded, aligned copies
             Kp, Np = -(-K // al) * al, -(-N // al) * al
-            A_, B_ = _padded(A_, M, Kp, xp), _padded(B_, Kp, Np, xp)
+            A_ = _padded(A_, M, Kp, xp)
+            B_ = _padded(B_, Np, Kp, xp) if nk else _padded(B_, Kp, Np, xp)
+            if Z_ is not None and Np != N:
+                Z_ = _padded(Z_, 1, Np, xp)
         if out is not None:
             C = c.obj if a.on_host else out  # host: the NumPy view of out (a torch CPU tensor)
         elif o16 is not None:
             C = _allocate16(M, N, o16, a)
         elif a.on_host:
-            C = np.empty((M, N), dtype=np.float32)
+            C = np.empty((M, N), dtype=np.dtype(spec.out_dtype) if spec.precision == "fp32"
+                         else np.float32)
         else:
             C = _allocate_output(M, N, np.float32, like=a)
         # dst: what the kernel writes when N is not padded (16-bit C: its bits)
@@ -787,19 +1012,80 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, transpose_b, o16=None)
         Ck = dst if Np == N else xp.empty((M, Np), dtype=np.float32 if o16 is None else np.uint16)
         if M != 0 and N != 0:
             plan = dispatch.plan(spec, M, Np, Kp)  # ConstraintError here
+            btype = None if z is None else _BIAS_TYPE[z.dname]
             if a.on_host:  # simulator
-                dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream, out16=out16)
+                dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream, out16=out16,
+                                bias=Z_, bias_type=btype or "fp32")
             else:
                 args = (plan, _ptr(A_), _ptr(B_), _ptr(Ck))
+                bias = () if z is None else (_ptr(Z_), btype)
                 if out16:
-                    dispatch.run_rounded(*args, out16, dispatch.stream_handle(stream))
+                    dispatch.run_rounded(*args, out16, dispatch.stream_handle(stream),
+                                         bias=bias)
                 else:
-                    dispatch.run(*args, dispatch.stream_handle(stream))
-                if Ck is dst and Kp == K and not misaligned and not _is_bf16array(C):
+                    dispatch.run(*args, dispatch.stream_handle(stream), bias=bias)
+                if (Ck is dst and Kp == K and not misaligned and not copied
+                        and not _is_bf16array(C)):
                     _remember(plan, a, C, al, out16)   # no staging: a repeat can skip it all
             if Ck is not dst:   # drop the padded columns (in order on the same stream)
                 (dst if a.on_host else xp.asarray(dst))[...] = Ck[:, :N]
     return C if out is None else out
+
+
+def _t(op: _Operand) -> _Operand:
+    """The description of a 2-D operand's transpose (a view of the same memory)."""
+    return _transposed(op.obj, op)[1]
+
+
+def _fit_layouts(a: _Operand, b: _Operand, spec: KernelSpec, stream):
+    """(a, b, spec, copied): A row-major, B in the layout ``spec`` reads -- a column-major
+    B goes to the spec's K-major ("NK") build where the rung has one -- and a copy in
+    the right order of any operand that lies otherwise."""
+    copied = False
+    if a.layout != "C":
+        a, copied = _copied(a, "C", stream), True
+    if b.layout == "F" and spec.b_operand == "KN":
+        nk = dispatch.with_layout(spec, "NK")
+        if nk is not None:
+            spec = nk
+    want = "F" if spec.b_operand == "NK" else "C"
+    if b.layout != want:
+        b, copied = _copied(b, want, stream), True
+    return a, b, spec, copied
+
+
+def _copied(op: _Operand, order: str, stream) -> _Operand:
+    """``op``'s elements in a new array, row-major ("C") or column-major ("F"), made by
+    the operand's own framework on ``stream`` (the caller's context for CuPy is set)."""
+    x = op.obj
+    if op.on_host:
+        y = np.ascontiguousarray(x) if order == "C" else np.asfortranarray(x)
+    elif op.kind == "torch":
+        with _torch_stream(stream):
+            y = x.contiguous() if order == "C" else x.t().contiguous().t()
+    else:
+        xp = backend.array_module()
+        x = x if type(x) is _cupy_ndarray() else xp.asarray(x)
+        y = xp.ascontiguousarray(x) if order == "C" else xp.asfortranarray(x)
+    if op.kind == "torch":
+        n = _describe_torch(y)
+    elif op.on_host:
+        n = _Operand(y, y.shape, y.dtype, order == "C", True, layout=order)
+    else:
+        n = _describe_cupy(y)
+        n.kind = op.kind if op.kind != "numba" else "cupy"
+    n.dname, n.bf16_from = op.dname, op.bf16_from
+    return n
+
+
+def _torch_stream(stream):
+    """A context that makes ``stream`` torch's current stream (torch's own: nothing)."""
+    torch = _torch()
+    if stream is None or isinstance(stream, _RawStream):
+        return nullcontext()
+    if hasattr(stream, "cuda_stream"):
+        return torch.cuda.stream(stream)
+    return torch.cuda.stream(torch.cuda.ExternalStream(dispatch.stream_handle(stream)))
 
 
 def _is_bf16array(x) -> bool:

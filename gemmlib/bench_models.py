@@ -380,14 +380,15 @@ def summary(data: dict) -> list[str]:
     return out
 
 
-def save(data: dict, directory="results") -> str:
+def save(data: dict, directory="results", suite: str = "models") -> str:
+    """``data`` as ``<directory>/<suite>-<gpu>-<date>.json``; its path."""
     import json
     from pathlib import Path
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     m = data["meta"]
-    path = d / f"models-{m['gpu_slug']}-{m['date'][:10]}.json"
+    path = d / f"{suite}-{m['gpu_slug']}-{m['date'][:10]}.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     return str(path)
 

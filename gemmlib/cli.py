@@ -103,11 +103,39 @@ def cmd_models(args) -> int:
     return 1 if any("error" in r for r in data["rows"]) else 0
 
 
+def cmd_layouts(args) -> int:
+    from gemmlib import backend
+    from gemmlib import bench_layouts as bl
+
+    if backend.SIMULATOR:
+        print(f"the layouts suite times GPU calls; its {len(bl.shapes())} shapes x "
+              f"{len(bl.LAYOUTS)} layouts x {len(bl.PRECISIONS)} precisions, and "
+              f"{len(bl.BATCHED)} batched products, need a GPU")
+        return 0
+    kw = {}
+    if args.precisions:
+        kw["precisions"] = tuple(args.precisions)
+    if args.tokens:
+        kw["tokens"] = tuple(args.tokens)
+    if args.layouts:
+        kw["layouts"] = tuple(args.layouts)
+    if args.squares is not None:
+        kw["squares"] = tuple(args.squares)
+    data = bl.run_suite(**kw)
+    for line in bl.summary(data):
+        print(line)
+    if args.out:
+        print(f"wrote {bl.save(data, args.out)}")
+    return 1 if any("error" in r for r in data["rows"]) else 0
+
+
 def cmd_bench(args) -> int:
     from gemmlib.bench import benchmark
 
     if args.suite == "models":
         return cmd_models(args)
+    if args.suite == "layouts":
+        return cmd_layouts(args)
     if args.host_cost:
         from gemmlib import backend
         from gemmlib.bench import first_call, host_costs, save_host_costs
@@ -179,14 +207,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kernel: events around the launch alone (default); call: around "
                    "gemmlib.matmul(A, B, out=C) as users call it, with host us per call "
                    "(file stem gets -call); both")
-    s.add_argument("--suite", choices=("sweep", "models"), default="sweep",
+    s.add_argument("--suite", choices=("sweep", "models", "layouts"), default="sweep",
                    help="sweep: the ladder over squares and odd shapes (default); models: the "
                    "projections of Llama 3.1 8B and Qwen2.5 72B at 1..16384 tokens, timed as a "
-                   "loop of calls against torch.matmul/cupy.matmul -> models-<gpu>-<date>.json")
+                   "loop of calls against torch.matmul/cupy.matmul -> models-<gpu>-<date>.json; "
+                   "layouts: NN/NT/TN/TT views and batched products against torch "
+                   "-> layouts-<gpu>-<date>.json")
     s.add_argument("--precisions", nargs="*", help="models suite: fp16 bf16 3xtf32 (default)")
     s.add_argument("--inputs", nargs="*", choices=("torch", "cupy"),
                    help="models suite: torch (default) and/or cupy operands")
     s.add_argument("--models", nargs="*", help="models suite: llama-3.1-8b qwen2.5-72b")
+    s.add_argument("--layouts", nargs="*", choices=("NN", "NT", "TN", "TT"),
+                   help="layouts suite: the layouts (default all four)")
+    s.add_argument("--squares", nargs="*", type=int,
+                   help="layouts suite: square sizes (default 4096 8192)")
     s.add_argument("--tokens", nargs="*", type=int, help="models suite: token counts (M)")
     s.add_argument("--host-cost", action="store_true",
                    help="instead: where one call's host time goes (64^3, step by step) and "

@@ -48,6 +48,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import struct
@@ -389,6 +390,56 @@ def with_out(spec: KernelSpec, out: str) -> KernelSpec:
     return build(rung_of(spec), params)
 
 
+def _rebuilt(spec: KernelSpec, **changes) -> KernelSpec | None:
+    """``spec``'s rung built with its parameters and ``changes``, or None where the rung's
+    ``build`` takes no such parameter (or refuses the value)."""
+    rung = rung_of(spec)
+    builder = getattr(importlib.import_module(f"gemmlib.kernels.{rung}"), "build", None)
+    if builder is None:   # a rung with one build
+        return None
+    takes = inspect.signature(builder).parameters
+    if any(k not in takes for k in changes):
+        return None
+    params = {k: v for k, v in spec.params.items() if k in takes}
+    params.update(changes)
+    try:
+        return build(rung, params)
+    except (TypeError, ValueError):
+        return None
+
+
+def with_layout(spec: KernelSpec, b_layout: str) -> KernelSpec | None:
+    """``spec`` built to read B as ``b_layout``: "KN" (a row-major (K, N) B) or "NK" (B's
+    memory is (N, K) row-major: a column-major B, ``W.t()`` of an ``nn.Linear`` weight).
+    None where the rung has no such build: the caller then copies B."""
+    if spec.b_operand == b_layout:
+        return spec
+    return _rebuilt(spec, B_LAYOUT=b_layout)
+
+
+def with_bias(spec: KernelSpec) -> KernelSpec:
+    """``spec`` built with its own bias epilogue where the rung has one (``BIAS``), else
+    ``spec`` itself: :func:`run` then adds the bias with one more kernel."""
+    if spec.bias_arg:
+        return spec
+    return _rebuilt(spec, BIAS=True) or spec
+
+
+def select_batched(precision: str, M: int, N: int, K: int, out: str, b_layout: str,
+                   bias: bool = False) -> KernelSpec | None:
+    """The rung that runs a batch of (M, N, K) products in one launch (``plan``'s
+    ``batch``): ``wgmma_ws`` on an H100/H200 (and in the simulator), its tile narrowed to
+    128 columns when N is no wider; None elsewhere (``gemmlib.matmul`` then loops)."""
+    if precision not in ("fp16", "bf16") or not (
+            SIMULATOR or tuple(backend.device_info().compute_capability) == (9, 0)):
+        return None
+    params = {"precision": precision, "BN": 128 if N <= 128 else 256, "OUT": out,
+              "B_LAYOUT": b_layout, "BIAS": bias}
+    spec = build("wgmma_ws", {k: v for k, v in params.items()
+                              if v != {"OUT": "fp32", "B_LAYOUT": "KN", "BIAS": False}.get(k)})
+    return None if spec.failed_constraints(M, N, K, backend.device_info()) else spec
+
+
 #: a C in the inputs' 16-bit type from one K slice of a 128 x 256 tile on Hopper: wgmma_store
 #: (the epilogue through shared memory and a TMA store) with four stages, the tile staged in
 #: two 32 KiB halves to make room for the fourth.  In a loop of calls at the power cap it ran
@@ -442,6 +493,15 @@ class Plan:
     splits: int = 1
     #: (rows, cols, dtype) of the workspace arrays of specs that take them (spec.workspace)
     workspace: tuple = ()
+    #: a batched launch (``spec.batched``): this many products of (M / batch) x N x K,
+    #: their A, B and C stacked row after row (M counts every product's rows); grid y
+    #: is the batch index
+    batch: int = 1
+
+    @property
+    def b_rows(self) -> int:
+        """Rows of B's memory: (N, K) for a K-major build, else (K, N), per product."""
+        return self.batch * (self.N if self.spec.b_kmajor else self.K)
 
     @property
     def reduce_grid(self) -> tuple[int, int, int]:
@@ -458,13 +518,14 @@ _PLANS = _LRU(4096)
 CALLS = _LRU(4096)
 
 
-def plan(kernel, M: int, N: int, K: int) -> Plan:
-    """The launch plan of ``kernel`` (rung name, "auto" or spec) for (M, N, K).
+def plan(kernel, M: int, N: int, K: int, batch: int = 1) -> Plan:
+    """The launch plan of ``kernel`` (rung name, "auto" or spec) for (M, N, K), or for
+    ``batch`` products of that shape in one launch (a spec with ``batched``).
 
     Checks the spec's constraints on this device (``ConstraintError`` naming
     the one that fails); memoised, so a repeated shape costs a dict lookup.
     """
-    key = (kernel if isinstance(kernel, str) else id(kernel), M, N, K)
+    key = (kernel if isinstance(kernel, str) else id(kernel), M, N, K, batch)
     p = _PLANS.get(key)
     if p is not None and (isinstance(kernel, str) or p.spec is kernel):
         return p
@@ -474,9 +535,15 @@ def plan(kernel, M: int, N: int, K: int) -> Plan:
     geo = spec.launch(M, N, K)
     splits = geo.grid[2] if spec.reduce_kernel is not None else 1
     work = tuple(spec.workspace(M, N, K)) if spec.workspace is not None else ()
+    grid = geo.grid
+    if batch != 1:
+        if not spec.batched or splits > 1 or work or spec.b_prep is not None:
+            raise ValueError(f"{spec.name} has no batched launch")
+        # the SMs shared among the products: each product's blocks walk its tiles
+        grid = (max(1, min(grid[0], -(-dev.sm_count // batch))), batch, 1)
     STATS["plans"] += 1
-    return _PLANS.put(key, Plan(spec, M, N, K, geo.grid, geo.block, geo.dynamic_shared_bytes,
-                                splits, work))
+    return _PLANS.put(key, Plan(spec, M * batch, N, K, grid, geo.block,
+                                geo.dynamic_shared_bytes, splits, work, batch))
 
 
 # --------------------------------------------------------------------------
@@ -751,6 +818,15 @@ def _compiled_round16(out: str) -> Compiled:
                     dtype=("float32", "uint16"), nargs=2)
 
 
+def _compiled_finish(out: str, bias: str) -> Compiled:
+    from gemmlib.kernels import split_k
+
+    bits = {"fp32": "float32", "fp16": "uint16", "bf16": "uint16"}
+    return compiled(split_k.BIAS_FINISH[(out, bias)], module=split_k.__name__,
+                    params={"OUT": out, "BIAS": bias},
+                    dtype=("float32", bits[bias], bits[out]), nargs=3)
+
+
 def _compiled_reduce(spec: KernelSpec) -> Compiled:
     # the workspace and C are the kernel's output type (float32 also for 16-bit inputs)
     return compiled(spec.reduce_kernel, module=spec.module, params={}, dtype=spec.out_dtype,
@@ -805,12 +881,19 @@ class _Bound:
         spec, M, N, K = p.spec, p.M, p.N, p.K
         ia, ib, ic = (np.dtype(d).itemsize for d in spec.kernel_dtypes)
         item = ic
-        b_rows, b_cols = (N, K) if spec.b_kmajor else (K, N)
+        b_rows, b_cols = p.b_rows, (K if spec.b_kmajor else N)
         c_rows = M * p.splits  # the workspace when K is split
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
         self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
                       + _array_words(0, c_rows, N, ic))
-        for rows, cols, dt in p.workspace:   # split-K sums in the kernel: W, then tickets
+        #: rungs with a bias epilogue: the bias row's words right after C ((0, N): none)
+        self.bias_word = len(self.words) + 4 if spec.bias_arg else None
+        if spec.bias_arg:
+            self.words += _array_words(0, 0, N, ia)
+        #: the data words of the workspace arrays (split-K sums in the kernel: W, tickets)
+        self.work_words = []
+        for rows, cols, dt in p.workspace:
+            self.work_words.append(len(self.words) + 4)
             self.words += _array_words(0, rows, cols, np.dtype(dt).itemsize)
         #: the word after the arrays: TMA rungs' address of the tensor maps
         self.maps_word = len(self.words)
@@ -831,6 +914,9 @@ class _Bound:
         #: run_rounded: its rounding kernels (by output type, loaded on first use), words
         self.round16 = {}
         self.round_words = _array_words(0, c_rows, N, 4) + _array_words(0, M, N, 2)
+        #: the bias epilogue kernels of rungs without their own (by (C's type, bias type))
+        self.finish = {}
+        self.finish_words = {}
         self.reduce_grid = p.reduce_grid   # computed once, not per launch
 
 
@@ -892,20 +978,29 @@ def _bound(p: Plan) -> _Bound:
 
 
 def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None,
-        scales: tuple = ()) -> None:
+        scales: tuple = (), bias: tuple = ()) -> None:
     """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
 
     B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
     :func:`gemmlib.matmul` makes them first.  ``bound``: the plan already made ready
-    for the current context (:func:`bound`), when the caller keeps it.
+    for the current context (:func:`bound`), when the caller keeps it.  ``bias``:
+    ``(address, type)`` of a row of N values ("fp32", "fp16", "bf16") added to every row
+    of C -- by the rung's own epilogue (``spec.bias_arg``), else by one more kernel
+    (:func:`_finish_bias`).
     """
     b = bound or _bound(p)
+    if bias and not p.spec.bias_arg:
+        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32")
+        return
     if p.spec.tma_boxes and p.K == 0:   # no map of an empty matrix: C = 0 without the kernel
+        if bias:
+            _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32")
+            return
         isz = np.dtype(p.spec.out_dtype).itemsize   # float32, or bf16 bits (FP8 rungs)
         backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, isz * p.M * p.N, stream)
         return
     if p.splits <= 1:   # the common case: one launch
-        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales)
+        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias)
         return
     # The slices' sums: one buffer per bound plan and stream, kept (launches on one stream
     # run in order: the next call's slices are written after this call's sum has read them).
@@ -915,7 +1010,7 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
 
 
 def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: int = 0,
-                bound=None) -> None:
+                bound=None, bias: tuple = ()) -> None:
     """Plan ``p`` of a rung that writes float32, for a C of 16-bit ``out`` ("fp16" /
     "bf16") at ``c_ptr`` (GPU only).  The rung writes its result -- or its K slices'
     partial products -- into a float32 buffer kept per bound plan and stream, and one
@@ -923,6 +1018,9 @@ def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: i
     nearest even: two launches, as split-K's float32 call, instead of a float32 C and a
     cast of it by the array library."""
     b = bound or _bound(p)
+    if bias:   # the sum, the bias and the rounding in one more kernel
+        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, (), bias, out)
+        return
     if p.spec.tma_boxes and p.K == 0:   # C = +0.0 (zero bits), as run's float32 C
         backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, 2 * p.M * p.N, stream)
         return
@@ -932,6 +1030,31 @@ def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: i
     if fn is None:
         fn = b.round16[out] = _compiled_round16(out).function(driver().current_context())
     _launch_reduce(fn, b, p, w_ptr, c_ptr, stream, "round_words")
+
+
+def _run_then_bias(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
+                   scales: tuple, bias: tuple, out: str) -> None:
+    """A rung without a bias epilogue (or a float32 build of one, for a 16-bit ``out``):
+    it writes float32 -- into C itself when C is float32 and K is not sliced, else into
+    this plan's float32 buffer -- and ``split_k.BIAS_FINISH`` adds the slices and the bias
+    in fp32 and rounds once into C."""
+    in_place = out == "fp32" and p.splits <= 1
+    w_ptr = c_ptr if in_place else _partials(b, p, stream)
+    if p.spec.tma_boxes and p.K == 0:
+        backend.array_module().cuda.runtime.memsetAsync(w_ptr, 0, 4 * p.M * p.N, stream)
+    else:
+        _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales)
+    key = (out, bias[1])
+    fn = b.finish.get(key)
+    if fn is None:
+        fn = b.finish[key] = _compiled_finish(*key).function(driver().current_context())
+        item = 4 if out == "fp32" else 2
+        b.finish_words[key] = (_array_words(0, p.M * p.splits, p.N, 4)
+                               + _array_words(0, 1, p.N, 4 if bias[1] == "fp32" else 2)
+                               + _array_words(0, p.M, p.N, item))
+    words = list(b.finish_words[key])
+    words[_DATA[0]], words[_DATA[1]], words[_DATA[2]] = w_ptr, bias[0], c_ptr
+    _launch(fn, b.reduce_grid, p.spec.reduce_block, 0, stream, words)
 
 
 def _partials(b: "_Bound", p: Plan, stream: int) -> int:
@@ -944,7 +1067,7 @@ def _partials(b: "_Bound", p: Plan, stream: int) -> int:
 
 
 def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
-                 scales: tuple) -> None:
+                 scales: tuple, bias: tuple = ()) -> None:
     """The main kernel of bound plan ``b`` writing ``c_ptr`` (C, or the slices' buffer):
     the pointers into its parameter block, packed once (then its workspace arrays and the
     address of its tensor maps where it takes them)."""
@@ -954,10 +1077,15 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
     values[_A_WORD] = a_ptr
     values[_B_WORD] = b_ptr
     values[_C_WORD] = c_ptr
-    if p.workspace:   # the words after C: this stream's workspace arrays
+    if b.bias_word is not None:   # the bias row: (1, N) at its address, or (0, N): none
+        w = b.bias_word
+        values[w] = bias[0] if bias else 0
+        values[w + 1] = 1 if bias else 0                # shape[0]
+        values[w - 2] = p.N if bias else 0              # size
+    if p.workspace:   # the words after C (and the bias): this stream's workspace arrays
         ws = b.scratch.get(stream) or _scratch(b, p, stream)
-        for i, ptr in enumerate(ws[1]):
-            values[_C_WORD + _WORDS * (i + 1)] = ptr
+        for w, ptr in zip(b.work_words, ws[1]):
+            values[w] = ptr
     if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
         values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr)
     drv = driver()
@@ -1053,7 +1181,7 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
     name = TMA_DTYPE[spec.precision]
     (box_a, box_b), sw = spec.tma_boxes, spec.tma_swizzle
     isz = np.dtype(ia).itemsize
-    b_shape = (N, K) if spec.b_kmajor else (K, N)
+    b_shape = (p.b_rows, K) if spec.b_kmajor else (p.b_rows, N)
     if spec.scale_words and len(scales) != 2:
         raise ValueError(f"{spec.name} needs the device addresses of its two scales")
     ops = [(a_ptr, (M, K), K * isz, name, box_a, sw),
@@ -1085,29 +1213,49 @@ def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
 
 
 def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=(),
-           out16: str | None = None) -> None:
+           out16: str | None = None, bias=None, bias_type: str | None = None) -> None:
     """Launch on arrays the kernel can take as they are (no checks).
 
     On a GPU: any arrays with ``__cuda_array_interface__`` (CuPy, numba), through
     :func:`run` (:func:`run_rounded` with ``out16``: a 16-bit C of uint16 bits from a
     rung that writes float32).  In the simulator: numba's launch, with the split-K
-    workspace, the reduction and the rounding done the same way.
+    workspace, the reduction and the rounding done the same way.  ``bias``: a (1, N)
+    row of ``bias_type`` ("fp32", or "fp16"/"bf16" as uint16 bits; by default float32
+    for a float32 row, else the spec's precision) added to C's rows.
     """
     p = spec_or_plan if isinstance(spec_or_plan, Plan) else plan(spec_or_plan, M, N, K)
+    if bias is not None and bias_type is None:
+        bias_type = "fp32" if np.dtype(bias.dtype).itemsize == 4 else p.spec.precision
     if not SIMULATOR:
         ptr = [x.__cuda_array_interface__["data"][0] for x in (A, B, C)]
+        bias_arg = () if bias is None else (bias.__cuda_array_interface__["data"][0], bias_type)
         if out16 is not None:
-            run_rounded(p, *ptr, out16, stream=stream_handle(stream))
+            run_rounded(p, *ptr, out16, stream=stream_handle(stream), bias=bias_arg)
         else:
-            run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales))
+            run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales), bias=bias_arg)
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
-    from gemmlib.kernels.split_k import REDUCE16   # run_rounded's: sum the slices, round
+    from gemmlib.kernels.split_k import BIAS_FINISH, REDUCE16
+
+    if bias is not None and (not spec.bias_arg or (spec.tma_boxes and K == 0)):
+        out = out16 or "fp32"   # as run's _run_then_bias
+        W = C if out == "fp32" and p.splits <= 1 else np.empty((p.splits * M, N), np.float32)
+        if spec.tma_boxes and K == 0:
+            W[...] = 0
+        elif p.splits <= 1:
+            launch(p, A, B, W, M, N, K, stream, scales)
+        else:   # the slices' partial products, unsummed
+            spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
+        BIAS_FINISH[(out, bias_type)][p.reduce_grid, spec.reduce_block, s](W, bias, C)
+        return
+    #: the arrays a bias-epilogue rung takes right after C
+    extra = [] if not spec.bias_arg else [
+        bias if bias is not None else np.zeros((0, N), np.dtype(spec.kernel_dtypes[0]))]
 
     if out16 is not None and p.splits <= 1:   # as run_rounded: float32 first, then rounded
         W = np.empty((M, N), np.float32)
-        launch(p, A, B, W, M, N, K, stream)
+        launch(p, A, B, W, M, N, K, stream, bias=bias, bias_type=bias_type)
         REDUCE16[out16][p.reduce_grid, spec.reduce_block, s](W, C)
         return
     if spec.tma_boxes:
@@ -1128,14 +1276,14 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         maps = tma.simulated_maps(arrays, boxes, spec.tma_swizzle,
                                   tuple(scales) if spec.scale_words else ())
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC, *work,
-                                                        np.uint64(maps))
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC, *extra,
+                                                        *work, np.uint64(maps))
         if dC is not None:
             C[...] = dC._ary
         return
     if p.splits <= 1:   # (a rung that sums its K slices itself takes its workspace after C)
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
-        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *work)
+        spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C, *extra, *work)
         return
     W = np.empty((p.splits * M, N), dtype=np.float32)
     spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)

@@ -176,6 +176,10 @@ class KernelSpec:
     #: each accumulator in fp32 before the single rounding into C; a (0, N) array (null
     #: pointer) means no bias.  One compiled kernel serves both
     bias_arg: bool = False
+    #: rungs that run a batch of products in one launch: grid y is the product's index,
+    #: A, B and C hold the products' matrices one under the other (``gemmlib.dispatch.plan``
+    #: with ``batch``); a kernel reads its per-product rows as rows / gridDim.y
+    batched: bool = False
 
     @property
     def b_kmajor(self) -> bool:
@@ -194,8 +198,10 @@ class KernelSpec:
 
     @property
     def array_dtypes(self) -> tuple[str, ...]:
-        """The dtypes of every array argument: A, B, C, then the workspace arrays."""
-        return self.kernel_dtypes + tuple(self.workspace_dtypes)
+        """The dtypes of every array argument: A, B, C, the bias row (``bias_arg``: A's
+        element type), then the workspace arrays."""
+        bias = self.kernel_dtypes[:1] if self.bias_arg else ()
+        return self.kernel_dtypes + bias + tuple(self.workspace_dtypes)
 
     def c_map_ok(self, N: int, c_ptr: int) -> bool:
         """Whether this call's C gets a TMA map (``tma_store_box``; the kernel's own test)."""

@@ -17,8 +17,9 @@ def f32(*shape):
 
 @pytest.mark.parametrize("A, B, match", [
     (f32(3, 4), f32(5, 6), r"inner dimensions differ: A is 3x4 and B is 5x6"),
-    (f32(4), f32(4, 2), r"A must be a 2-D matrix; got shape \(4,\)"),
-    (f32(2, 2), f32(2, 2, 2), r"B must be a 2-D matrix"),
+    (f32(4), f32(4, 2), r"matrices or stacks of matrices: A has shape \(4,\)"),
+    (f32(2, 2), f32(2, 3, 2), r"inner dimensions differ: A has shape \(2, 2\) and B "
+                              r"\(2, 3, 2\)"),
 ])
 def test_wrong_shapes(A, B, match):
     with pytest.raises(ValueError, match=match):
@@ -71,9 +72,13 @@ def test_unknown_kernel():
         gemmlib.matmul(f32(2, 2), f32(2, 2), kernel="fastest")
 
 
-def test_transpose_b_mismatch():
-    with pytest.raises(ValueError, match=r"computes A @ B from B of shape \(K, N\)"):
-        gemmlib.matmul(f32(2, 3), f32(4, 3), kernel="naive", transpose_b=True)
+def test_transpose_b_is_an_alias_on_every_rung():
+    """B given as (N, K): a rung that reads (K, N) gets a row-major copy."""
+    A, W = f32(2, 3), f32(4, 3)
+    C = gemmlib.matmul(A, W, kernel="naive", transpose_b=True)
+    np.testing.assert_allclose(C, A.astype(np.float64) @ W.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"inner dimensions differ: A is 2x3 and B is 5x4"):
+        gemmlib.matmul(A, f32(4, 5), transpose_b=True)
 
 
 def test_too_many_threads_is_a_constraint_error():

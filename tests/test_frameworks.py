@@ -48,7 +48,10 @@ def test_cpu_fp16_tensors_run_on_the_tensor_core_rung():
     g = torch.Generator().manual_seed(1)
     A = (torch.rand(9, 10, generator=g) - 0.5).half()
     B = (torch.rand(10, 11, generator=g) - 0.5).half()
-    C = gemmlib.matmul(A, B, kernel="mma_atom")
+    C = gemmlib.matmul(A, B, kernel="mma_atom")   # the inputs' type, as torch.matmul
+    assert isinstance(C, torch.Tensor) and C.dtype == torch.float16
+    assert _rel(C, _ref(A, B)) < 1e-3
+    C = gemmlib.matmul(A, B, kernel="mma_atom", out_dtype=torch.float32)
     assert isinstance(C, torch.Tensor) and C.dtype == torch.float32
     assert _rel(C, _ref(A, B)) < 1e-3
 

@@ -224,7 +224,7 @@ def test_auto_casts_where_no_epilogue_writes_16_bits(prec, out_dtype, M):
     A, B, _, _, a64, b64 = _raw16(prec, M, N, K, seed=7)
     C = gemmlib.matmul(A, B, out_dtype=out_dtype)
     assert isinstance(C, P.BF16Array if prec == "bf16" else np.ndarray)
-    assert np.array_equal(_bits(C), _round16(gemmlib.matmul(A, B), prec))
+    assert np.array_equal(_bits(C), _round16(gemmlib.matmul(A, B, out_dtype=np.float32), prec))
     check16(C, prec, a64, b64)
 
 
@@ -259,7 +259,8 @@ def test_torch_cpu_tensors_come_back_in_their_own_type(dtype):
     out = torch.full((8, 11), float("nan"), dtype=getattr(torch, dtype))
     assert gemmlib.matmul(A, B, out=out) is out
     check16(out, prec, a64, b64)
-    assert gemmlib.matmul(A, B).dtype == torch.float32           # the default is unchanged
+    assert gemmlib.matmul(A, B).dtype == getattr(torch, dtype)   # the default: the inputs' type
+    assert gemmlib.matmul(A, B, out_dtype=torch.float32).dtype == torch.float32
 
 
 def test_refusals_name_the_rule():
@@ -292,11 +293,11 @@ def test_call_keys_and_choices_include_the_output_type():
                      nbytes=256, device=0, kind="cupy")
     b = api._Operand(object(), (16, 24), np.dtype(np.float16), True, on_host=False,
                      ptr=0x9000, nbytes=768, device=0, kind="cupy")
-    k = api._call_key(a, b, None, None, False, None)
-    assert k == api._call_key(a, b, None, None, False, None, None)
-    assert k != api._call_key(a, b, None, None, False, None, "float16")
-    assert (api._call_key(a, b, None, None, False, None, "float16")
-            != api._call_key(a, b, None, None, False, None, "float32"))
+    k = api._call_key(a, b, None, None, None)
+    assert k == api._call_key(a, b, None, None, None, None)
+    assert k != api._call_key(a, b, None, None, None, "float16")
+    assert (api._call_key(a, b, None, None, None, "float16")
+            != api._call_key(a, b, None, None, None, "float32"))
     # names of the output type, one per element type (cached, cheap per call)
     assert {api._out_name(x) for x in ("fp16", "float16", "half", np.float16,
                                        np.dtype(np.float16))} == {"float16"}
@@ -349,7 +350,7 @@ def test_split_k_slices_round_once(prec):
     spec32 = on_blocks(wgmma_split_k.build(prec, BM=64, BN=64, STAGES=2, SPLITS=3), 2)
     assert "_k3_o16" in spec16.name and spec16.out_dtype == "uint16"
     C16 = gemmlib.matmul(A, B, kernel=spec16)     # a spec built with OUT: its type
-    C32 = gemmlib.matmul(A, B, kernel=spec32)
+    C32 = gemmlib.matmul(A, B, kernel=spec32, out_dtype=np.float32)
     assert np.array_equal(_bits(C16), _round16(C32, prec))
     check16(C16, prec, a64, b64)
 
@@ -371,7 +372,7 @@ def test_rounded_path_sums_the_slices_then_rounds(prec, splits):
     out = buf[:M * N].reshape(M, N)
     out = out.view(np.float16) if prec == "fp16" else P.BF16Array(out)
     assert gemmlib.matmul(A, B, kernel=spec, out_dtype=prec, out=out) is out
-    assert np.array_equal(_bits(out), _round16(gemmlib.matmul(A, B, kernel=spec), prec))
+    assert np.array_equal(_bits(out), _round16(gemmlib.matmul(A, B, kernel=spec, out_dtype=np.float32), prec))
     assert buf[-1] == POISON
     check16(out, prec, a64, b64)
 
@@ -390,7 +391,7 @@ def test_skinny_writes_16_bits(prec, splits):
     assert spec16.out_dtype == "uint16" and spec16.name.endswith("_o16")
     assert dispatch.plan(spec16, M, N, K).grid[2] == splits
     C16 = gemmlib.matmul(A, B, kernel=spec16)
-    assert np.array_equal(_bits(C16), _round16(gemmlib.matmul(A, B, kernel=spec32), prec))
+    assert np.array_equal(_bits(C16), _round16(gemmlib.matmul(A, B, kernel=spec32, out_dtype=np.float32), prec))
     check16(C16, prec, a64, b64)
 
 

@@ -99,7 +99,7 @@ def test_misaligned_B_takes_the_scalar_path(monkeypatch):
     spec = small("fp16")
     rng = np.random.default_rng(3)
     A, B = precision_operands("fp16", 3, 64, 20, rng)
-    C = gemmlib.matmul(A, B, kernel=spec)
+    C = gemmlib.matmul(A, B, kernel=spec, out_dtype=np.float32)
     np.testing.assert_allclose(C, _f64(A) @ _f64(B), rtol=1e-5, atol=1e-5)
     assert seen
 
@@ -138,7 +138,7 @@ def test_nan_and_inf_propagate_like_a_dot_product(precision):
     elif precision == "bf16":
         A, B = P.to_bf16(A), P.to_bf16(B)
     ref = _plain_dot(A, B)
-    C = gemmlib.matmul(A, B, kernel=small(precision))
+    C = gemmlib.matmul(A, B, kernel=small(precision), out_dtype=np.float32)
     np.testing.assert_array_equal(np.isnan(C), np.isnan(ref))
     np.testing.assert_array_equal(np.isposinf(C), np.isposinf(ref))
     np.testing.assert_array_equal(np.isneginf(C), np.isneginf(ref))
@@ -163,8 +163,8 @@ def test_split_k_is_right_and_bit_identical(precision, S):
     assert p.workspace == ((S * M, N, "float32"), (p.grid[0], p.grid[1], "int32"))
     rng = np.random.default_rng(1)
     A, B = precision_operands(precision, M, N, K, rng)
-    C1 = gemmlib.matmul(A, B, kernel=spec)
-    C2 = gemmlib.matmul(A, B, kernel=spec)
+    C1 = gemmlib.matmul(A, B, kernel=spec, out_dtype=np.float32)
+    C2 = gemmlib.matmul(A, B, kernel=spec, out_dtype=np.float32)
     assert C1.tobytes() == C2.tobytes()
     # the kernel itself, twice on one workspace: the tickets are back at zero after each
     # launch, and the sum is the slices' in slice order (as split-K's reduction adds them)
@@ -182,7 +182,7 @@ def test_split_k_is_right_and_bit_identical(precision, S):
     err = backend.relative_error(C1, _f64(A) @ _f64(B))
     assert err <= P.tolerance(precision, K), err
     # the unsplit kernel sums in another order: close, and also right
-    C0 = gemmlib.matmul(A, B, kernel=small(precision))
+    C0 = gemmlib.matmul(A, B, kernel=small(precision), out_dtype=np.float32)
     assert backend.relative_error(C0, _f64(C1)) <= P.tolerance("fp32", K)
 
 
@@ -196,9 +196,9 @@ def test_group_sums_and_pipelined_loads_keep_the_bits(monkeypatch, precision):
     rng = np.random.default_rng(4)
     A, B = precision_operands(precision, M, N, K, rng)
     kw = dict(MT=4, CT=4, NT=16, U=2)
-    base = gemmlib.matmul(A, B, kernel=skinny.build(precision, **kw))
+    base = gemmlib.matmul(A, B, kernel=skinny.build(precision, **kw), out_dtype=np.float32)
     assert backend.relative_error(base, _f64(A) @ _f64(B)) <= P.tolerance(precision, K)
-    piped = gemmlib.matmul(A, B, kernel=skinny.build(precision, PIPE=1, **kw))
+    piped = gemmlib.matmul(A, B, kernel=skinny.build(precision, PIPE=1, **kw), out_dtype=np.float32)
     assert piped.tobytes() == base.tobytes()
     BN = 4 * skinny.VEC[precision]
     for groups in (2, 1):   # staging areas that hold 2 and 1 groups' MT x BN sums: G < KT = 4
@@ -206,7 +206,7 @@ def test_group_sums_and_pipelined_loads_keep_the_bits(monkeypatch, precision):
         skinny._code.cache_clear()
         spec = skinny.build(precision, **kw)
         assert spec.shared_bytes == 4 * groups * 4 * BN
-        assert gemmlib.matmul(A, B, kernel=spec).tobytes() == base.tobytes()
+        assert gemmlib.matmul(A, B, kernel=spec, out_dtype=np.float32).tobytes() == base.tobytes()
     skinny._code.cache_clear()
 
 
@@ -278,7 +278,8 @@ def test_matmul_auto_runs_skinny_at_decode(monkeypatch, precision):
     rng = np.random.default_rng(4)
     dname = {"fp16": "fp16", "bf16": "bf16"}.get(precision, "fp32")
     A, B = precision_operands(dname, 3, 40, 50, rng)
-    C = gemmlib.matmul(A, B, precision=precision if precision in ("tf32", "3xtf32") else None)
+    C = gemmlib.matmul(A, B, precision=precision if precision in ("tf32", "3xtf32") else None,
+                       out_dtype=np.float32)
     assert ran[-1].module == skinny.__name__
     err = backend.relative_error(C, _f64(A) @ _f64(B))
     assert err <= P.tolerance("fp32" if dname == "fp32" else dname, 50), err

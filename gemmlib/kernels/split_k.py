@@ -82,6 +82,35 @@ REDUCE16 = {"fp16": _rounding_reduce(convert.float_to_half),
             "bf16": _rounding_reduce(convert.float_to_bf16)}
 
 
+def _bias_finish(to_out, load_bias):
+    def finish_with_bias(W, bias, C):
+        """C[i, j] = the slices' sum at (i, j) plus bias[0, j], in fp32, rounded once to
+        C's type (``to_out``).  W may be C itself (one slice, a float32 C: in place)."""
+        M, N = C.shape
+        i = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+        j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if i < M and j < N:
+            C[i, j] = to_out(slice_sum(W, M, i, j) + load_bias(bias[0, j]))
+
+    return cuda.jit(finish_with_bias)
+
+
+@cuda.jit(device=True)
+def _as_float(x):
+    return float32(x)
+
+
+#: the bias epilogue of rungs that have none of their own (``KernelSpec.bias_arg``): the
+#: rung writes float32 (or its K slices' partial products), and this kernel adds the
+#: slices and the bias in fp32 and rounds once into C.  Keyed by (C's type, the bias's
+#: type); a 16-bit bias or C travels as its uint16 bits.
+BIAS_FINISH = {
+    (out, bt): _bias_finish(
+        {"fp32": _as_float, "fp16": convert.float_to_half, "bf16": convert.float_to_bf16}[out],
+        {"fp32": _as_float, "fp16": convert.half_to_float, "bf16": convert.bf16_to_float}[bt])
+    for out in ("fp32", "fp16", "bf16") for bt in ("fp32", "fp16", "bf16")}
+
+
 def reduce_grid(M: int, N: int) -> tuple[int, int, int]:
     return (cdiv(N, REDUCE_BLOCK[0]), cdiv(M, REDUCE_BLOCK[1]), 1)
 

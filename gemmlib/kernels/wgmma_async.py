@@ -34,6 +34,23 @@ synchronises, and the warpgroup issues 4 k-steps x 2 instructions.
 Inputs are fp16 or bf16 (``precision``), accumulation fp32; K and N must be
 multiples of 8 (16-byte rows; ``gemmlib.matmul`` pads other shapes).  Needs
 sm_90a (H100/H200): other GPUs get a ``ConstraintError``.
+
+The pieces the later (TMA) rungs share live here too, with two options of theirs:
+
+* **B as torch holds a weight** (``B_LAYOUT="NK"``).  ``F.linear(x, W)`` is
+  ``x @ W.T`` with W (N, K) row-major: B is *K-major*, wgmma's own layout.  Its
+  tile is then A's: BN rows of 64 halves (128 bytes, 128-byte swizzled), the
+  descriptor stepping 32 bytes per k-step with SBO 1024 between groups of 8
+  rows, and the instruction is built without trans-b (:func:`mma_source`,
+  :func:`warpgroup_code`).  Only K must be a multiple of 8 (B's rows are K
+  long); the rung is named ``..._nk`` and ``gemmlib.dispatch`` passes B as (N, K).
+* **A bias** (``BIAS=True``, :func:`bias_code`).  The kernel takes a fourth array
+  right after C, ``bias`` (1, N) in the inputs' element type (uint16 bits), or
+  (0, N) for none -- one compiled kernel for both: the test is uniform.  Each
+  accumulator gets ``bias[0, col]`` (fp16 bits through ``cvt.f32.f16``, bf16
+  bits shifted into a float32's top half) before the single rounding and store
+  into C: ``F.linear(x, W, b)`` in one kernel.  Builds without a bias keep their
+  arguments (A, B, C, maps) (:func:`bias_entry`) and their names.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16
@@ -62,16 +79,23 @@ def swizzled(row, chunk):
     return row * BK + ((chunk ^ (row % 8)) * 8)
 
 
-def mma_source(BN: int, halves: int, ab: str) -> str:
+def mma_source(BN: int, halves: int, ab: str, b_layout: str = "KN") -> str:
     """Source of ``k_tile(a, b, acc)``: the 4 k-steps of one k-tile for ``halves`` 64-row
     slices of A's tile (a, b: shared addresses of the tiles), written out so that every
     descriptor offset is a constant.  Each wgmma updates slice h's BN/2 accumulators,
     ``acc[h * BN/2:(h + 1) * BN/2]``, in place: the intrinsic's array form is one call for
-    numba to type, and once inlined its constant indices keep ``acc`` in registers."""
+    numba to type, and once inlined its constant indices keep ``acc`` in registers.
+
+    ``b_layout``: "KN", B's tile MN-major (64-column panels, LBO from panel to panel, a
+    k-step 16 rows down); "NK", B's tile K-major as A's (BN rows of 64 halves, a k-step 32
+    bytes along the rows, SBO from one group of 8 rows to the next)."""
     R = BN // 2
     lines = ["def k_tile(a, b, acc):"]
     for kk in range(BK // 16):
-        lines.append(f"    db = desc(b + {kk * B_KSTEP}, {PANEL_BYTES}, {GROUP_BYTES}, 1)")
+        if b_layout == "NK":
+            lines.append(f"    db = desc(b + {kk * A_KSTEP}, 16, {GROUP_BYTES}, 1)")
+        else:
+            lines.append(f"    db = desc(b + {kk * B_KSTEP}, {PANEL_BYTES}, {GROUP_BYTES}, 1)")
         for h in range(halves):
             lines.append(f"    mma(desc(a + {h * SLICE_BYTES + kk * A_KSTEP}, 16, "
                          f"{GROUP_BYTES}, 1), db, one, acc, {h * R})")
@@ -151,18 +175,156 @@ def tile_order(BM: int, BN: int, GROUP_M: int):
     return cuda.jit(device=True)(grouped_order(BM, BN, GROUP_M))
 
 
-def warpgroup_code(precision: str, BN: int, halves: int, out: str = "fp32"):
+def warpgroup_code(precision: str, BN: int, halves: int, out: str = "fp32",
+                   b_layout: str = "KN"):
     """The generated device functions (k_tile, store_acc) for ``halves`` slices of 64 x BN.
-    ``out``: what C holds (:func:`out_store`): "fp32", or the inputs' own 16-bit type."""
+    ``out``: what C holds (:func:`out_store`): "fp32", or the inputs' own 16-bit type.
+    ``b_layout``: how B's tile lies in shared memory (:data:`B_LAYOUTS`)."""
     if precision not in PRECISIONS:
         raise ValueError(f"the wgmma rungs compute in {PRECISIONS} (tf32 wgmma cannot read "
                          f"a row-major B), got {precision!r}")
-    mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(BN, trans_b=True,
-                                                                 in_place=True)
+    check_layout(b_layout)
+    # trans-b: B's tile is MN-major (KN); an NK tile is K-major, wgmma's own layout
+    mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(
+        BN, trans_b=b_layout == "KN", in_place=True)
     env = {"desc": H.smem_desc, "mma": mma, "uidx": uidx, "store2": store2,
            "aligned8": aligned8}
-    return compile_sources((mma_source(BN, halves, precision),
+    return compile_sources((mma_source(BN, halves, precision, b_layout),
                             out_store(BN, halves, precision, out, env)), env)
+
+
+#: how B is given.  "KN": (K, N) row-major, its tile MN-major in shared memory (wgmma's
+#: trans-b).  "NK": (N, K) row-major -- an ``nn.Linear`` weight, ``F.linear(x, W) = x @ W.T``
+#: -- its tile K-major like A's, the layout wgmma reads without transposing
+B_LAYOUTS = ("KN", "NK")
+
+
+def check_layout(b_layout: str) -> None:
+    if b_layout not in B_LAYOUTS:
+        raise ValueError(f"B_LAYOUT must be one of {B_LAYOUTS}, got {b_layout!r}")
+
+
+def layout_suffix(b_layout: str) -> str:
+    """What a rung's name gets for B given as (N, K): ``wgmma_ws_nk``."""
+    return "_nk" if b_layout == "NK" else ""
+
+
+def layout_params(b_layout: str) -> dict:
+    """The ``params`` entry an (N, K) B adds (KN builds keep their params as before)."""
+    return {"B_LAYOUT": b_layout} if b_layout == "NK" else {}
+
+
+def _k_aligned(spec, M, N, K, dev):
+    return K % 8 == 0
+
+
+#: an (N, K) B's rows are K long like A's: only K must be a multiple of 8
+K_SIXTEEN_BYTE_ROWS = Constraint(
+    "16-byte rows", _k_aligned,
+    "TMA copies rows of a multiple of 16 bytes: K must be a multiple of 8 (gemmlib.matmul "
+    "pads other shapes)")
+
+
+def layout_fields(b_layout: str) -> dict:
+    """The KernelSpec fields an (N, K) B changes: ``b_operand`` (``gemmlib.dispatch`` then
+    passes B as (N, K) and maps it so) and the shape rule (N is free)."""
+    if b_layout != "NK":
+        return {}
+    return dict(b_operand="NK", constraints=(HOPPER_ONLY, K_SIXTEEN_BYTE_ROWS))
+
+
+def layout_ptx(b_layout: str) -> tuple:
+    """An NK build's wgmma must read B K-major: its trans-b immediate (the last) is 0."""
+    if b_layout != "NK":
+        return ()
+    return (r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.b?f16\.b?f16 [^;]*, 1, 1, 0, 0;",)
+
+
+# --------------------------------------------------------------------------
+# The bias epilogue: C = A @ B (+ bias), the bias added in fp32 before the one rounding
+
+
+def bias_source(BN: int, halves: int) -> str:
+    """Source of ``add_bias(acc, bias, t, n0, N)``: thread ``t`` of a warpgroup adds
+    ``bias[0, c]`` (as float32: ``to32``) to each of its accumulators of column c, in all
+    ``halves`` 64-row slices; a (0, N) bias (no bias) leaves them as they are.
+
+    A thread's columns are the same in every row it holds (``H.accumulator_coords``: pairs
+    c, c + 1 at ``n0 + 2 * (lane % 4) + 8 j``), so it reads each bias value once and adds it
+    to rows g and g + 8 of every slice.  One loop over j, unrolled by NVVM (a constant
+    trip count), so every index of ``acc`` is a constant and ``acc`` stays in registers.
+    Columns past N read nothing (their sums are never stored)."""
+    R = BN // 2
+    lines = ["def add_bias(acc, bias, t, n0, N):",
+             "    if bias.shape[0] > 0:              # uniform: a bias was given",
+             "        c0 = n0 + 2 * (t % 4)",
+             f"        for j in range({BN // 8}):",
+             "            c = c0 + 8 * j",
+             "            b0 = to32(bias[0, uidx(c)]) if c < N else float32(0.0)",
+             "            b1 = to32(bias[0, uidx(c + 1)]) if c + 1 < N else float32(0.0)"]
+    for h in range(halves):
+        for k in range(4):   # accumulators 4j .. 4j + 3: (g, c), (g, c + 1), (g + 8, c), ...
+            i = f"{h * R + k} + 4 * j" if h * R + k else "4 * j"
+            lines.append(f"            acc[{i}] += b{k % 2}")
+    return "\n".join(lines) + "\n"
+
+
+@cuda.jit(device=True)
+def no_bias(acc, bias, t, n0, N):
+    """``BIAS=False``: the accumulators are the result (``bias`` is never read)."""
+    return
+
+
+@cuda.jit(device=True)
+def f32_value(x):
+    return float32(x)
+
+
+def bias_code(precision: str, BN: int, halves: int, bias: bool):
+    """``add_bias(acc, bias, t, n0, N)`` (:func:`bias_source`) for a bias in ``precision``'s
+    input type: fp16 bits through ``cvt.f32.f16``, bf16 bits shifted into a float32's top
+    half, tf32's float32 as it is; :func:`no_bias` when the build has none."""
+    if not bias:
+        return no_bias
+    from gemmlib.intrinsics.convert import bf16_to_float, half_to_float
+
+    to32 = {"fp16": half_to_float, "bf16": bf16_to_float}.get(precision, f32_value)
+    env = {"to32": to32, "uidx": uidx, "float32": float32}
+    return compile_sources((bias_source(BN, halves),), env)[0]
+
+
+def bias_suffix(bias: bool) -> str:
+    """What a rung's name gets for the bias epilogue: ``wgmma_ws_bias``."""
+    return "_bias" if bias else ""
+
+
+def bias_params(bias: bool) -> dict:
+    return {"BIAS": True} if bias else {}
+
+
+def bias_fields(bias: bool) -> dict:
+    """``bias_arg``: the kernel takes the bias right after C (``gemmlib.spec``)."""
+    return {"bias_arg": True} if bias else {}
+
+
+def bias_entry(kernel, bias: bool, jit_opts: dict):
+    """The kernel a build launches, from ``kernel(A, B, C, bias, *rest)``.
+
+    With a bias: ``kernel`` itself.  Without: a kernel of the argument list the rung had
+    before the bias existed, ``(A, B, C, *rest)``, which runs ``kernel``'s body as a device
+    function with C in the bias's place -- the no-bias epilogue (:func:`no_bias`) never
+    reads it, and NVVM inlines the body, so the code is the kernel's own."""
+    if bias:
+        return kernel
+    py = getattr(kernel, "py_func", None) or kernel.fn     # numba's / the simulator's
+    names = list(py.__code__.co_varnames[:py.__code__.co_argcount])
+    assert names[:4] == ["A", "B", "C", "bias"], names
+    rest = ", ".join(names[4:])
+    src = (f"def {py.__name__}(A, B, C, {rest}):\n"
+           f"    body(A, B, C, C, {rest})\n")
+    ns = {"body": cuda.jit(device=True)(py)}
+    exec(compile(src, f"<gemmlib.wgmma {py.__name__}>", "exec"), ns)  # noqa: S102
+    return cuda.jit(**jit_opts)(ns[py.__name__])
 
 
 #: what the wgmma rungs' epilogue may write: float32, or the inputs' own 16-bit type

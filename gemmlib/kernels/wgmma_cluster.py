@@ -43,6 +43,10 @@ simulated: there the rung is built with ``CM = 1`` (a cluster of one block:
 multicast to itself, the same barriers and arrivals), which CI checks; the
 GPU tests run ``CM = 2``.  A kernel built for CM blocks traps if launched
 without its cluster instead of waiting forever for a peer.
+
+``B_LAYOUT="NK"`` (B as an ``nn.Linear`` weight, (N, K)) keeps the 64 x 64 panels:
+panel p is then rows n0 + 64 p .. of B, 64 rows of its K-major tile, multicast as
+before.  ``BIAS=True`` adds a (1, N) bias before the store, as in ``wgmma_ws``.
 """
 
 from gemmlib import backend
@@ -50,9 +54,12 @@ from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import cluster as CL
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, check_out, out_fields,
-                                         out_params, out_ptx, out_suffix, rung_name,
-                                         spec_fields, tile_order, warpgroup_code)
+from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, bias_code, bias_entry,
+                                         bias_fields, bias_params, bias_suffix, check_layout,
+                                         check_out, layout_fields, layout_params, layout_ptx,
+                                         layout_suffix, no_bias, out_fields, out_params,
+                                         out_ptx, out_suffix, rung_name, spec_fields,
+                                         tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, wait
 from gemmlib.kernels.wgmma_ws import as_accumulated, check_tile, register_roles, regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
@@ -61,14 +68,26 @@ from gemmlib.spec import KernelSpec, cdiv
 DEFAULT_CM = 1 if SIMULATOR else 2
 
 
-def multicast_loader(BM: int, BN: int, CM: int, MULTICAST: bool = True):
+def multicast_loader(BM: int, BN: int, CM: int, MULTICAST: bool = True, b_layout: str = "KN"):
     """``load_stage(ring, s, bar, maps, k0, m0, n0, rank)``: block ``rank``'s copies of the
     k-tile at ``k0``: its own A box, and B panels rank, rank + CM, ... multicast to the
-    whole cluster.  Announces the whole stage on ``bar`` (the peers' panels count too)."""
+    whole cluster.  Announces the whole stage on ``bar`` (the peers' panels count too).
+
+    A panel is a 64 x 64 box either way: 64 k x 64 n of a (K, N) B at (n0 + 64 p, k0), or,
+    ``b_layout`` "NK", rows n0 + 64 p .. of a (N, K) B at (k0, n0 + 64 p) -- 64 of the K-major
+    tile's 128-byte rows, so the panels one after another are that tile."""
     A_BYTES = BM * BK * 2
     STAGE_BYTES = A_BYTES + BK * BN * 2
     PANELS = BN // 64
     MASK = (1 << CM) - 1                      # every block of the cluster
+    NK = b_layout == "NK"
+
+    @cuda.jit(device=True)
+    def panel_at(n0, k0, p):
+        """(column, row) of B's panel p in B's tensor map."""
+        if NK:
+            return k0, n0 + 64 * p
+        return n0 + 64 * p, k0
 
     @cuda.jit(device=True)
     def load_stage(ring, s, bar, maps, k0, m0, n0, rank):
@@ -77,22 +96,26 @@ def multicast_loader(BM: int, BN: int, CM: int, MULTICAST: bool = True):
         H.tma_load_2d(base, maps, k0, m0, bar)
         if MULTICAST:
             for p in range(int(rank), PANELS, CM):
+                x, y = panel_at(n0, k0, p)
                 CL.tma_load_2d_multicast(base + A_BYTES + p * PANEL_BYTES, maps + uint64(128),
-                                         n0 + 64 * p, k0, bar, MASK)
+                                         x, y, bar, MASK)
         else:
             for p in range(PANELS):
-                H.tma_load_2d(base + A_BYTES + p * PANEL_BYTES, maps + uint64(128),
-                              n0 + 64 * p, k0, bar)
+                x, y = panel_at(n0, k0, p)
+                H.tma_load_2d(base + A_BYTES + p * PANEL_BYTES, maps + uint64(128), x, y, bar)
 
     return load_stage, A_BYTES, STAGE_BYTES
 
 
 def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile, store_acc,
                    super_origin, load_stage, A_BYTES: int, STAGE_BYTES: int, finish=None,
-                   ARRIVE: str = "one"):
+                   ARRIVE: str = "one", add_bias=None):
     """``wgmma_ws``'s kernel for clusters of CM blocks along M (see the module docstring):
-    ``super_origin(i, M, N)`` places the cluster's (CM * BM) x BN super-tile ``i``."""
+    ``super_origin(i, M, N)`` places the cluster's (CM * BM) x BN super-tile ``i``;
+    ``add_bias`` as ``wgmma_ws.ws_kernel``'s."""
     finish = finish or as_accumulated
+    BIAS = add_bias is not None
+    add_bias = add_bias or no_bias
     CONSUMERS = BM // 64
     NT = 128 * (1 + CONSUMERS)
     ACC = BN // 2
@@ -123,7 +146,7 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
                     CL.mbarrier_arrive_peer(CL.peer_address(bar, r))
 
     @cuda.jit(**jit_opts)
-    def wgmma_cluster_kernel(A, B, C, maps):
+    def wgmma_cluster_kernel(A, B, C, bias, maps):
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
@@ -182,10 +205,11 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
                 if num_k > 0:
                     release(bars, it - 1, t, rank)
                 finish(acc, maps)
+                add_bias(acc, bias, t % 128, n0, N)
                 store_acc(C, acc, t % 128, m0 + rank * BM + 64 * (wg - 1), n0, M, N)
         CL.cluster_sync()                    # no block leaves while peers may signal it
 
-    return wgmma_cluster_kernel, NT, STAGES * STAGE_BYTES + 1024
+    return bias_entry(wgmma_cluster_kernel, BIAS, jit_opts), NT, STAGES * STAGE_BYTES + 1024
 
 
 def cluster_grid(BM: int, BN: int, CM: int):
@@ -200,21 +224,26 @@ def cluster_grid(BM: int, BN: int, CM: int):
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), CM: int | None = None,
-          MULTICAST: bool = True, ARRIVE: str = "one", OUT: str = "fp32") -> KernelSpec:
-    """``OUT``: C as float32, or in the inputs' own 16-bit type (as ``wgmma_ws``)."""
+          MULTICAST: bool = True, ARRIVE: str = "one", OUT: str = "fp32",
+          B_LAYOUT: str = "KN", BIAS: bool = False) -> KernelSpec:
+    """``OUT``: C as float32, or in the inputs' own 16-bit type; ``B_LAYOUT``, ``BIAS``: as
+    ``wgmma_ws``'s."""
     CM = DEFAULT_CM if CM is None else CM
     check_out(precision, OUT)
+    check_layout(B_LAYOUT)
     if not MULTICAST and CM != 1:
         raise ValueError("MULTICAST=False (each block copies all of B) needs CM=1")
     check_tile(BM, BN, STAGES, REGS)
     if CM not in (1, 2, 4) or (BN // 64) < CM:
         raise ValueError(f"CM (blocks per cluster) must be 1, 2 or 4 and at most BN/64 "
                          f"(each block multicasts whole 64-column panels of B), got {CM}")
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT)
-    load_stage, A_BYTES, STAGE_BYTES = multicast_loader(BM, BN, CM, MULTICAST)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT)
+    load_stage, A_BYTES, STAGE_BYTES = multicast_loader(BM, BN, CM, MULTICAST, B_LAYOUT)
     kernel, NT, SHARED = cluster_kernel(BM, BN, BK, STAGES, REGS, CM, k_tile, store_acc,
                                         tile_order(CM * BM, BN, GROUP_M), load_stage,
-                                        A_BYTES, STAGE_BYTES, ARRIVE=ARRIVE)
+                                        A_BYTES, STAGE_BYTES, ARRIVE=ARRIVE,
+                                        add_bias=bias_code(precision, BN, 1, True) if BIAS
+                                        else None)
 
     default = ((BM, BN, STAGES, GROUP_M, REGS, CM, MULTICAST, ARRIVE)
                == (128, 256, 4, 8, (40, 232), DEFAULT_CM, True, "one"))
@@ -222,7 +251,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
     if not default:
         name += f"_c{CM}" + regs_suffix(REGS)
         name += ("" if MULTICAST else "_unicast") + ("" if ARRIVE == "one" else f"_{ARRIVE}")
-    name += out_suffix(OUT)
+    name += out_suffix(OUT) + layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         idea=f"clusters of {CM} blocks along M: each copies its A and 1/{CM} of B's panels, "
@@ -234,18 +263,18 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
         grid=cluster_grid(BM, BN, CM),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS, CM=CM, MULTICAST=MULTICAST, ARRIVE=ARRIVE,
-                    **out_params(OUT)),
+                    **out_params(OUT), **layout_params(B_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
-        tma_boxes=tma_boxes(BM),
+        tma_boxes=tma_boxes(BM),   # B: 64 x 64 panels in either layout (multicast_loader)
         tma_swizzle=128,
         cluster=CM,
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.mbarrier::complete_tx"
                   r"::bytes\.multicast::cluster", r"mapa\.shared::cluster",
                   r"mbarrier\.arrive\.shared::cluster",
-                  r"barrier\.cluster\.arrive") + out_ptx(OUT),
+                  r"barrier\.cluster\.arrive") + out_ptx(OUT) + layout_ptx(B_LAYOUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
-           "chapter": "17e-last-mile"},
+           **layout_fields(B_LAYOUT), **bias_fields(BIAS), "chapter": "17e-last-mile"},
     )
 
 

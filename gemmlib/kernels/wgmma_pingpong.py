@@ -52,13 +52,19 @@ consumers are busy elsewhere.  This rung changes who owns a tile:
   halves, 32 KiB for 128 x 128, and the ring is by default the deepest that
   fits the 227 KiB a block may have (7 stages): copies run further ahead of
   the consumer that is computing (fewer stages are a build away, to compare).
+
+``B_LAYOUT="NK"`` (B as an ``nn.Linear`` weight) and ``BIAS=True`` are ``wgmma_ws``'s
+options; a consumer adds the bias to both 64-row slices of its tile before its store.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import (BK, check_out, out_fields, out_params, out_ptx, out_suffix,
-                                         rung_name, spec_fields, tile_order, warpgroup_code)
+from gemmlib.kernels.wgmma_async import (BK, bias_code, bias_entry, bias_fields, bias_params,
+                                         bias_suffix, check_layout, check_out, layout_fields,
+                                         layout_params, layout_ptx, layout_suffix, no_bias,
+                                         out_fields, out_params, out_ptx, out_suffix, rung_name,
+                                         spec_fields, tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, register_roles, regs_suffix
 from gemmlib.spec import KernelSpec
@@ -74,9 +80,12 @@ def deepest_ring(BM: int, BN: int) -> int:
 
 
 def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, store_acc,
-                    tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int):
+                    tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int, add_bias=None):
     """The persistent kernel: a producer warpgroup and two consumers on alternating tiles
-    (``k_tile`` covers a consumer's whole BM x BN tile, ``store_acc`` writes it)."""
+    (``k_tile`` covers a consumer's whole BM x BN tile, ``store_acc`` writes it;
+    ``add_bias`` as ``wgmma_ws.ws_kernel``'s)."""
+    BIAS = add_bias is not None
+    add_bias = add_bias or no_bias
     NT = 128 * 3
     ACC = BM // 64 * BN // 2                 # fp32 accumulators per consumer thread
     EMPTY, TURN = 2 * STAGES, 3 * STAGES     # full[c][s] = c * STAGES + s, empty[s], turn[c]
@@ -86,7 +95,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(**jit_opts)
-    def wgmma_pingpong_kernel(A, B, C, maps):
+    def wgmma_pingpong_kernel(A, B, C, bias, maps):
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
@@ -119,7 +128,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
                         s = it % STAGES
                         wait(H.smem_addr(bars, EMPTY + s), ((it // STAGES) % 2) ^ 1)
                         load_stage(ring, s, H.smem_addr(bars, owner * STAGES + s), maps,
-                                   kt * BK, m0, n0)
+                                   kt * BK, m0, n0, 0)
                         it += 1
                     owner ^= 1
         else:                                # ---- consumers 0 and 1, a tile each in turn
@@ -151,19 +160,21 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
                 wait0()
                 if num_k > 0:
                     H.mbarrier_arrive(H.smem_addr(bars, EMPTY + (it - 1) % STAGES))
+                add_bias(acc, bias, t % 128, n0, N)
                 store_acc(C, acc, t % 128, m0, n0, M, N)
                 it += num_k                  # the other consumer's tile
                 j += 1
 
-    return wgmma_pingpong_kernel, NT, STAGES * STAGE_BYTES + 1024
+    return bias_entry(wgmma_pingpong_kernel, BIAS, jit_opts), NT, STAGES * STAGE_BYTES + 1024
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | None = None,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), ORDERED: bool = True,
-          OUT: str = "fp32") -> KernelSpec:
+          OUT: str = "fp32", B_LAYOUT: str = "KN", BIAS: bool = False) -> KernelSpec:
     """``STAGES=None``: the deepest ring that fits (:func:`deepest_ring`).  ``OUT``: C as
-    float32, or in the inputs' own 16-bit type (as ``wgmma_ws``)."""
+    float32, or in the inputs' own 16-bit type; ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s."""
     check_out(precision, OUT)
+    check_layout(B_LAYOUT)
     STAGES = STAGES or deepest_ring(BM, BN)
     check_tile(BM, BN, STAGES)
     check_tile(128, BN, STAGES, REGS)        # the registers of two consumer warpgroups
@@ -173,18 +184,19 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | N
     if STAGES * (BM + BN) * BK * 2 + 1024 > SMEM_MAX:
         raise ValueError(f"{STAGES} stages of {BM + BN} x {BK} halves need more than "
                          f"{SMEM_MAX // 1024} KiB of shared memory")
-    k_tile, store_acc = warpgroup_code(precision, BN, BM // 64, OUT)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
+    k_tile, store_acc = warpgroup_code(precision, BN, BM // 64, OUT, B_LAYOUT)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
     kernel, NT, SHARED = pingpong_kernel(BM, BN, STAGES, REGS, bool(ORDERED), k_tile, store_acc,
                                          tile_order(BM, BN, GROUP_M), load_stage, A_BYTES,
-                                         STAGE_BYTES)
+                                         STAGE_BYTES,
+                                         bias_code(precision, BN, BM // 64, True) if BIAS else None)
 
     default = (BM, BN, STAGES, GROUP_M) == (128, 128, deepest_ring(128, 128), 8)
     name = rung_name("wgmma_pingpong", precision, default, BM, BN, STAGES, GROUP_M)
     name += regs_suffix(REGS)
     if not ORDERED:
         name += "_unordered"
-    name += out_suffix(OUT)
+    name += out_suffix(OUT) + layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         idea="wgmma_ws with two consumer warpgroups on alternating whole tiles, taking turns "
@@ -195,16 +207,17 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | N
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, ORDERED=bool(ORDERED), **out_params(OUT)),
+                    REGS=REGS, ORDERED=bool(ORDERED), **out_params(OUT),
+                    **layout_params(B_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
-        tma_boxes=tma_boxes(BM),
+        tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
         tma_swizzle=128,
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
                   r"wgmma\.wait_group\.sync\.aligned 1") + (
-            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT) + layout_ptx(B_LAYOUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
-           "chapter": "17e-last-mile"},
+           **layout_fields(B_LAYOUT), **bias_fields(BIAS), "chapter": "17e-last-mile"},
     )
 
 

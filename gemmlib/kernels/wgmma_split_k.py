@@ -33,6 +33,11 @@ chosen per shape by :func:`splits_for`: enough units to fill the SMs, slices
 of at least MIN_KTILES k-tiles, and workspace traffic small next to the
 operands.  S = 1 is ``wgmma_ws`` exactly, with a one-element workspace.  BM =
 64 (one consumer warpgroup) halves the rows wasted on padding at decode.
+
+``B_LAYOUT="NK"`` (B as an ``nn.Linear`` weight, (N, K)) and ``BIAS=True`` are
+``wgmma_ws``'s options; the bias is added exactly once, by the thread that
+finishes a tile's sum (or, at S = 1, holds it), before the rounding into C.  A
+bias build takes the bias right after C, then the workspace arrays, then the maps.
 """
 
 from __future__ import annotations
@@ -44,9 +49,12 @@ from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
 from gemmlib.intrinsics.vector import load4, store4
-from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, check_out, out_fields, out_params,
-                                         out_ptx, out_suffix, rung_name, spec_fields,
-                                         tile_order, warpgroup_code)
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry, bias_fields,
+                                         bias_params, bias_suffix, check_layout, check_out,
+                                         layout_fields, layout_params, layout_ptx,
+                                         layout_suffix, out_fields, out_params, out_ptx,
+                                         out_suffix, rung_name, spec_fields, tile_order,
+                                         warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import register_roles, regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
@@ -149,10 +157,12 @@ def _sum_slices(quads: int, nc: int, groups: int = SUM_GROUPS):
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
-          SUM: int = SUM_GROUPS, OUT: str = "fp32") -> KernelSpec:
+          SUM: int = SUM_GROUPS, OUT: str = "fp32", B_LAYOUT: str = "KN",
+          BIAS: bool = False) -> KernelSpec:
     """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
     the last slice's thread rounds the slices' float32 sum once, in ``wgmma_ws``'s 16-bit
-    epilogue (``wgmma_async.out_store``)."""
+    epilogue (``wgmma_async.out_store``).  ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s; the
+    bias is added once, by the thread that finishes the slices' sum, before that rounding."""
     if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
         raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
                          f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
@@ -163,9 +173,11 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
                          "SM's 65536 registers")
     check_out(precision, OUT)
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT)
+    check_layout(B_LAYOUT)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT)
+    add_bias = bias_code(precision, BN, 1, BIAS)
     tile_origin = tile_order(BM, BN, GROUP_M)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
     ACC = BN // 2
     QUADS = ACC // 4                          # 16-byte groups of a thread's accumulators
     sum_slices = _sum_slices(QUADS, NC, SUM)
@@ -199,13 +211,13 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         return True
 
     @cuda.jit(**jit_opts)
-    def wgmma_split_k_kernel(A, B, C, W, L, maps):
+    def wgmma_split_k_kernel(A, B, C, bias, W, L, maps):
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
         M, K = A.shape
-        N = B.shape[1]
+        N = C.shape[1]
         S = W.shape[0]                       # the slices: a launch choice, not compiled in
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
@@ -229,7 +241,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                     for kt in range(k0, k1):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0, 0)
                         it += 1
         else:                                # ---- consumer warpgroups
             more()
@@ -262,8 +274,11 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                 mine = rows0 + 16 * ((t % 128) // 32) + (t % 32) // 4 < M
                 if S > 1 and mine:
                     mine = add_slices(W, L, acc, tile, unit % S, tc, S)
-                if mine:
+                if mine:                     # the tile's sum is final here: bias once
+                    add_bias(acc, bias, t % 128, n0, N)
                     store_acc(C, acc, t % 128, rows0, n0, M, N)
+
+    wgmma_split_k_kernel = bias_entry(wgmma_split_k_kernel, BIAS, jit_opts)
 
     def slices(M, N, K):
         S = SPLITS or splits_for(M, N, K, BM, BN)
@@ -288,7 +303,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         name += f"_k{SPLITS}"
     if SUM != SUM_GROUPS:
         name += f"_g{SUM}"
-    name += out_suffix(OUT)
+    name += out_suffix(OUT) + layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         idea="wgmma_ws's persistent blocks walk (tile, slice of K) units; each consumer "
@@ -299,9 +314,10 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, SPLITS=SPLITS, SUM=SUM, **out_params(OUT)),
+                    REGS=REGS, SPLITS=SPLITS, SUM=SUM, **out_params(OUT),
+                    **layout_params(B_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
-        tma_boxes=tma_boxes(BM),
+        tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
         tma_swizzle=128,
         launch_only=("SPLITS",),
         workspace=workspace,
@@ -309,9 +325,9 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"atom\.global\.add",
                   r"membar\.gl|fence\.sc\.gpu|fence\.acq_rel\.gpu") + (
-            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT) + layout_ptx(B_LAYOUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
-           "chapter": "18d-wgmma-split-k"},
+           **layout_fields(B_LAYOUT), **bias_fields(BIAS), "chapter": "18d-wgmma-split-k"},
     )
 
 

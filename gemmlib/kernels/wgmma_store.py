@@ -29,6 +29,9 @@ This rung changes only the epilogue:
 * **When C cannot take a TMA store** (a row of C not a multiple of 16 bytes, or C not
   16-byte aligned) the consumers store from registers as ``wgmma_ws`` does: the same test
   (``KernelSpec.c_map_ok``) on the host decides whether the call passes a map of C.
+
+``B_LAYOUT="NK"`` and ``BIAS=True`` are ``wgmma_ws``'s options; the bias is added to
+the accumulators before they are staged (or stored from registers).
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint32, uint64
@@ -36,9 +39,12 @@ from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics import tma_store as T
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
 from gemmlib.intrinsics.vector import aligned16
-from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, check_out, compile_sources,
-                                         out_fields, out_params, out_ptx, out_suffix,
-                                         rung_name, spec_fields, tile_order, warpgroup_code)
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry, bias_fields,
+                                         bias_params, bias_suffix, check_layout, check_out,
+                                         compile_sources, layout_fields, layout_params,
+                                         layout_ptx, layout_suffix, no_bias, out_fields,
+                                         out_params, out_ptx, out_suffix, rung_name, spec_fields,
+                                         tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, check_tile,
                                       persistent_grid, register_roles, regs_suffix)
@@ -143,13 +149,15 @@ def stage_source(span: tuple, convert: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def epilogue_code(precision: str, BN: int, out: str, pieces: int | None = None):
-    """(k_tile, store_acc, stage_0, stage_1): the wgmma of one k-tile, ``wgmma_ws``'s store
-    from registers (when C takes no TMA store), and the functions that stage pieces 0 and 1
-    (a 16-bit C has one piece: stage_1 is stage_0, never called)."""
+def epilogue_code(precision: str, BN: int, out: str, pieces: int | None = None,
+                  b_layout: str = "KN"):
+    """(k_tile, store_acc, stage_0, stage_1): the wgmma of one k-tile (B's tile laid out as
+    ``b_layout`` says), ``wgmma_ws``'s store from registers (when C takes no TMA store), and
+    the functions that stage pieces 0 and 1 (a 16-bit C has one piece: stage_1 is stage_0,
+    never called)."""
     from gemmlib.intrinsics.convert import float_to_bf16, float_to_half
 
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, out)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, out, b_layout)
     pieces, cols, _, _, _ = stage_shape(BN, out, pieces)
     env = {"put": stage_put(out), "to16": float_to_half if out == "fp16" else float_to_bf16}
     g = cols // 8
@@ -161,8 +169,11 @@ def epilogue_code(precision: str, BN: int, out: str, pieces: int | None = None):
 
 def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_acc, stage_0,
                  stage_1, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int,
-                 pieces: int | None = None):
-    """``wgmma_ws``'s kernel with the epilogue through shared memory (module docstring)."""
+                 pieces: int | None = None, add_bias=None):
+    """``wgmma_ws``'s kernel with the epilogue through shared memory (module docstring);
+    ``add_bias`` as ``wgmma_ws.ws_kernel``'s."""
+    BIAS = add_bias is not None
+    add_bias = add_bias or no_bias
     PIECES, COLS, ES, BOX_COLS, BOXES = stage_shape(BN, out, pieces)
     VE = 16 // ES                             # elements of C in 16 bytes
     BOX_BYTES = 128 * BOX_ROW_BYTES
@@ -178,7 +189,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(**jit_opts)
-    def wgmma_store_kernel(A, B, C, maps):
+    def wgmma_store_kernel(A, B, C, bias, maps):
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
@@ -211,7 +222,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                     for kt in range(num_k):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0, 0)
                         it += 1
             elif to_tma and t % 32 == 0 and t // 32 <= CONSUMERS:   # warps 1, 2: storers
                 c = t // 32 - 1              # the consumer this thread stores for
@@ -259,6 +270,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                 if num_k > 0:
                     H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
                 finish(acc, maps)
+                add_bias(acc, bias, t % 128, n0, N)
                 if to_tma:                   # stage it once the storer has read the last
                     wait(H.smem_addr(bars, EPI_EMPTY + c), (e % 2) ^ 1)
                     stage_0(stage, acc, t % 128, BOX_ROWS * c)
@@ -274,7 +286,8 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                 else:
                     store_acc(C, acc, t % 128, m0 + 64 * c, n0, M, N)
 
-    return wgmma_store_kernel, NT, STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, out, PIECES)
+    return (bias_entry(wgmma_store_kernel, BIAS, jit_opts), NT,
+            STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, out, PIECES))
 
 
 #: bytes of shared memory one block may have
@@ -283,30 +296,34 @@ SMEM_MAX = 227 * 1024
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = DEFAULT_REGS, OUT: str = "fp32",
-          PIECES: int | None = None) -> KernelSpec:
+          PIECES: int | None = None, B_LAYOUT: str = "KN", BIAS: bool = False) -> KernelSpec:
     """``OUT``: C as float32 (staged in two halves), or in the inputs' own 16-bit type.
     ``PIECES``: stage the tile in 1 or 2 pieces (default: 2 for float32, 1 for 16 bits); a
-    16-bit C in two pieces leaves room for a fourth stage of the ring."""
+    16-bit C in two pieces leaves room for a fourth stage of the ring.  ``B_LAYOUT``,
+    ``BIAS``: as ``wgmma_ws``'s (the bias is added before the tile is staged)."""
     check_tile(BM, BN, STAGES, REGS)
     check_out(precision, OUT)
+    check_layout(B_LAYOUT)
     PIECES = stage_shape(BN, OUT, PIECES)[0]
     split = PIECES != default_pieces(OUT)
     if BM != 128:
         raise ValueError(f"one storer thread per consumer, the stage holds the two "
                          f"consumers' 128 rows: BM must be 128, got {BM}")
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
     epi = stage_bytes(BN, OUT, PIECES)
     if STAGES * STAGE_BYTES + 1024 + epi > SMEM_MAX:
         raise ValueError(f"{STAGES} stages of {STAGE_BYTES // 1024} KiB and a "
                          f"{epi // 1024} KiB epilogue stage need more "
                          f"than {SMEM_MAX // 1024} KiB of shared memory")
-    k_tile, store_acc, stage_0, stage_1 = epilogue_code(precision, BN, OUT, PIECES)
+    k_tile, store_acc, stage_0, stage_1 = epilogue_code(precision, BN, OUT, PIECES, B_LAYOUT)
     kernel, NT, SHARED = store_kernel(BM, BN, STAGES, REGS, OUT, k_tile, store_acc, stage_0,
                                       stage_1, tile_order(BM, BN, GROUP_M), load_stage,
-                                      A_BYTES, STAGE_BYTES, PIECES)
+                                      A_BYTES, STAGE_BYTES, PIECES,
+                                      bias_code(precision, BN, 1, True) if BIAS else None)
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, DEFAULT_REGS)
     name = rung_name("wgmma_store", precision, default, BM, BN, STAGES, GROUP_M)
     name += regs_suffix(REGS) + out_suffix(OUT) + (f"_p{PIECES}" if split else "")
+    name += layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         idea="wgmma_ws with the epilogue through shared memory: consumers stage each tile "
@@ -316,9 +333,10 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, **out_params(OUT), **({"PIECES": PIECES} if split else {})),
+                    REGS=REGS, **out_params(OUT), **({"PIECES": PIECES} if split else {}),
+                    **layout_params(B_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
-        tma_boxes=tma_boxes(BM),
+        tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
         tma_swizzle=128,
         tma_store_box=c_box(OUT),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
@@ -326,9 +344,9 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                   r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group",
                   r"cp\.async\.bulk\.wait_group\.read 0", r"fence\.proxy\.async",
                   r"st\.shared\.(?:v2\.f32|b32)") + (
-            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT) + layout_ptx(B_LAYOUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
-           "chapter": "17f-tma-store"},
+           **layout_fields(B_LAYOUT), **bias_fields(BIAS), "chapter": "17f-tma-store"},
     )
 
 

@@ -23,6 +23,10 @@ rung changes one thing against ``wgmma_ws``, where B lives:
   m64nNk16 of 16-bit inputs) and 1024 bytes per 8 rows.
 * **The rest is wgmma_ws**: producer warpgroup, consumer warpgroups, the
   full/empty mbarrier ring, persistent tiles (:func:`wgmma_ws.ws_kernel`).
+* **A weight needs no pre-pass.**  ``nn.Linear`` keeps its weight as (N, K)
+  row-major, already K-major: built with ``B_LAYOUT="NK"`` the rung takes B
+  so (C = A @ B.T) and reads it as it is (``b_prep=None``).  ``BIAS=True`` adds
+  a float32 (1, N) bias before the store (``wgmma_async.bias_code``).
 
 TF32 keeps the float32 exponent and 10 of its 23 mantissa bits.  The tensor
 core reads the top 19 bits of each float32 in shared memory and ignores the
@@ -40,7 +44,10 @@ from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.vector import aligned8, store2
 from gemmlib.kernels.mma_atom import ARG_DTYPES
 from gemmlib.kernels.wgmma_async import (GROUP_BYTES, HOPPER_ONLY, ROW_BYTES, SLICE_BYTES,
-                                         compile_sources, rung_name, store_source, tile_order)
+                                         bias_code, bias_fields, bias_params, bias_suffix,
+                                         check_layout, compile_sources, layout_params,
+                                         layout_suffix, rung_name, store_source, tile_order)
+from gemmlib.kernels.wgmma_tma import tma_loader
 from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, ws_kernel
 from gemmlib.precision import INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
@@ -103,21 +110,11 @@ def mma_source(BN: int) -> str:
 
 
 def kmajor_loader(BM: int, BN: int):
-    """``load_stage(ring, s, bar, maps, k0, m0, n0)``: A's BM x BK box and B's BN x BK box
-    (of the (N, K) copy) into stage ``s``, their bytes announced on ``bar``."""
-    from gemmlib.backend import uint64
-
-    A_BYTES = BM * ROW_BYTES
-    STAGE_BYTES = A_BYTES + BN * ROW_BYTES
-
-    @cuda.jit(device=True)
-    def load_stage(ring, s, bar, maps, k0, m0, n0):
-        base = ring + s * STAGE_BYTES
-        H.mbarrier_expect_tx(bar, STAGE_BYTES)
-        H.tma_load_2d(base, maps, k0, m0, bar)                        # (column, row)
-        H.tma_load_2d(base + A_BYTES, maps + uint64(128), k0, n0, bar)
-
-    return load_stage, A_BYTES, STAGE_BYTES
+    """``load_stage(ring, s, bar, maps, k0, m0, n0, b_row)``: A's BM x BK box and B's BN x BK box
+    (of the (N, K) copy) into stage ``s``, their bytes announced on ``bar``.  A K-major
+    k-tile is rows of 128 bytes whatever the element type, so this is the 16-bit rungs'
+    loader for an (N, K) B (``wgmma_tma.tma_loader``)."""
+    return tma_loader(BM, BN, "NK")
 
 
 def k_multiple(elements: int, what: str) -> Constraint:
@@ -134,31 +131,41 @@ SIXTEEN_BYTE_ROWS = k_multiple(4, "float32")
 
 
 def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232)) -> KernelSpec:
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), B_LAYOUT: str = "KN",
+          BIAS: bool = False) -> KernelSpec:
+    """``B_LAYOUT``: "KN", B given (K, N) and transposed by the pre-pass; "NK", B given
+    (N, K) -- an ``nn.Linear`` weight, C = A @ B.T -- read as it is.  ``BIAS``: the kernel
+    takes a float32 (1, N) bias after C (a (0, N) one: none), added before the store."""
     if precision not in PRECISIONS:
         raise ValueError(f"wgmma_tf32 computes in {PRECISIONS}, got {precision!r}")
     check_tile(BM, BN, STAGES, REGS)
+    check_layout(B_LAYOUT)
+    NK = B_LAYOUT == "NK"
     assert SLICE_BYTES == 64 * ROW_BYTES      # a consumer's 64 rows of A, as in wgmma_ws
     env = {"mma": H.wgmma_kmajor(BN, "tf32", in_place=True), "desc": H.smem_desc,
            "uidx": uidx, "store2": store2, "aligned8": aligned8}
     k_tile, store_acc = compile_sources((mma_source(BN), store_source(BN, 1)), env)
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
-                                   tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
+                                   tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES,
+                                   add_bias=bias_code(precision, BN, 1, True) if BIAS else None)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_tf32", None, default, BM, BN, STAGES, GROUP_M)
+    name += layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         chapter="17d-tf32-fp8",
-        idea="tf32 wgmma reads both operands K-major: a pre-pass transposes B, then "
-             "wgmma_ws's producer/consumer ring runs on (N, K) tiles",
+        idea=("tf32 wgmma reads both operands K-major: B given as (N, K) is read as it is, "
+              "then wgmma_ws's producer/consumer ring runs on (N, K) tiles" if NK else
+              "tf32 wgmma reads both operands K-major: a pre-pass transposes B, then "
+              "wgmma_ws's producer/consumer ring runs on (N, K) tiles"),
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS),
+                    REGS=REGS, **layout_params(B_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
         dynamic_shared=True,
         min_cc=H.MIN_CC,
@@ -169,10 +176,12 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
         constraints=(HOPPER_ONLY, SIXTEEN_BYTE_ROWS),
         tma_boxes=((BM, BK), (BN, BK)),
         tma_swizzle=128,
-        b_prep=TRANSPOSE32,
+        b_operand=B_LAYOUT,
+        b_prep=None if NK else TRANSPOSE32,       # an (N, K) B is already K-major
         b_prep_block=(TILE, ROWS, 1),
-        b_prep_grid=transpose_grid,
+        b_prep_grid=None if NK else transpose_grid,
         module=__name__,
+        **bias_fields(BIAS),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k8\.f32\.tf32\.tf32",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared") + (
             (r"setmaxnreg\.inc",) if REGS else ()),

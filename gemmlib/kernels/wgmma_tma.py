@@ -13,7 +13,8 @@ accelerator* (TMA) moves a whole tile with one instruction:
   hangs over the matrix edges with zeros: no bounds tests in the kernel.
   A's k-tile is one BM x 64 box; B's is BN/64 boxes of 64 k x 64 n (a
   swizzled box row holds at most 128 bytes), which land as the panels of
-  ``wgmma_async``'s MN-major B tile.
+  ``wgmma_async``'s MN-major B tile.  A B given as (N, K) (``B_LAYOUT="NK"``
+  in the rungs built on this loader) is one BN x 64 box, K-major like A's.
 * **An mbarrier says when it has landed.**  Each stage has a barrier in
   shared memory.  The issuing thread *arrives* on it announcing the bytes
   to come (``mbarrier.arrive.expect_tx``); the copies count their bytes off
@@ -52,28 +53,43 @@ def wait(bar, parity):
         pass
 
 
-def tma_loader(BM: int, BN: int):
-    """``load_stage(ring, s, bar, maps, k0, m0, n0)``: one thread starts the copies of the
-    k-tile at ``k0`` of tile (m0, n0) into stage ``s`` and announces their bytes on ``bar``."""
+def tma_loader(BM: int, BN: int, b_layout: str = "KN"):
+    """``load_stage(ring, s, bar, maps, k0, m0, n0, b_row)``: one thread starts the copies of
+    the k-tile at ``k0`` of tile (m0, n0) into stage ``s`` and announces their bytes on
+    ``bar``.  ``b_row``: the row of B's map where this product's B starts (0; a batched
+    launch's products lie one under the other).
+    ``b_layout`` "NK": B is (N, K), and its k-tile is one box of BN rows of 128 bytes,
+    K-major as A's (the same bytes for tf32 and FP8: ``wgmma_tf32.kmajor_loader``)."""
     A_BYTES = BM * BK * 2
     STAGE_BYTES = A_BYTES + BK * BN * 2
     PANELS = BN // 64
 
+    if b_layout == "NK":
+        @cuda.jit(device=True)
+        def load_stage(ring, s, bar, maps, k0, m0, n0, b_row):
+            base = ring + s * STAGE_BYTES
+            H.mbarrier_expect_tx(bar, STAGE_BYTES)
+            H.tma_load_2d(base, maps, k0, m0, bar)
+            H.tma_load_2d(base + A_BYTES, maps + uint64(128), k0, b_row + n0, bar)   # rows n0..
+
+        return load_stage, A_BYTES, STAGE_BYTES
+
     @cuda.jit(device=True)
-    def load_stage(ring, s, bar, maps, k0, m0, n0):
+    def load_stage(ring, s, bar, maps, k0, m0, n0, b_row):
         base = ring + s * STAGE_BYTES
         H.mbarrier_expect_tx(bar, STAGE_BYTES)   # the whole boxes count, zeros included
         H.tma_load_2d(base, maps, k0, m0, bar)   # (column, row) of A's box
         for p in range(PANELS):
             H.tma_load_2d(base + A_BYTES + p * PANEL_BYTES, maps + uint64(128),
-                          n0 + 64 * p, k0, bar)
+                          n0 + 64 * p, b_row + k0, bar)
 
     return load_stage, A_BYTES, STAGE_BYTES
 
 
-def tma_boxes(BM: int) -> tuple:
-    """The boxes the tensor maps copy: A's BM x 64 k-tile, and one 64 x 64 panel of B."""
-    return ((BM, BK), (BK, 64))
+def tma_boxes(BM: int, BN: int = 64, b_layout: str = "KN") -> tuple:
+    """The boxes the tensor maps copy: A's BM x 64 k-tile, and one 64 x 64 panel of a (K, N)
+    B -- or, for a (N, K) B (``b_layout`` "NK"), its whole BN x 64 k-tile."""
+    return ((BM, BK), (BN, BK) if b_layout == "NK" else (BK, 64))
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4,
@@ -113,7 +129,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
             H.tensormap_acquire(maps + uint64(128))
             for s in range(STAGES):                         # the first STAGES k-tiles
                 if s < num_k:
-                    load_stage(ring, s, H.smem_addr(full, s), maps, s * BK, m0, n0)
+                    load_stage(ring, s, H.smem_addr(full, s), maps, s * BK, m0, n0, 0)
         for e in range(ACC):
             acc[e] = float32(0.0)
         for kt in range(num_k):
@@ -126,7 +142,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
             wait0()
             cuda.syncthreads()                               # nobody reads stage s now
             if t == 0 and kt + STAGES < num_k:
-                load_stage(ring, s, H.smem_addr(full, s), maps, (kt + STAGES) * BK, m0, n0)
+                load_stage(ring, s, H.smem_addr(full, s), maps, (kt + STAGES) * BK, m0, n0, 0)
         store_acc(C, acc, t % 128, m0 + 64 * wg, n0, M, N)
 
     def grid(M, N, K):

@@ -28,16 +28,33 @@ during the epilogue.  This rung splits the roles:
   copying the next tile's k-tiles.  The ring's position (``it``) runs on
   across tiles, in both roles alike.
 
+**A batch of products in one launch** (``torch.bmm``'s shapes): grid y is the
+product's index.  The products' A, B and C lie one under the other in the same
+arrays, and the same tensor maps, so a product's rows are offset by its index times
+its rows; its blocks walk its own tiles.  A box that hangs over a product's last rows
+reads the next product's rows: those rows of the accumulators are never stored, and
+what hangs past K meets A's zero-filled columns (``gemmlib.matmul`` batches a (K, N)
+B only when K is a whole number of k-tiles, so no product reads another's B).
+
 The producer starts with parity 1 on the empty barriers: a fresh barrier is
 in phase 0, and waiting for the phase *before* it (parity 1) returns at
 once, so the first STAGES fills go ahead without consumers.
+
+Built with ``B_LAYOUT="NK"`` the rung takes B as (N, K) -- an ``nn.Linear``
+weight, C = A @ B.T -- and copies each k-tile of it as one BN x 64 box, K-major
+like A's (``wgmma_tma.tma_loader``); with ``BIAS=True`` the consumers add a
+(1, N) bias to their accumulators before the store (``wgmma_async.bias_code``),
+so ``F.linear(x, W, b)`` is one kernel.
 """
 
 from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, check_out, out_fields, out_params,
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry, bias_fields,
+                                         bias_params, bias_suffix, check_layout, check_out,
+                                         layout_fields, layout_params, layout_ptx,
+                                         layout_suffix, no_bias, out_fields, out_params,
                                          out_ptx, out_suffix, rung_name, spec_fields,
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
@@ -76,12 +93,16 @@ def as_accumulated(acc, maps):
 
 
 def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, tile_origin,
-              load_stage, A_BYTES: int, STAGE_BYTES: int, finish=None):
+              load_stage, A_BYTES: int, STAGE_BYTES: int, finish=None, add_bias=None):
     """The warp-specialised persistent kernel around the per-rung pieces: ``k_tile`` (one
     k-tile's wgmma on a stage), ``store_acc`` (the epilogue), ``tile_origin`` (the tile
-    order), ``load_stage`` (the producer's TMA copies of one k-tile; BK elements of K) and
-    ``finish(acc, maps)`` (applied to a tile's accumulators before the store: FP8 scales)."""
+    order), ``load_stage`` (the producer's TMA copies of one k-tile; BK elements of K),
+    ``finish(acc, maps)`` (applied to a tile's accumulators before the store: FP8 scales)
+    and ``add_bias(acc, bias, t, n0, N)`` (``wgmma_async.bias_code``: given, the kernel
+    takes the bias right after C; else its arguments are (A, B, C, maps))."""
     finish = finish or as_accumulated
+    BIAS = add_bias is not None
+    add_bias = add_bias or no_bias
     CONSUMERS = BM // 64
     NT = 128 * (1 + CONSUMERS)
     ACC = BN // 2                            # fp32 accumulators per consumer thread
@@ -91,13 +112,18 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(**jit_opts)
-    def wgmma_ws_kernel(A, B, C, maps):
+    def wgmma_ws_kernel(A, B, C, bias, maps):
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
-        M, K = A.shape
+        # A batched launch (grid y > 1) runs product blockIdx.y of gridDim.y, whose A, B
+        # and C rows follow the previous products' in the same arrays (and maps)
+        M = A.shape[0] // cuda.gridDim.y
+        K = A.shape[1]
         N = C.shape[1]
+        a_row = cuda.blockIdx.y * M
+        b_row = cuda.blockIdx.y * (B.shape[0] // cuda.gridDim.y)
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
         tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
@@ -119,7 +145,8 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
                     for kt in range(num_k):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, a_row + m0,
+                                   n0, b_row)
                         it += 1
         else:                                # ---- consumer warpgroups
             more()
@@ -145,9 +172,10 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
                 if num_k > 0:
                     H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
                 finish(acc, maps)
-                store_acc(C, acc, t % 128, m0 + 64 * (wg - 1), n0, M, N)
+                add_bias(acc, bias, t % 128, n0, N)
+                store_acc(C, acc, t % 128, a_row + m0 + 64 * (wg - 1), n0, a_row + M, N)
 
-    return wgmma_ws_kernel, NT, STAGES * STAGE_BYTES + 1024
+    return bias_entry(wgmma_ws_kernel, BIAS, jit_opts), NT, STAGES * STAGE_BYTES + 1024
 
 
 def check_tile(BM: int, BN: int, STAGES: int, REGS=None) -> None:
@@ -169,19 +197,24 @@ def persistent_grid(BM: int, BN: int):
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232), OUT: str = "fp32") -> KernelSpec:
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), OUT: str = "fp32",
+          B_LAYOUT: str = "KN", BIAS: bool = False) -> KernelSpec:
     """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``,
-    rounded to nearest even in the epilogue: ``wgmma_async.out_store``)."""
+    rounded to nearest even in the epilogue: ``wgmma_async.out_store``).  ``B_LAYOUT``:
+    B as (K, N), or "NK" -- (N, K), an ``nn.Linear`` weight: C = A @ B.T.  ``BIAS``: the
+    kernel takes a (1, N) bias after C (a (0, N) one: none), added in fp32 before the store."""
     check_tile(BM, BN, STAGES, REGS)
     check_out(precision, OUT)
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN)
+    check_layout(B_LAYOUT)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
-                                   tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES)
+                                   tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES,
+                                   add_bias=bias_code(precision, BN, 1, True) if BIAS else None)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_ws", precision, default, BM, BN, STAGES, GROUP_M)
-    name += regs_suffix(REGS) + out_suffix(OUT)
+    name += regs_suffix(REGS) + out_suffix(OUT) + layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
@@ -191,15 +224,18 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, **out_params(OUT)),
+                    REGS=REGS, **out_params(OUT), **layout_params(B_LAYOUT),
+                    **bias_params(BIAS)),
         shared_bytes=SHARED,
-        tma_boxes=tma_boxes(BM),
+        batched=True,
+        tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
         tma_swizzle=128,
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
                   r"wgmma\.wait_group\.sync\.aligned 1") + (
-            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT) + layout_ptx(B_LAYOUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
+           **layout_fields(B_LAYOUT), **bias_fields(BIAS),
            "chapter": "17c-warp-specialisation"},
     )
 

@@ -1,0 +1,320 @@
+"""Operands as frameworks hold them: every layout of A and B (row- or column-major, a
+leading dimension wider than the row, a step), stacks and batches, the bias, the result's
+dtype -- in the simulator, against float64, into a poisoned C."""
+
+import numpy as np
+import pytest
+
+import gemmlib
+from gemmlib import api, dispatch
+from gemmlib.precision import BF16Array
+
+RNG = np.random.default_rng(32)
+
+#: (M, N, K): ones, primes, sizes that are not multiples of 8
+SHAPES = [(1, 1, 1), (3, 7, 5), (13, 11, 9)]
+LAYOUTS = ["NN", "NT", "TN", "TT"]
+
+
+def _data(shape, dtype):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    if dtype == "bfloat16":   # values exactly representable in bfloat16
+        bits = (x.view(np.uint32) >> 16).astype(np.uint16)
+        return (bits.astype(np.uint32) << 16).view(np.float32), BF16Array(bits)
+    x = x.astype(dtype)
+    return x.astype(np.float32), x
+
+
+def _laid_out(x, order):
+    """``x`` (NumPy, or a BF16Array's bits) row-major ("N") or as the transpose of a
+    row-major array ("T": column-major)."""
+    if isinstance(x, BF16Array):
+        return BF16Array(_laid_out(x.bits, order))
+    return np.ascontiguousarray(x) if order == "N" else np.ascontiguousarray(x.T).T
+
+
+def _values(C):
+    if isinstance(C, BF16Array):
+        return (C.bits.astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(C, dtype=np.float32)
+
+
+def _poisoned(M, N, dtype):
+    if dtype == "bfloat16":
+        return BF16Array(np.full((M, N), 0x7FC0, np.uint16))
+    return np.full((M, N), np.nan, dtype)
+
+
+def _tolerance(dtype, K, out):
+    if out == "float32":
+        return 1e-5 * (K + 4) if dtype == "float32" else 1e-5 * (K + 4)
+    return {"float16": 2e-3, "bfloat16": 1.6e-2}[out] * 4
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("M, N, K", SHAPES)
+def test_every_layout(M, N, K, dtype, layout):
+    a64, a = _data((M, K), dtype)
+    b64, b = _data((K, N), dtype)
+    A, B = _laid_out(a, layout[0]), _laid_out(b, layout[1])
+    C = _poisoned(M, N, dtype)
+    gemmlib.matmul(A, B, out=C)
+    ref = a64.astype(np.float64) @ b64.astype(np.float64)
+    scale = np.abs(a64).astype(np.float64) @ np.abs(b64).astype(np.float64) + 1
+    err = np.max(np.abs(_values(C) - ref) / scale)
+    assert err < _tolerance(dtype, K, dtype), (layout, err)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "3xtf32"])
+@pytest.mark.parametrize("layout", ["NT", "TT"])
+def test_layouts_tf32(precision, layout):
+    M, N, K = 11, 13, 7
+    a, b = RNG.standard_normal((M, K)).astype(np.float32), RNG.standard_normal((K, N)).astype(
+        np.float32)
+    C = gemmlib.matmul(_laid_out(a, layout[0]), _laid_out(b, layout[1]), precision=precision)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(C - ref)) < (2e-3 if precision == "tf32" else 1e-5)
+
+
+def test_leading_dimension_and_steps():
+    """A slice of a wider matrix (rows further apart than their length) and views with
+    a step: copied into row-major order, the result as for contiguous operands."""
+    M, N, K = 9, 6, 5
+    wide = RNG.standard_normal((M, K + 7)).astype(np.float32)
+    A = wide[:, 2:2 + K]
+    Bw = RNG.standard_normal((2 * K, N)).astype(np.float32)
+    B = Bw[::2]
+    assert api._describe(A, "A").layout == "" and api._describe(B, "B").layout == ""
+    C = gemmlib.matmul(A, B)
+    assert np.allclose(C, A.astype(np.float64) @ B.astype(np.float64), atol=1e-5)
+    W = RNG.standard_normal((N, 3 * K)).astype(np.float32)[:, ::3]   # F.linear's W, strided
+    C = gemmlib.linear(A, W)
+    assert np.allclose(C, A.astype(np.float64) @ W.T.astype(np.float64), atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["layout_nt", "double_buffer"])
+def test_k_major_b_is_read_in_place(kernel, monkeypatch):
+    """A column-major B (``W.T``) reaches a K-major rung as the caller's own memory."""
+    seen = []
+    real = dispatch.launch
+
+    def spy(plan, A, B, C, *args, **kw):
+        seen.append(B)
+        return real(plan, A, B, C, *args, **kw)
+
+    monkeypatch.setattr(dispatch, "launch", spy)
+    M, N, K = 5, 8, 12
+    A = RNG.standard_normal((M, K)).astype(np.float32)
+    W = RNG.standard_normal((N, K)).astype(np.float32)
+    C = gemmlib.matmul(A, W.T, kernel=kernel)
+    assert np.allclose(C, A.astype(np.float64) @ W.T, atol=1e-5)
+    assert seen and np.shares_memory(seen[0], W)
+
+
+def test_row_major_b_for_a_k_major_rung_is_copied():
+    M, N, K = 4, 8, 8
+    A = RNG.standard_normal((M, K)).astype(np.float32)
+    B = RNG.standard_normal((K, N)).astype(np.float32)
+    C = gemmlib.matmul(A, B, kernel="layout_nt")
+    assert np.allclose(C, A.astype(np.float64) @ B, atol=1e-5)
+
+
+def test_transpose_b_is_an_alias():
+    M, N, K = 3, 5, 4
+    A = RNG.standard_normal((M, K)).astype(np.float32)
+    W = RNG.standard_normal((N, K)).astype(np.float32)
+    assert np.array_equal(gemmlib.matmul(A, W, transpose_b=True), gemmlib.matmul(A, W.T))
+
+
+# -------------------------------------------------------------------------- shapes
+
+
+def test_leading_dimensions_flatten():
+    X = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    B = RNG.standard_normal((5, 6)).astype(np.float32)
+    C = gemmlib.matmul(X, B)
+    assert C.shape == (2, 3, 4, 6)
+    assert np.allclose(C, X.astype(np.float64) @ B, atol=1e-5)
+    out = np.full((2, 3, 4, 6), np.nan, np.float32)
+    assert gemmlib.matmul(X, B, out=out) is out and np.allclose(out, C)
+
+
+@pytest.mark.parametrize("ashape, bshape", [
+    ((3, 4, 5), (3, 5, 2)),       # bmm
+    ((2, 1, 4, 5), (3, 5, 2)),    # broadcast batch dimensions
+    ((4, 5), (3, 5, 2)),          # a matrix against a stack
+    ((0, 4, 5), (5, 2)),          # an empty stack
+    ((0, 4, 5), (0, 5, 2)),       # an empty batch
+])
+def test_batches(ashape, bshape):
+    X = RNG.standard_normal(ashape).astype(np.float16)
+    Y = RNG.standard_normal(bshape).astype(np.float16)
+    C = gemmlib.matmul(X, Y)
+    ref = np.matmul(X.astype(np.float64), Y.astype(np.float64))
+    assert C.shape == ref.shape and C.dtype == np.float16
+    assert np.allclose(C.astype(np.float64), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("b_layout", ["KN", "NK"])
+def test_a_batch_is_one_launch(b_layout, monkeypatch):
+    """(b, M, K) @ (b, K, N): one launch of the batched rung, grid y the product; M not a
+    whole tile (a box reads the next product's rows: never stored), a bias on top."""
+    launches = []
+    real = dispatch.launch
+
+    def spy(p, *args, **kw):
+        launches.append((p.spec.name, p.batch))
+        return real(p, *args, **kw)
+
+    monkeypatch.setattr(dispatch, "launch", spy)
+    nb, M, N, K = 3, 70, 16, 64
+    X = RNG.standard_normal((nb, M, K)).astype(np.float16)
+    Y = (RNG.standard_normal((nb, K, N)) if b_layout == "KN" else
+         np.swapaxes(RNG.standard_normal((nb, N, K)), -1, -2)).astype(np.float16)
+    z = RNG.standard_normal(N).astype(np.float16)
+    C = gemmlib.matmul(X, Y, bias=z)
+    ref = np.matmul(X.astype(np.float64), Y.astype(np.float64)) + z
+    assert launches == [(launches[0][0], nb)] and "wgmma_ws" in launches[0][0]
+    assert C.dtype == np.float16 and np.allclose(C.astype(np.float64), ref, atol=2e-2)
+
+
+@pytest.mark.parametrize("ashape, bshape, match", [
+    ((4,), (4, 2), r"matrices or stacks of matrices: A has shape \(4,\)"),
+    ((2, 3, 4), (2, 5, 6), r"inner dimensions differ: A has shape \(2, 3, 4\)"),
+    ((2, 3, 4), (3, 4, 6), r"batch dimensions do not broadcast"),
+])
+def test_bad_stacks(ashape, bshape, match):
+    with pytest.raises(ValueError, match=match):
+        gemmlib.matmul(np.ones(ashape, np.float32), np.ones(bshape, np.float32))
+
+
+# -------------------------------------------------------------------------- bias, dtype
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("M, N, K", [(1, 5, 3), (6, 9, 13)])
+def test_linear_with_bias(M, N, K, dtype):
+    x64, x = _data((M, K), dtype)
+    w64, w = _data((N, K), dtype)
+    z64, z = _data((N,), dtype)
+    C = gemmlib.linear(x, w, z)
+    ref = x64.astype(np.float64) @ w64.T.astype(np.float64) + z64
+    scale = np.abs(x64) @ np.abs(w64).T + np.abs(z64) + 1
+    assert np.max(np.abs(_values(C) - ref) / scale) < _tolerance(dtype, K, dtype)
+    if dtype != "float32":   # the fp32 accumulators plus the bias, unrounded
+        C32 = gemmlib.linear(x, w, z, out_dtype="float32")
+        assert C32.dtype == np.float32
+        assert np.max(np.abs(C32 - ref) / scale) < 1e-5
+
+
+def test_bias_refusals():
+    A = np.ones((3, 4), np.float16)
+    B = np.ones((4, 5), np.float16)
+    with pytest.raises(ValueError, match=r"bias has shape \(4,\).*shape \(5,\)"):
+        gemmlib.matmul(A, B, bias=np.ones(4, np.float16))
+    with pytest.raises(TypeError, match=r"bias has dtype float32, but the inputs are float16"):
+        gemmlib.matmul(A, B, bias=np.ones(5, np.float32))
+
+
+def test_sixteen_bit_inputs_give_sixteen_bit_results():
+    A = RNG.standard_normal((3, 4)).astype(np.float16)
+    B = RNG.standard_normal((4, 5)).astype(np.float16)
+    assert gemmlib.matmul(A, B).dtype == np.float16
+    assert gemmlib.matmul(A, B, out_dtype=np.float32).dtype == np.float32
+    out = np.empty((3, 5), np.float32)
+    assert gemmlib.matmul(A, B, out=out) is out
+
+
+def test_errors_in_the_callers_framework():
+    t = api._Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="torch")
+    c = api._Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="cupy")
+    assert api._contiguous_hint(t, "B") == "B.contiguous()"
+    assert api._contiguous_hint(c, "B") == "cupy.ascontiguousarray(B)"
+    assert api._astype_hint(t, "A", "float16") == "A.to(torch.float16)"
+    assert "torch.cuda.device(1)" in api._device_hint(t, 1)
+    assert "cupy.cuda.Device(1)" in api._device_hint(c, 1)
+
+
+# -------------------------------------------------------------------------- on a GPU
+
+GPU_SHAPES = [(1, 4096, 4096), (5, 1000, 777), (77, 3000, 1024), (1000, 777, 513),
+              (2048, 4096, 4096)]
+
+
+def _torch_operands(torch, layout, dtype, M, N, K, g):
+    def make(rows, cols, t):
+        x = torch.randn((cols, rows) if t else (rows, cols), generator=g, device="cuda")
+        return (x.t() if t else x).to(dtype)
+
+    return make(M, K, layout[0] == "T"), make(K, N, layout[1] == "T")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_on_the_gpu(layout, precision):
+    torch = pytest.importorskip("torch")
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for M, N, K in GPU_SHAPES:
+        A, B = _torch_operands(torch, layout, dtype, M, N, K, g)
+        C = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+        gemmlib.matmul(A, B, out=C, precision="tf32" if precision == "tf32" else None)
+        ref = A.double() @ B.double()
+        err = float((C.double() - ref).norm() / ref.norm())
+        tol = {"fp16": 2e-3, "bf16": 1e-2, "fp32": 1e-5, "tf32": 3e-3}[precision]
+        assert err < tol, (layout, precision, M, N, K, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_weight_is_read_where_it_lies(dtype, monkeypatch):
+    """F.linear's W.t() reaches the kernel as the weight's own address (no copy), at
+    decode and prefill sizes, on the rungs ``auto`` picks that have a K-major build."""
+    torch = pytest.importorskip("torch")
+    seen = []
+    for name in ("run", "run_rounded"):
+        real = getattr(dispatch, name)
+
+        def spy(p, a_ptr, b_ptr, *args, _real=real, **kw):
+            seen.append((p.spec, b_ptr))
+            return _real(p, a_ptr, b_ptr, *args, **kw)
+
+        monkeypatch.setattr(dispatch, name, spy)
+    dt = getattr(torch, dtype)
+    W = torch.randn(4096, 4096, device="cuda", dtype=dt)
+    for M in (1, 16, 512, 4096):
+        seen.clear()
+        x = torch.randn(M, 4096, device="cuda", dtype=dt)
+        y = gemmlib.linear(x, W)
+        ref = x.double() @ W.double().t()
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+        spec, b_ptr = seen[-1]
+        if spec.b_operand == "NK":
+            assert b_ptr == W.data_ptr(), spec.name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_linear_matches_torch(dtype):
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    lin = torch.nn.Linear(1000, 3000, device="cuda", dtype=dt)
+    x = torch.randn(3, 7, 1000, device="cuda", dtype=dt)
+    with torch.no_grad():
+        y = gemmlib.linear(x, lin.weight, lin.bias)
+        ref = x.double() @ lin.weight.double().t() + lin.bias.double()
+    assert y.shape == (3, 7, 3000) and y.dtype == dt
+    assert float((y.double() - ref).norm() / ref.norm()) < (1e-5 if dtype == "float32" else 1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b, M, K", [(32, 128, 64), (4, 1000, 77)])
+def test_batched_matches_bmm(b, M, K):
+    torch = pytest.importorskip("torch")
+    A = torch.randn(b, M, K, device="cuda", dtype=torch.float16)
+    B = torch.randn(b, K, M, device="cuda", dtype=torch.float16)
+    C = gemmlib.matmul(A, B)
+    ref = torch.bmm(A.double(), B.double())
+    assert C.shape == (b, M, M) and float((C.double() - ref).norm() / ref.norm()) < 2e-3
