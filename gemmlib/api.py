@@ -586,26 +586,17 @@ def _one_launch(A, B, a: _Operand, b: _Operand, batch: tuple, out, bias, kw):
             or b.dname != a.dname or (a.on_host and not SIMULATOR) or a.kind != b.kind
             or tuple(a.shape[:-2]) != batch or tuple(b.shape[:-2]) != batch):
         return None
-    (M, K), N = a.shape[-2:], b.shape[-1]
-    nb = int(np.prod(batch))
-    sb = _strides(b)
-    if not a.c_contiguous or M * N * K * nb == 0 or K % 8:
+    key = (a.kind, a.dname, a.shape, a.c_contiguous, b.shape, _strides(b),
+           kw.get("out_dtype"), None if bias is None else tuple(bias.shape))
+    known = _BATCHED.get(key)
+    if known is None:
+        known = _BATCHED.put(key, _batched_plan(a, b, batch, kw.get("out_dtype"),
+                                                bias is not None))
+    if not known:
         return None
-    if b.c_contiguous:
-        b_layout = "KN"
-        if N % 8 or K % 64:   # a (K, N) B: no k-tile may reach the next product's rows
-            return None
-    elif _c_contiguous(b.shape[:-2] + (N, K), sb[:-2] + (sb[-1], sb[-2]), 1):
-        b_layout = "NK"
-    else:
-        return None
-    o16 = _out_type(kw.get("out_dtype"), a, None)
-    spec = dispatch.select_batched(_PRECISION_OF[a.dname], M, N, K,
-                                   _OUT_KIND.get(o16, "fp32"), b_layout, bias is not None)
-    if spec is None:
-        return None
+    p, o16, b_layout = known
+    (M, K), N, nb = a.shape[-2:], b.shape[-1], p.batch
     z = None if bias is None else _describe_bias(bias, a, N)
-    p = dispatch.plan(spec, M, N, K, batch=nb)
     stream = kw.get("stream")
     if a.on_host:   # the simulator: the stacks as the 2-D arrays the kernel takes
         A2 = np.ascontiguousarray(a.obj).view(np.uint16).reshape(nb * M, K)
@@ -626,6 +617,34 @@ def _one_launch(A, B, a: _Operand, b: _Operand, batch: tuple, out, bias, kw):
     bias_arg = () if z is None else (z.ptr, _BIAS_TYPE[z.dname])
     dispatch.run(p, a.ptr, b.ptr, _out_ptr(C), dispatch.stream_handle(stream), bias=bias_arg)
     return C
+
+
+#: what _batched_plan concluded for operands described alike
+_BATCHED = dispatch._LRU(1024)
+
+
+def _batched_plan(a: _Operand, b: _Operand, batch: tuple, out_dtype, bias: bool):
+    """(plan, C's 16-bit type or None, B's layout) of a batch as one launch, or () where
+    the operands do not allow it (see _one_launch)."""
+    (M, K), N = a.shape[-2:], b.shape[-1]
+    nb = int(np.prod(batch))
+    sb = _strides(b)
+    if not a.c_contiguous or M * N * K * nb == 0 or K % 8:
+        return ()
+    if b.c_contiguous:
+        b_layout = "KN"
+        if N % 8 or K % 64:   # a (K, N) B: no k-tile may reach the next product's rows
+            return ()
+    elif _c_contiguous(b.shape[:-2] + (N, K), sb[:-2] + (sb[-1], sb[-2]), 1):
+        b_layout = "NK"
+    else:
+        return ()
+    o16 = _out_type(out_dtype, a, None)
+    spec = dispatch.select_batched(_PRECISION_OF[a.dname], M, N, K,
+                                   _OUT_KIND.get(o16, "fp32"), b_layout, bias)
+    if spec is None:
+        return ()
+    return dispatch.plan(spec, M, N, K, batch=nb), o16, b_layout
 
 
 #: the tensor-core precision of 16-bit inputs
@@ -1145,8 +1164,10 @@ def _kernel_array(op: _Operand, xp):
         if not (x.flags.c_contiguous and x.flags.writeable):
             x = np.array(x, order="C")
         return x.view(np.uint16) if x.dtype.itemsize == 2 else x
-    if op.kind == "torch" and op.dname == "bfloat16":
-        x = x.view(_torch().int16)  # torch exports no bfloat16 through CAI; the bits suffice
+    if op.kind == "torch":
+        x = x.detach()   # CAI refuses a tensor that requires grad (no autograd here)
+        if op.dname == "bfloat16":
+            x = x.view(_torch().int16)  # torch exports no bfloat16 through CAI; the bits do
     return x if type(x) is _cupy_ndarray() else xp.asarray(x)
 
 

@@ -494,8 +494,7 @@ class Plan:
     #: (rows, cols, dtype) of the workspace arrays of specs that take them (spec.workspace)
     workspace: tuple = ()
     #: a batched launch (``spec.batched``): this many products of (M / batch) x N x K,
-    #: their A, B and C stacked row after row (M counts every product's rows); grid y
-    #: is the batch index
+    #: their A, B and C stacked row after row (M counts every product's rows)
     batch: int = 1
 
     @property
@@ -539,8 +538,9 @@ def plan(kernel, M: int, N: int, K: int, batch: int = 1) -> Plan:
     if batch != 1:
         if not spec.batched or splits > 1 or work or spec.b_prep is not None:
             raise ValueError(f"{spec.name} has no batched launch")
-        # the SMs shared among the products: each product's blocks walk its tiles
-        grid = (max(1, min(grid[0], -(-dev.sm_count // batch))), batch, 1)
+        # one persistent block per SM walks every product's tiles
+        tiles = batch * cdiv(M, spec.tile[0]) * cdiv(N, spec.tile[1])
+        grid = (min(tiles, dev.sm_count), 1, 1)
     STATS["plans"] += 1
     return _PLANS.put(key, Plan(spec, M * batch, N, K, grid, geo.block,
                                 geo.dynamic_shared_bytes, splits, work, batch))

@@ -176,9 +176,9 @@ class KernelSpec:
     #: each accumulator in fp32 before the single rounding into C; a (0, N) array (null
     #: pointer) means no bias.  One compiled kernel serves both
     bias_arg: bool = False
-    #: rungs that run a batch of products in one launch: grid y is the product's index,
-    #: A, B and C hold the products' matrices one under the other (``gemmlib.dispatch.plan``
-    #: with ``batch``); a kernel reads its per-product rows as rows / gridDim.y
+    #: rungs that run a batch of products in one launch: A, B and C hold the products'
+    #: matrices one under the other (``gemmlib.dispatch.plan`` with ``batch``); the kernel
+    #: counts the products from B's rows
     batched: bool = False
 
     @property

@@ -31,7 +31,9 @@ POISON16 = 0xFFFF   # NaN in fp16 and in bf16
 
 
 def _bits(x) -> np.ndarray:
-    return np.asarray(x.bits if isinstance(x, P.BF16Array) else x.view(np.uint16))
+    """The uint16 bit patterns of a 16-bit array, on the host (GPU arrays are copied)."""
+    return np.asarray(backend.to_host(x.bits if isinstance(x, P.BF16Array)
+                                      else x.view(np.uint16)))
 
 
 def _tf32(x: np.ndarray) -> np.ndarray:

@@ -96,7 +96,7 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES,
-                                   finish=scale_code(BN))
+                                   finish=scale_code(BN), b_kmajor=True)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 4, 8, (40, 232))
     name = rung_name("wgmma_fp8", None, default, BM, BN, STAGES, GROUP_M)

@@ -148,7 +148,8 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES,
-                                   add_bias=bias_code(precision, BN, 1, True) if BIAS else None)
+                                   add_bias=bias_code(precision, BN, 1, True) if BIAS else None,
+                                   b_kmajor=True)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_tf32", None, default, BM, BN, STAGES, GROUP_M)

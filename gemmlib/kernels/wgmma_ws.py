@@ -28,10 +28,10 @@ during the epilogue.  This rung splits the roles:
   copying the next tile's k-tiles.  The ring's position (``it``) runs on
   across tiles, in both roles alike.
 
-**A batch of products in one launch** (``torch.bmm``'s shapes): grid y is the
-product's index.  The products' A, B and C lie one under the other in the same
-arrays, and the same tensor maps, so a product's rows are offset by its index times
-its rows; its blocks walk its own tiles.  A box that hangs over a product's last rows
+**A batch of products in one launch** (``torch.bmm``'s shapes).  The products' A, B
+and C lie one under the other in the same arrays, and the same tensor maps; the
+persistent blocks walk all products' tiles (tile ``i`` is tile ``i % per`` of product
+``i // per``), and a product's rows are offset by its index times its rows.  A box that hangs over a product's last rows
 reads the next product's rows: those rows of the accumulators are never stored, and
 what hangs past K meets A's zero-filled columns (``gemmlib.matmul`` batches a (K, N)
 B only when K is a whole number of k-tiles, so no product reads another's B).
@@ -93,13 +93,16 @@ def as_accumulated(acc, maps):
 
 
 def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, tile_origin,
-              load_stage, A_BYTES: int, STAGE_BYTES: int, finish=None, add_bias=None):
+              load_stage, A_BYTES: int, STAGE_BYTES: int, finish=None, add_bias=None,
+              b_kmajor: bool = False):
     """The warp-specialised persistent kernel around the per-rung pieces: ``k_tile`` (one
     k-tile's wgmma on a stage), ``store_acc`` (the epilogue), ``tile_origin`` (the tile
     order), ``load_stage`` (the producer's TMA copies of one k-tile; BK elements of K),
     ``finish(acc, maps)`` (applied to a tile's accumulators before the store: FP8 scales)
     and ``add_bias(acc, bias, t, n0, N)`` (``wgmma_async.bias_code``: given, the kernel
-    takes the bias right after C; else its arguments are (A, B, C, maps))."""
+    takes the bias right after C; else its arguments are (A, B, C, maps)).  ``b_kmajor``:
+    the kernel's B is (N, K) (else (K, N)), which tells how many products a batched launch
+    holds: B's rows over one product's."""
     finish = finish or as_accumulated
     BIAS = add_bias is not None
     add_bias = add_bias or no_bias
@@ -109,6 +112,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
     fewer, more = register_roles(REGS)
+    B_KMAJOR = b_kmajor
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(**jit_opts)
@@ -117,16 +121,17 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
-        # A batched launch (grid y > 1) runs product blockIdx.y of gridDim.y, whose A, B
-        # and C rows follow the previous products' in the same arrays (and maps)
-        M = A.shape[0] // cuda.gridDim.y
         K = A.shape[1]
         N = C.shape[1]
-        a_row = cuda.blockIdx.y * M
-        b_row = cuda.blockIdx.y * (B.shape[0] // cuda.gridDim.y)
+        # A batched launch: several products' A, B and C, each under the previous one's in
+        # the same arrays (and maps); the blocks walk every product's tiles in turn
+        b_rows = N if B_KMAJOR else K        # B's rows of one product
+        products = B.shape[0] // b_rows
+        M = A.shape[0] // products
+        per = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
+        tiles = per * products
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
-        tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
         num_k = (K + BK - 1) // BK
         if t == 0:
             for s in range(STAGES):
@@ -141,12 +146,13 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
                 H.tensormap_acquire(maps + uint64(128))
                 it = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                    m0, n0 = tile_origin(tile, M, N)
+                    product = tile // per
+                    m0, n0 = tile_origin(tile - product * per, M, N)
                     for kt in range(num_k):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, a_row + m0,
-                                   n0, b_row)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK,
+                                   product * M + m0, n0, product * b_rows)
                         it += 1
         else:                                # ---- consumer warpgroups
             more()
@@ -154,7 +160,9 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
             slice_ = (wg - 1) * SLICE_BYTES
             it = 0
             for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                m0, n0 = tile_origin(tile, M, N)
+                product = tile // per
+                a_row = product * M
+                m0, n0 = tile_origin(tile - product * per, M, N)
                 for e in range(ACC):
                     acc[e] = float32(0.0)
                 for kt in range(num_k):
@@ -210,7 +218,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES,
-                                   add_bias=bias_code(precision, BN, 1, True) if BIAS else None)
+                                   add_bias=bias_code(precision, BN, 1, True) if BIAS else None,
+                                   b_kmajor=B_LAYOUT == "NK")
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_ws", precision, default, BM, BN, STAGES, GROUP_M)
