@@ -1401,3 +1401,168 @@ def tail_split_table(sms: int = 132, min_m: int = 4096):
     return Table(("M x N x K", "tiles", "waves", "rounds", "SM-rounds busy",
                   "at most saved by a tail split"), body,
                  caption=f"128 x 256 tiles on {sms} SMs (computed from the tile counts)")
+
+
+# --------------------------------------------------------------------------
+# B given K-major (an nn.Linear weight) or MN-major: where the copy engine puts its k-tile
+# (page 17g)
+
+#: how B is given: "KN" a row-major (K, N) B (MN-major: consecutive n of one k are
+#: adjacent), "NK" its (N, K) transpose, as nn.Linear keeps a weight (K-major)
+B_LAYOUTS = ("KN", "NK")
+
+
+def b_box(b_layout: str = "NK", BN: int = 128) -> tuple[int, int]:
+    """(rows, columns) of the box one TMA copy moves of B's k-tile, from the loaders'
+    ``tma_boxes``: 64 k x 64 n panels for a (K, N) B (``wgmma_tma.tma_loader``), one box of
+    BN n x 64 k for an (N, K) B (as ``wgmma_tf32.kmajor_loader`` copies its (N, K) B)."""
+    from gemmlib.kernels import wgmma_tma as T
+
+    if b_layout not in B_LAYOUTS:
+        raise ValueError(f"b_layout is one of {B_LAYOUTS}, got {b_layout!r}")
+    if b_layout == "KN":
+        return tuple(T.tma_boxes(128)[1])
+    try:                                  # the wgmma rungs' own (N, K) build, where present
+        return tuple(T.tma_boxes(128, BN, "NK")[1])
+    except TypeError:                     # not yet: the box kmajor_loader copies, 64 k of 16 bits
+        return (BN, T.BK)
+
+
+def b_tile_offset(n: int, k: int, b_layout: str = "NK", BN: int = 128,
+                  elem_bytes: int = 2, swizzle: int = 128) -> int:
+    """Byte offset, from the start of B's k-tile in a stage (aligned to 1024 bytes), at
+    which the copy engine puts element (n, k) of the k-tile (n < BN, k < 64), for 16-bit
+    elements: each box lands with :func:`gemmlib.tma.swizzled_offset`, the boxes one after
+    another."""
+    from gemmlib import tma
+
+    rows, cols = b_box(b_layout, BN)
+    if b_layout == "NK":                  # box rows are n, its columns k
+        if not (0 <= n < rows and 0 <= k < cols):
+            raise ValueError(f"(n, k) = ({n}, {k}) is outside the {rows} x {cols} box")
+        box, r, c = 0, n, k
+    else:                                 # box rows are k, its columns 64 n: one per panel
+        if not (0 <= k < rows and 0 <= n < BN):
+            raise ValueError(f"(n, k) = ({n}, {k}) is outside the {BN} x {rows} k-tile")
+        box, r, c = n // cols, k, n % cols
+    return (box * rows * cols + tma.swizzled_offset(r, c, cols, elem_bytes, swizzle)) * elem_bytes
+
+
+def b_landing(b_layout: str = "NK", n: int = 16, k: int = 16, BN: int = 128):
+    """(line, chunk): two (n, k) arrays, the 128-byte line of B's k-tile and the 16-byte chunk
+    in that line where element (n, k) lands (:func:`b_tile_offset`)."""
+    off = np.array([[b_tile_offset(i, j, b_layout, BN) for j in range(k)] for i in range(n)])
+    return off // 128, off % 128 // 16
+
+
+def plot_b_landing(n: int = 16, k: int = 16, BN: int = 128):
+    """The top-left n x k corner of B's k-tile, loaded MN-major (left) and K-major (right):
+    shade = the 128-byte line of shared memory each element lands in, number = the 16-byte
+    chunk of that line; a box around the 8 elements that share one chunk."""
+    plt = _plt()
+    from matplotlib.patches import Rectangle
+
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_IN, 4.9), sharey=True)
+    (kr, kc), (nr, nc) = b_box("KN", BN), b_box("NK", BN)
+    titles = {"KN": f"B row-major (K, N): MN-major\n{BN // kc} boxes of {kr} k x {kc} n",
+              "NK": f"B = W.t(), W is (N, K): K-major\none box of {nr} n x {nc} k"}
+    top = max(n, k)
+    cmap, lo, hi = plt.get_cmap("Blues"), -0.45 * top, 1.5 * top
+    for ax, layout in zip(axes, ("KN", "NK")):
+        line, chunk = b_landing(layout, n, k, BN)
+        im = ax.imshow(line, cmap=cmap, vmin=lo, vmax=hi, aspect="equal",
+                       interpolation="nearest")
+        for (i, j), c in np.ndenumerate(chunk):
+            ax.text(j, i, str(c), ha="center", va="center", fontsize=FONT)
+        for key in {(a, b) for a, b in zip(line.ravel(), chunk.ravel())}:
+            ii, jj = np.nonzero((line == key[0]) & (chunk == key[1]))
+            ax.add_patch(Rectangle((jj.min() - 0.5, ii.min() - 0.5), np.ptp(jj) + 1,
+                                   np.ptp(ii) + 1, fill=False, lw=1.4, ec="k"))
+        ax.set_title(titles[layout], fontsize=FONT + 1)
+        ax.set_xticks(range(0, k, 4))
+        ax.set_yticks(range(0, n, 4))
+        ax.tick_params(labelsize=FONT)
+        ax.set_xlabel("k", fontsize=FONT + 1)
+    axes[0].set_ylabel("n", fontsize=FONT + 1)
+    fig.suptitle("Where element (n, k) of B's k-tile lands in shared memory\n"
+                 "number = 16-byte chunk of its line; a box = one chunk (8 elements)",
+                 fontsize=FONT + 1)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    bar = fig.add_axes((0.2, 0.06, 0.6, 0.025))
+    cb = fig.colorbar(im, cax=bar, orientation="horizontal", boundaries=np.arange(top + 1) - 0.5,
+                      ticks=range(0, top, 2))
+    cb.set_label("shade = 128-byte line of the k-tile", fontsize=FONT)
+    cb.ax.tick_params(labelsize=FONT)
+    return fig
+
+
+# --------------------------------------------------------------------------
+# The K-major builds, measured (page 17g)
+
+NOT_MEASURED_NK = "The K-major builds have not been measured yet."
+
+
+def is_kmajor_row(row: dict) -> bool:
+    """A benchmark row of a build that reads B as (N, K): ``B_LAYOUT`` "NK" in its params
+    (or its own ``b_layout``), or a rung name with the ``_nk`` suffix of those builds."""
+    if not isinstance(row, dict):
+        return False
+    params = row.get("params") if isinstance(row.get("params"), dict) else {}
+    said = params.get("B_LAYOUT") or row.get("B_LAYOUT") or row.get("b_layout")
+    if said is not None:
+        return str(said).upper() == "NK"
+    return bool(re.search(r"_nk(?:_|$)", str(row.get("kernel", ""))))
+
+
+def kmajor_files(directory=None):
+    """[(file name, data)] of the committed ``layouts-*.json`` files that hold rows of K-major
+    builds (:func:`is_kmajor_row`); empty when there are none (older ``layouts-*`` files, of
+    the layout-built kernels alone, hold none)."""
+    from gemmcourse.notebook import committed_json
+
+    out = []
+    for pattern in ("layouts-*.json", "layouts-*/*.json"):
+        for name, data in committed_json(pattern, directory):
+            rows = data.get("rows", []) if isinstance(data, dict) else []
+            if any(is_kmajor_row(r) for r in rows):
+                out.append((name, data))
+    return out
+
+
+_KMAJOR_COLUMNS = (("kernel", "kernel"), ("label", "label"), ("precision", "precision"),
+                   ("M", "M"), ("N", "N"), ("K", "K"), ("size", "size"),
+                   ("median_ms", "ms"), ("us", "us"), ("tflops", "TFLOP/s"),
+                   ("pct_of_cublas", "% of cuBLAS"), ("pct_of_torch", "% of torch"),
+                   ("pct_of_kn", "% of the (K, N) build"))
+
+
+def kmajor_table(data: dict, name: str = ""):
+    """The K-major rows of one file, with whichever of the usual columns the file has."""
+    from gemmcourse.notebook import Table
+
+    rows = data.get("rows", [])
+    keep = [r for r in rows if is_kmajor_row(r) or "cublas" in str(r.get("kernel", "")).lower()]
+    cols = [(key, head) for key, head in _KMAJOR_COLUMNS if any(key in r for r in keep)]
+
+    def cell(v):
+        return f"{v:.3g}" if isinstance(v, float) else ("-" if v is None else v)
+
+    body = [tuple(cell(r.get(key)) for key, _ in cols) for r in keep]
+    meta = data.get("meta", {})
+    gpu = meta.get("gpu") or meta.get("device") or "?"
+    return Table([head for _, head in cols], body,
+                 caption=f"K-major builds: {gpu}" + (f" ({name})" if name else ""))
+
+
+def show_kmajor_measured(directory=None) -> int:
+    """Display the K-major tables of the committed files, or say that there are none yet;
+    returns how many files were shown."""
+    files = kmajor_files(directory)
+    if not files:
+        print(NOT_MEASURED_NK)
+        return 0
+    from IPython.display import display
+
+    for name, data in files:
+        display(kmajor_table(data, name))
+    return len(files)
