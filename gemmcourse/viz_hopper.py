@@ -23,6 +23,10 @@ Everything here is computed from gemmlib's own code or from committed results:
   in code; :func:`tune_files` / :func:`tune_table`: the ``wgmma_ws`` tuning runs.
 * :func:`expected_parity`, :func:`stage_bytes`, :func:`max_stages`: the references
   the chapter's exercises check answers against.
+* :func:`b_box` / :func:`b_tile_offset` / :func:`b_landing` / :func:`plot_b_landing`: where
+  the copy engine puts each element of B's k-tile, given MN-major (a row-major (K, N) B) or
+  K-major (an ``nn.Linear`` weight, (N, K)); :func:`kmajor_files` / :func:`kmajor_table` /
+  :func:`show_kmajor_measured`: the committed measurements of the K-major builds, if any.
 
 matplotlib is imported only when drawing.
 """
