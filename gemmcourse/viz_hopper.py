@@ -25,8 +25,8 @@ Everything here is computed from gemmlib's own code or from committed results:
   the chapter's exercises check answers against.
 * :func:`b_box` / :func:`b_tile_offset` / :func:`b_landing` / :func:`plot_b_landing`: where
   the copy engine puts each element of B's k-tile, given MN-major (a row-major (K, N) B) or
-  K-major (an ``nn.Linear`` weight, (N, K)); :func:`kmajor_files` / :func:`kmajor_table` /
-  :func:`show_kmajor_measured`: the committed measurements of the K-major builds, if any.
+  K-major (an ``nn.Linear`` weight, (N, K)); :func:`layouts_files` / :func:`kmajor_table` /
+  :func:`show_kmajor_measured`: the committed runs of the layouts suite, if any.
 
 matplotlib is imported only when drawing.
 """
@@ -1418,18 +1418,13 @@ B_LAYOUTS = ("KN", "NK")
 
 def b_box(b_layout: str = "NK", BN: int = 128) -> tuple[int, int]:
     """(rows, columns) of the box one TMA copy moves of B's k-tile, from the loaders'
-    ``tma_boxes``: 64 k x 64 n panels for a (K, N) B (``wgmma_tma.tma_loader``), one box of
-    BN n x 64 k for an (N, K) B (as ``wgmma_tf32.kmajor_loader`` copies its (N, K) B)."""
+    ``wgmma_tma.tma_boxes``: 64 k x 64 n panels for a (K, N) B, one box of BN n x 64 k for
+    an (N, K) B (``tma_loader(BM, BN, "NK")``, which ``wgmma_tf32.kmajor_loader`` is too)."""
     from gemmlib.kernels import wgmma_tma as T
 
     if b_layout not in B_LAYOUTS:
         raise ValueError(f"b_layout is one of {B_LAYOUTS}, got {b_layout!r}")
-    if b_layout == "KN":
-        return tuple(T.tma_boxes(128)[1])
-    try:                                  # the wgmma rungs' own (N, K) build, where present
-        return tuple(T.tma_boxes(128, BN, "NK")[1])
-    except TypeError:                     # not yet: the box kmajor_loader copies, 64 k of 16 bits
-        return (BN, T.BK)
+    return tuple(T.tma_boxes(128, BN, b_layout)[1])
 
 
 def b_tile_offset(n: int, k: int, b_layout: str = "NK", BN: int = 128,
@@ -1501,67 +1496,76 @@ def plot_b_landing(n: int = 16, k: int = 16, BN: int = 128):
 
 
 # --------------------------------------------------------------------------
-# The K-major builds, measured (page 17g)
+# The K-major builds, measured (page 17g): the layouts suite's files
 
 NOT_MEASURED_NK = "The K-major builds have not been measured yet."
+#: the layouts of (A, B) the page shows: row-major B (the reference), and B = W.t()
+KMAJOR_LAYOUTS = ("NN", "NT", "TT")
 
 
-def is_kmajor_row(row: dict) -> bool:
-    """A benchmark row of a build that reads B as (N, K): ``B_LAYOUT`` "NK" in its params
-    (or its own ``b_layout``), or a rung name with the ``_nk`` suffix of those builds."""
-    if not isinstance(row, dict):
-        return False
-    params = row.get("params") if isinstance(row.get("params"), dict) else {}
-    said = params.get("B_LAYOUT") or row.get("B_LAYOUT") or row.get("b_layout")
-    if said is not None:
-        return str(said).upper() == "NK"
-    return bool(re.search(r"_nk(?:_|$)", str(row.get("kernel", ""))))
+def layouts_files(directory=None):
+    """The newest committed run of the layouts suite per GPU (``layouts-<gpu>-<date>.json``
+    from ``python -m gemmlib bench --suite layouts``): [(file name, data)]; empty when there
+    is none.  Other files under the same pattern (chapter 10's ``layouts-h200.json``, of the
+    layout-built kernels) are not runs of the suite and are skipped."""
+    from gemmcourse.notebook import _newest_per_gpu, committed_json
+
+    def of_suite(data):
+        if not isinstance(data, dict):
+            return False
+        rows = data.get("rows") or []
+        return (data.get("meta", {}).get("suite") == "layouts"
+                or any(isinstance(r, dict) and r.get("suite") == "layouts" for r in rows))
+
+    return _newest_per_gpu([(n, d) for n, d in committed_json("layouts-*.json", directory)
+                            if of_suite(d)])
 
 
-def kmajor_files(directory=None):
-    """[(file name, data)] of the committed ``layouts-*.json`` files that hold rows of K-major
-    builds (:func:`is_kmajor_row`); empty when there are none (older ``layouts-*`` files, of
-    the layout-built kernels alone, hold none)."""
-    from gemmcourse.notebook import committed_json
+def _geomean(xs):
+    import math
 
-    out = []
-    for pattern in ("layouts-*.json", "layouts-*/*.json"):
-        for name, data in committed_json(pattern, directory):
-            rows = data.get("rows", []) if isinstance(data, dict) else []
-            if any(is_kmajor_row(r) for r in rows):
-                out.append((name, data))
-    return out
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-_KMAJOR_COLUMNS = (("kernel", "kernel"), ("label", "label"), ("precision", "precision"),
-                   ("M", "M"), ("N", "N"), ("K", "K"), ("size", "size"),
-                   ("median_ms", "ms"), ("us", "us"), ("tflops", "TFLOP/s"),
-                   ("pct_of_cublas", "% of cuBLAS"), ("pct_of_torch", "% of torch"),
-                   ("pct_of_kn", "% of the (K, N) build"))
-
-
-def kmajor_table(data: dict, name: str = ""):
-    """The K-major rows of one file, with whichever of the usual columns the file has."""
+def kmajor_table(data: dict, name: str = "", layouts=KMAJOR_LAYOUTS):
+    """Per precision and layout (A, B as BLAS names them: N row-major, T column-major, so NT
+    is ``x @ W.t()``): how many products, gemmlib's speed against ``torch.matmul`` on the same
+    views (geometric mean and range), against its own row-major (NN) time for the shape, and
+    in how many products B had to be copied (no K-major build of the rung ``auto`` ran)."""
     from gemmcourse.notebook import Table
 
-    rows = data.get("rows", [])
-    keep = [r for r in rows if is_kmajor_row(r) or "cublas" in str(r.get("kernel", "")).lower()]
-    cols = [(key, head) for key, head in _KMAJOR_COLUMNS if any(key in r for r in keep)]
-
-    def cell(v):
-        return f"{v:.3g}" if isinstance(v, float) else ("-" if v is None else v)
-
-    body = [tuple(cell(r.get(key)) for key, _ in cols) for r in keep]
+    rows = [r for r in data.get("rows", []) if isinstance(r, dict) and r.get("layout") in layouts]
+    body = []
+    precisions = sorted({r.get("precision", "?") for r in rows},
+                        key=lambda p: (["fp16", "bf16", "tf32", "fp32"] + [p]).index(p))
+    for prec in precisions:
+        for layout in layouts:
+            rs = [r for r in rows if r.get("precision") == prec and r["layout"] == layout]
+            if not rs:
+                continue
+            ok = [r for r in rs if "error" not in r and r.get("pct_torch")]
+            if not ok:
+                body.append((prec, layout, len(rs), "-", "-", "-", f"{len(rs)} failed"))
+                continue
+            pct = [r["pct_torch"] for r in ok]
+            nn = [r["pct_of_nn"] for r in ok if r.get("pct_of_nn")]
+            copied = sum("copied" in str(r.get("kernel", "")) for r in ok)
+            failed = len(rs) - len(ok)
+            body.append((prec, layout, len(ok), f"{_geomean(pct):.1f}%",
+                         f"{min(pct):.1f}-{max(pct):.1f}%",
+                         "-" if layout == "NN" or not nn else f"{min(nn):.1f}-{max(nn):.1f}%",
+                         f"{copied} of {len(ok)}" + (f" ({failed} failed)" if failed else "")))
     meta = data.get("meta", {})
-    gpu = meta.get("gpu") or meta.get("device") or "?"
-    return Table([head for _, head in cols], body,
-                 caption=f"K-major builds: {gpu}" + (f" ({name})" if name else ""))
+    return Table(("precision", "A, B", "products", "% of torch (mean)", "% of torch (range)",
+                  "% of own NN", "B copied"), body,
+                 caption="gemmlib.matmul against torch.matmul on the same views, a loop of "
+                         f"calls: {meta.get('gpu', '?')}" + (f" ({name})" if name else ""))
 
 
 def show_kmajor_measured(directory=None) -> int:
-    """Display the K-major tables of the committed files, or say that there are none yet;
-    returns how many files were shown."""
-    files = kmajor_files(directory)
+    """Display :func:`kmajor_table` for the newest committed run per GPU, or say that there
+    is none yet; returns how many runs were shown."""
+    files = layouts_files(directory)
     if not files:
         print(NOT_MEASURED_NK)
         return 0

@@ -683,25 +683,47 @@ def test_plot_b_landing_is_legible():
 
 
 def test_kmajor_reader_tolerates_absence_and_old_files(tmp_path, capsys):
-    assert vh.kmajor_files(tmp_path) == []
+    assert vh.layouts_files(tmp_path) == []
     assert vh.show_kmajor_measured(tmp_path) == 0
     assert vh.NOT_MEASURED_NK in capsys.readouterr().out
-    old = {"meta": {"device": "NVIDIA H200"},
+    old = {"meta": {"device": "NVIDIA H200"},      # chapter 10's file: not a suite run
            "rows": [{"kernel": "layout_nt", "tflops": 13.2, "params": {"BM": 128}}]}
     (tmp_path / "layouts-h200.json").write_text(json.dumps(old))
-    assert vh.kmajor_files(tmp_path) == []
+    assert vh.layouts_files(tmp_path) == []
+    assert vh.show_kmajor_measured(tmp_path) == 0
 
 
-def test_kmajor_reader_reads_k_major_rows(tmp_path):
-    data = {"meta": {"gpu": "NVIDIA H100 80GB HBM3"},
-            "rows": [{"kernel": "cublas (A @ B.T)", "tflops": 600.0, "pct_of_cublas": 100.0},
-                     {"kernel": "wgmma_ws_nk", "tflops": 540.0, "pct_of_cublas": 90.0},
-                     {"kernel": "wgmma_ws", "tflops": 530.0, "pct_of_cublas": 88.0,
-                      "params": {"B_LAYOUT": "KN"}},
-                     {"kernel": "layout_nt", "tflops": 20.0, "params": {"B_LAYOUT": "NK"}}]}
-    (tmp_path / "layouts-h100.json").write_text(json.dumps(data))
-    files = vh.kmajor_files(tmp_path)
-    assert [n for n, _ in files] == ["layouts-h100.json"]
+def _suite_row(layout, prec, pct, nn=None, kernel="wgmma_ws", **kw):
+    row = dict(suite="layouts", shape="4096^3", layout=layout, precision=prec, M=4096, N=4096,
+               K=4096, gemmlib_ms=1.0, torch_ms=pct / 100, pct_torch=pct, rel_error=1e-3,
+               kernel=kernel, **kw)
+    if nn is not None:
+        row["pct_of_nn"] = nn
+    return row
+
+
+def test_kmajor_reader_reads_the_layouts_suite(tmp_path):
+    """The rows ``gemmlib.bench_layouts.measure`` writes, newest run per GPU."""
+    rows = [_suite_row("NN", "fp16", 95.0, 100.0), _suite_row("NT", "fp16", 96.0, 101.0,
+                                                              "wgmma_ws_nk"),
+            _suite_row("NT", "fp16", 80.0, 84.0, "skinny (B copied)"),
+            _suite_row("TN", "fp16", 90.0, 95.0),
+            dict(suite="layouts", shape="x", layout="TT", precision="fp16", M=1, N=1, K=1,
+                 error="RuntimeError: boom"),
+            _suite_row("NT", "fp32", 50.0, 99.0, "layout_nt")]
+    newer = {"meta": {"suite": "layouts", "gpu": "NVIDIA H100 80GB HBM3",
+                      "gpu_slug": "nvidia-h100-80gb-hbm3", "date": "2026-11-28T00:00:00"},
+             "rows": rows}
+    older = {**newer, "meta": {**newer["meta"], "date": "2026-11-27T00:00:00"}, "rows": []}
+    (tmp_path / "layouts-nvidia-h100-80gb-hbm3-2026-11-28.json").write_text(json.dumps(newer))
+    (tmp_path / "layouts-nvidia-h100-80gb-hbm3-2026-11-27.json").write_text(json.dumps(older))
+    files = vh.layouts_files(tmp_path)
+    assert [n for n, _ in files] == ["layouts-nvidia-h100-80gb-hbm3-2026-11-28.json"]
     t = vh.kmajor_table(files[0][1], files[0][0])
-    assert [r[0] for r in t.rows] == ["cublas (A @ B.T)", "wgmma_ws_nk", "layout_nt"]
-    assert t.header[:2] == ["kernel", "TFLOP/s"] and "H100" in t.caption
+    by = {(r[0], r[1]): r for r in t.rows}
+    assert set(by) == {("fp16", "NN"), ("fp16", "NT"), ("fp16", "TT"), ("fp32", "NT")}
+    nt = by[("fp16", "NT")]
+    assert nt[2] == 2 and nt[4] == "80.0-96.0%" and nt[5] == "84.0-101.0%" and nt[6] == "1 of 2"
+    assert float(nt[3].rstrip("%")) == pytest.approx((96.0 * 80.0) ** 0.5, abs=0.05)
+    assert by[("fp16", "NN")][5] == "-" and by[("fp16", "TT")][6] == "1 failed"
+    assert "H100" in t.caption
