@@ -23,6 +23,10 @@ Everything here is computed from gemmlib's own code or from committed results:
   in code; :func:`tune_files` / :func:`tune_table`: the ``wgmma_ws`` tuning runs.
 * :func:`expected_parity`, :func:`stage_bytes`, :func:`max_stages`: the references
   the chapter's exercises check answers against.
+* :func:`b_box` / :func:`b_tile_offset` / :func:`b_landing` / :func:`plot_b_landing`: where
+  the copy engine puts each element of B's k-tile, given MN-major (a row-major (K, N) B) or
+  K-major (an ``nn.Linear`` weight, (N, K)); :func:`layouts_files` / :func:`kmajor_table` /
+  :func:`show_kmajor_measured`: the committed runs of the layouts suite, if any.
 
 matplotlib is imported only when drawing.
 """
@@ -1401,3 +1405,172 @@ def tail_split_table(sms: int = 132, min_m: int = 4096):
     return Table(("M x N x K", "tiles", "waves", "rounds", "SM-rounds busy",
                   "at most saved by a tail split"), body,
                  caption=f"128 x 256 tiles on {sms} SMs (computed from the tile counts)")
+
+
+# --------------------------------------------------------------------------
+# B given K-major (an nn.Linear weight) or MN-major: where the copy engine puts its k-tile
+# (page 17g)
+
+#: how B is given: "KN" a row-major (K, N) B (MN-major: consecutive n of one k are
+#: adjacent), "NK" its (N, K) transpose, as nn.Linear keeps a weight (K-major)
+B_LAYOUTS = ("KN", "NK")
+
+
+def b_box(b_layout: str = "NK", BN: int = 128) -> tuple[int, int]:
+    """(rows, columns) of the box one TMA copy moves of B's k-tile, from the loaders'
+    ``wgmma_tma.tma_boxes``: 64 k x 64 n panels for a (K, N) B, one box of BN n x 64 k for
+    an (N, K) B (``tma_loader(BM, BN, "NK")``, which ``wgmma_tf32.kmajor_loader`` is too)."""
+    from gemmlib.kernels import wgmma_tma as T
+
+    if b_layout not in B_LAYOUTS:
+        raise ValueError(f"b_layout is one of {B_LAYOUTS}, got {b_layout!r}")
+    return tuple(T.tma_boxes(128, BN, b_layout)[1])
+
+
+def b_tile_offset(n: int, k: int, b_layout: str = "NK", BN: int = 128,
+                  elem_bytes: int = 2, swizzle: int = 128) -> int:
+    """Byte offset, from the start of B's k-tile in a stage (aligned to 1024 bytes), at
+    which the copy engine puts element (n, k) of the k-tile (n < BN, k < 64), for 16-bit
+    elements: each box lands with :func:`gemmlib.tma.swizzled_offset`, the boxes one after
+    another."""
+    from gemmlib import tma
+
+    rows, cols = b_box(b_layout, BN)
+    if b_layout == "NK":                  # box rows are n, its columns k
+        if not (0 <= n < rows and 0 <= k < cols):
+            raise ValueError(f"(n, k) = ({n}, {k}) is outside the {rows} x {cols} box")
+        box, r, c = 0, n, k
+    else:                                 # box rows are k, its columns 64 n: one per panel
+        if not (0 <= k < rows and 0 <= n < BN):
+            raise ValueError(f"(n, k) = ({n}, {k}) is outside the {BN} x {rows} k-tile")
+        box, r, c = n // cols, k, n % cols
+    return (box * rows * cols + tma.swizzled_offset(r, c, cols, elem_bytes, swizzle)) * elem_bytes
+
+
+def b_landing(b_layout: str = "NK", n: int = 16, k: int = 16, BN: int = 128):
+    """(line, chunk): two (n, k) arrays, the 128-byte line of B's k-tile and the 16-byte chunk
+    in that line where element (n, k) lands (:func:`b_tile_offset`)."""
+    off = np.array([[b_tile_offset(i, j, b_layout, BN) for j in range(k)] for i in range(n)])
+    return off // 128, off % 128 // 16
+
+
+def plot_b_landing(n: int = 16, k: int = 16, BN: int = 128):
+    """The top-left n x k corner of B's k-tile, loaded MN-major (left) and K-major (right):
+    shade = the 128-byte line of shared memory each element lands in, number = the 16-byte
+    chunk of that line; a box around the 8 elements that share one chunk."""
+    plt = _plt()
+    from matplotlib.patches import Rectangle
+
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_IN, 4.9), sharey=True)
+    (kr, kc), (nr, nc) = b_box("KN", BN), b_box("NK", BN)
+    titles = {"KN": f"B row-major (K, N): MN-major\n{BN // kc} boxes of {kr} k x {kc} n",
+              "NK": f"B = W.t(), W is (N, K): K-major\none box of {nr} n x {nc} k"}
+    top = max(n, k)
+    cmap, lo, hi = plt.get_cmap("Blues"), -0.45 * top, 1.5 * top
+    for ax, layout in zip(axes, ("KN", "NK")):
+        line, chunk = b_landing(layout, n, k, BN)
+        im = ax.imshow(line, cmap=cmap, vmin=lo, vmax=hi, aspect="equal",
+                       interpolation="nearest")
+        for (i, j), c in np.ndenumerate(chunk):
+            ax.text(j, i, str(c), ha="center", va="center", fontsize=FONT)
+        for key in {(a, b) for a, b in zip(line.ravel(), chunk.ravel())}:
+            ii, jj = np.nonzero((line == key[0]) & (chunk == key[1]))
+            ax.add_patch(Rectangle((jj.min() - 0.5, ii.min() - 0.5), np.ptp(jj) + 1,
+                                   np.ptp(ii) + 1, fill=False, lw=1.4, ec="k"))
+        ax.set_title(titles[layout], fontsize=FONT + 1)
+        ax.set_xticks(range(0, k, 4))
+        ax.set_yticks(range(0, n, 4))
+        ax.tick_params(labelsize=FONT)
+        ax.set_xlabel("k", fontsize=FONT + 1)
+    axes[0].set_ylabel("n", fontsize=FONT + 1)
+    fig.suptitle("Where element (n, k) of B's k-tile lands in shared memory\n"
+                 "number = 16-byte chunk of its line; a box = one chunk (8 elements)",
+                 fontsize=FONT + 1)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    bar = fig.add_axes((0.2, 0.06, 0.6, 0.025))
+    cb = fig.colorbar(im, cax=bar, orientation="horizontal", boundaries=np.arange(top + 1) - 0.5,
+                      ticks=range(0, top, 2))
+    cb.set_label("shade = 128-byte line of the k-tile", fontsize=FONT)
+    cb.ax.tick_params(labelsize=FONT)
+    return fig
+
+
+# --------------------------------------------------------------------------
+# The K-major builds, measured (page 17g): the layouts suite's files
+
+NOT_MEASURED_NK = "The K-major builds have not been measured yet."
+#: the layouts of (A, B) the page shows: row-major B (the reference), and B = W.t()
+KMAJOR_LAYOUTS = ("NN", "NT", "TT")
+
+
+def layouts_files(directory=None):
+    """The newest committed run of the layouts suite per GPU (``layouts-<gpu>-<date>.json``
+    from ``python -m gemmlib bench --suite layouts``): [(file name, data)]; empty when there
+    is none.  Other files under the same pattern (chapter 10's ``layouts-h200.json``, of the
+    layout-built kernels) are not runs of the suite and are skipped."""
+    from gemmcourse.notebook import _newest_per_gpu, committed_json
+
+    def of_suite(data):
+        if not isinstance(data, dict):
+            return False
+        rows = data.get("rows") or []
+        return (data.get("meta", {}).get("suite") == "layouts"
+                or any(isinstance(r, dict) and r.get("suite") == "layouts" for r in rows))
+
+    return _newest_per_gpu([(n, d) for n, d in committed_json("layouts-*.json", directory)
+                            if of_suite(d)])
+
+
+def _geomean(xs):
+    import math
+
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def kmajor_table(data: dict, name: str = "", layouts=KMAJOR_LAYOUTS):
+    """Per precision and layout (A, B as BLAS names them: N row-major, T column-major, so NT
+    is ``x @ W.t()``): how many products, gemmlib's speed against ``torch.matmul`` on the same
+    views (geometric mean and range), against its own row-major (NN) time for the shape, and
+    in how many products B had to be copied (no K-major build of the rung ``auto`` ran)."""
+    from gemmcourse.notebook import Table
+
+    rows = [r for r in data.get("rows", []) if isinstance(r, dict) and r.get("layout") in layouts]
+    body = []
+    precisions = sorted({r.get("precision", "?") for r in rows},
+                        key=lambda p: (["fp16", "bf16", "tf32", "fp32"] + [p]).index(p))
+    for prec in precisions:
+        for layout in layouts:
+            rs = [r for r in rows if r.get("precision") == prec and r["layout"] == layout]
+            if not rs:
+                continue
+            ok = [r for r in rs if "error" not in r and r.get("pct_torch")]
+            if not ok:
+                body.append((prec, layout, len(rs), "-", "-", "-", f"{len(rs)} failed"))
+                continue
+            pct = [r["pct_torch"] for r in ok]
+            nn = [r["pct_of_nn"] for r in ok if r.get("pct_of_nn")]
+            copied = sum("copied" in str(r.get("kernel", "")) for r in ok)
+            failed = len(rs) - len(ok)
+            body.append((prec, layout, len(ok), f"{_geomean(pct):.1f}%",
+                         f"{min(pct):.1f}-{max(pct):.1f}%",
+                         "-" if layout == "NN" or not nn else f"{min(nn):.1f}-{max(nn):.1f}%",
+                         f"{copied} of {len(ok)}" + (f" ({failed} failed)" if failed else "")))
+    meta = data.get("meta", {})
+    return Table(("precision", "A, B", "products", "% of torch (mean)", "% of torch (range)",
+                  "% of own NN", "B copied"), body,
+                 caption="gemmlib.matmul against torch.matmul on the same views, a loop of "
+                         f"calls: {meta.get('gpu', '?')}" + (f" ({name})" if name else ""))
+
+
+def show_kmajor_measured(directory=None) -> int:
+    """Display :func:`kmajor_table` for the newest committed run per GPU, or say that there
+    is none yet; returns how many runs were shown."""
+    files = layouts_files(directory)
+    if not files:
+        print(NOT_MEASURED_NK)
+        return 0
+    from IPython.display import display
+
+    for name, data in files:
+        display(kmajor_table(data, name))
+    return len(files)

@@ -181,3 +181,15 @@ def test_check_cells_name_exercises_that_exist(page):
             assert hasattr(ex.importlib.import_module(f"gemmcourse.exercises.{module}"), name), key
         for module, name in re.findall(r"\b(ch1[378])\.(\w+)\b", src):
             assert hasattr({"ch13": ch13, "ch17": ch17, "ch18": ch18}[module], name), (module, name)
+
+
+def test_ch17_b_offset():
+    """The K-major tile is A's layout (BN rows of 128 bytes, chunks XOR-ed with the row); the
+    MN-major one is panels of 64 k x 64 n, 8 KiB each."""
+    for n in (0, 1, 7, 8, 37, 63, 64, 100, 127):
+        for k in (0, 5, 8, 21, 63):
+            nk = n * 128 + (((k // 8) ^ (n % 8)) * 16) + (k % 8) * 2
+            kn = (n // 64) * 8192 + k * 128 + ((((n % 64) // 8) ^ (k % 8)) * 16) + (n % 8) * 2
+            assert ch17.b_offset(n, k, "NK") == ex.expected("ch17.b_offset", n=n, k=k,
+                                                            b_layout="NK") == nk
+            assert ch17.b_offset(n, k, "KN") == kn

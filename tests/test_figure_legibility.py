@@ -74,6 +74,12 @@ def _vd():
     return vd
 
 
+def _vh():
+    from gemmcourse import viz_hopper as vh
+
+    return vh
+
+
 def _measured_timelines():
     """Chapter 19's figure: three recorded calls on four H200s, from the committed run."""
     vd = _vd()
@@ -135,6 +141,7 @@ HELPERS = {
     "vd.plot_winner_map": lambda: _vd().plot_winner_map(P=8, K=8192),
     "vd.plot_model_efficiency": lambda: _vd().plot_model_efficiency(P=4, busbw_gbs=251.0),
     "vd.plot_measured_timelines": lambda: _measured_timelines(),
+    "vh.plot_b_landing": lambda: _vh().plot_b_landing(n=16, k=16, BN=128),
 }
 
 

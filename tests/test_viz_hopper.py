@@ -619,3 +619,111 @@ def test_target_table_marks_each_shape_against_its_target():
     assert files and all(len(vh.target_table(d, n).rows) == 14 for n, d in files)
     ax = vh.plot_steady(files, "bf16", key="auto16")
     assert "16-bit out" in ax.get_title() and len(ax.patches) == 7 * len(files)
+
+
+# --------------------------------------------------------------------------
+# B's k-tile, K-major or MN-major (page 17g)
+
+
+def test_b_boxes_are_the_loaders():
+    from gemmlib.kernels import wgmma_async as WA, wgmma_tma
+
+    assert vh.b_box("KN") == tuple(wgmma_tma.tma_boxes(128)[1]) == (WA.BK, 64)
+    rows, cols = vh.b_box("NK", 256)
+    assert (rows, cols) == (256, WA.BK) and cols * 2 == WA.ROW_BYTES   # one 128-byte row per n
+    with pytest.raises(ValueError):
+        vh.b_box("TN")
+
+
+@pytest.mark.parametrize("BN", [64, 128, 256])
+@pytest.mark.parametrize("layout", ["KN", "NK"])
+def test_b_tile_offsets_fill_the_tile_once(BN, layout):
+    """Every element of the 64-deep k-tile gets its own 2 bytes, inside BN * 128 bytes."""
+    offs = {vh.b_tile_offset(n, k, layout, BN) for n in range(BN) for k in range(64)}
+    assert len(offs) == BN * 64 and min(offs) == 0 and max(offs) == BN * 128 - 2
+    assert all(o % 2 == 0 for o in offs)
+
+
+def test_b_tile_offsets_follow_the_tma_swizzle():
+    from gemmlib.kernels import wgmma_async as WA
+
+    for n in range(0, 128, 5):
+        for k in range(0, 64, 3):
+            # K-major: the tile is A's layout, row n, chunk k // 8 XOR-ed with n mod 8
+            nk = vh.b_tile_offset(n, k, "NK")
+            assert nk == 2 * tma.swizzled_offset(n, k, 64, 2, 128)
+            assert nk == n * 128 + (((k // 8) ^ (n % 8)) << 4) + 2 * (k % 8)
+            # MN-major: panel n // 64 (PANEL_BYTES each), row k, chunk (n % 64) // 8 ^ k mod 8
+            assert vh.b_tile_offset(n, k, "KN") == (
+                (n // 64) * WA.PANEL_BYTES + k * 128 + ((((n % 64) // 8) ^ (k % 8)) << 4)
+                + 2 * (n % 8))
+    with pytest.raises(ValueError):
+        vh.b_tile_offset(128, 0, "NK", BN=128)
+    with pytest.raises(ValueError):
+        vh.b_tile_offset(0, 64, "KN")
+
+
+def test_b_landing_chunks_run_along_the_contiguous_dimension():
+    for layout, axis in (("KN", 0), ("NK", 1)):        # 8 n of one k, or 8 k of one n
+        line, chunk = vh.b_landing(layout, 16, 16)
+        key = line * 8 + chunk
+        for i in range(16):
+            for j in range(0, 16, 8):
+                run = key[j:j + 8, i] if axis == 0 else key[i, j:j + 8]
+                assert len(set(run)) == 1
+        assert len(np.unique(key)) == 32                # 256 elements, 32 chunks of 8
+
+
+def test_plot_b_landing_is_legible():
+    from gemmcourse import notebook as nb
+
+    nb._style_figures()
+    fig = vh.plot_b_landing()
+    assert len(fig.axes) == 3 and legible(fig)
+
+
+def test_kmajor_reader_tolerates_absence_and_old_files(tmp_path, capsys):
+    assert vh.layouts_files(tmp_path) == []
+    assert vh.show_kmajor_measured(tmp_path) == 0
+    assert vh.NOT_MEASURED_NK in capsys.readouterr().out
+    old = {"meta": {"device": "NVIDIA H200"},      # chapter 10's file: not a suite run
+           "rows": [{"kernel": "layout_nt", "tflops": 13.2, "params": {"BM": 128}}]}
+    (tmp_path / "layouts-h200.json").write_text(json.dumps(old))
+    assert vh.layouts_files(tmp_path) == []
+    assert vh.show_kmajor_measured(tmp_path) == 0
+
+
+def _suite_row(layout, prec, pct, nn=None, kernel="wgmma_ws", **kw):
+    row = dict(suite="layouts", shape="4096^3", layout=layout, precision=prec, M=4096, N=4096,
+               K=4096, gemmlib_ms=1.0, torch_ms=pct / 100, pct_torch=pct, rel_error=1e-3,
+               kernel=kernel, **kw)
+    if nn is not None:
+        row["pct_of_nn"] = nn
+    return row
+
+
+def test_kmajor_reader_reads_the_layouts_suite(tmp_path):
+    """The rows ``gemmlib.bench_layouts.measure`` writes, newest run per GPU."""
+    rows = [_suite_row("NN", "fp16", 95.0, 100.0), _suite_row("NT", "fp16", 96.0, 101.0,
+                                                              "wgmma_ws_nk"),
+            _suite_row("NT", "fp16", 80.0, 84.0, "skinny (B copied)"),
+            _suite_row("TN", "fp16", 90.0, 95.0),
+            dict(suite="layouts", shape="x", layout="TT", precision="fp16", M=1, N=1, K=1,
+                 error="RuntimeError: boom"),
+            _suite_row("NT", "fp32", 50.0, 99.0, "layout_nt")]
+    newer = {"meta": {"suite": "layouts", "gpu": "NVIDIA H100 80GB HBM3",
+                      "gpu_slug": "nvidia-h100-80gb-hbm3", "date": "2026-11-28T00:00:00"},
+             "rows": rows}
+    older = {**newer, "meta": {**newer["meta"], "date": "2026-11-27T00:00:00"}, "rows": []}
+    (tmp_path / "layouts-nvidia-h100-80gb-hbm3-2026-11-28.json").write_text(json.dumps(newer))
+    (tmp_path / "layouts-nvidia-h100-80gb-hbm3-2026-11-27.json").write_text(json.dumps(older))
+    files = vh.layouts_files(tmp_path)
+    assert [n for n, _ in files] == ["layouts-nvidia-h100-80gb-hbm3-2026-11-28.json"]
+    t = vh.kmajor_table(files[0][1], files[0][0])
+    by = {(r[0], r[1]): r for r in t.rows}
+    assert set(by) == {("fp16", "NN"), ("fp16", "NT"), ("fp16", "TT"), ("fp32", "NT")}
+    nt = by[("fp16", "NT")]
+    assert nt[2] == 2 and nt[4] == "80.0-96.0%" and nt[5] == "84.0-101.0%" and nt[6] == "1 of 2"
+    assert float(nt[3].rstrip("%")) == pytest.approx((96.0 * 80.0) ** 0.5, abs=0.05)
+    assert by[("fp16", "NN")][5] == "-" and by[("fp16", "TT")][6] == "1 failed"
+    assert "H100" in t.caption

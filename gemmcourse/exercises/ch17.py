@@ -51,3 +51,12 @@ def stage_offset(r: int, c: int) -> int:
     from gemmlib.kernels import wgmma_store
 
     return wgmma_store.stage_offset("fp16")(r, c)
+
+
+def b_offset(n: int, k: int, b_layout: str = "NK", BN: int = 128) -> int:
+    """Byte offset from the start of B's k-tile of element (n, k) of a 16-bit B, as the copy
+    engine lands it with the 128-byte swizzle: one BN x 64 box of an (N, K) B ("NK"), or
+    BN/64 panels of 64 k x 64 n of a (K, N) B ("KN")."""
+    from gemmcourse import viz_hopper as vh
+
+    return vh.b_tile_offset(n, k, b_layout, BN)
