@@ -154,6 +154,14 @@ class BF16Array:
             return bf16_bits_to_float32(self.bits).astype(dtype)
         return bf16_bits_to_float32(self.bits)
 
+    def __array__(self, dtype=None, copy=None):
+        """The values as a NumPy array (float32 unless ``dtype``), so that a host
+        BF16Array takes part in NumPy arithmetic (``np.asarray(C)``, ``C - ref``)."""
+        if not isinstance(self.bits, np.ndarray):
+            raise TypeError("a BF16Array on the GPU does not convert to NumPy implicitly: "
+                            "use .astype(numpy.float32) and copy it to the host")
+        return self.astype(dtype or np.float32)
+
     def __repr__(self) -> str:
         return f"BF16Array(shape={self.shape}, on {type(self.bits).__module__.split('.')[0]})"
 

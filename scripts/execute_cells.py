@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Re-execute chosen cells of a notebook, keeping every other cell's stored output.
+
+    NUMBA_ENABLE_CUDASIM=1 python scripts/execute_cells.py chapters/13-library-call.ipynb 7
+
+For a page whose stored outputs come from a GPU, when one cell's output must follow the code
+(a source listing, a call's printed result) and the machine at hand has no GPU: the named
+cells run in a fresh kernel, after the set-up cell (the first code cell) and the cells
+``--after`` names, whose outputs are left as they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("notebook", type=Path)
+    p.add_argument("cells", nargs="+", type=int, help="indices of the cells to re-execute")
+    p.add_argument("--after", nargs="*", type=int, default=[],
+                   help="cells run first, their outputs kept (e.g. imports)")
+    args = p.parse_args(argv)
+    nb = nbformat.read(args.notebook, as_version=4)
+    client = NotebookClient(nb, timeout=600, resources={"metadata": {"path": str(
+        args.notebook.parent)}})
+    setup = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    with client.setup_kernel():
+        for i in [setup] + args.after:
+            kept = nb.cells[i].get("outputs")
+            client.execute_cell(nb.cells[i], i)
+            nb.cells[i]["outputs"] = kept
+        for i in args.cells:
+            client.execute_cell(nb.cells[i], i)
+    nbformat.write(nb, args.notebook)
+    print(f"{args.notebook}: re-executed cells {args.cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
