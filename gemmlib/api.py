@@ -1005,7 +1005,8 @@ def _launched(a, b, c, out, z, spec, stream, M, N, K, o16, out16):
     with _staging_stream(stream) if not a.on_host else nullcontext():
         a, b, spec, copied = _fit_layouts(a, b, spec, stream)
         nk = spec.b_operand == "NK"
-        A_ = _kernel_array(a, xp)
+        km = getattr(spec, "a_operand", "MK") == "KM"
+        A_ = _kernel_array(_t(a) if km else a, xp)   # KM: the (K, M) row-major memory
         B_ = _kernel_array(_t(b) if nk else b, xp)   # NK: the (N, K) row-major memory
         Z_ = None if z is None else _kernel_array(z, xp).reshape(1, N)
         al = spec.operand_align
@@ -1013,7 +1014,7 @@ def _launched(a, b, c, out, z, spec, stream, M, N, K, o16, out16):
         Kp, Np = K, N
         if al and (K % al or N % al or misaligned):   # stage into zero-padded, aligned copies
             Kp, Np = -(-K // al) * al, -(-N // al) * al
-            A_ = _padded(A_, M, Kp, xp)
+            A_ = _padded(A_, Kp, M, xp) if km else _padded(A_, M, Kp, xp)
             B_ = _padded(B_, Np, Kp, xp) if nk else _padded(B_, Kp, Np, xp)
             if Z_ is not None and Np != N:
                 Z_ = _padded(Z_, 1, Np, xp)
@@ -1061,8 +1062,13 @@ def _fit_layouts(a: _Operand, b: _Operand, spec: KernelSpec, stream):
     B goes to the spec's K-major ("NK") build where the rung has one -- and a copy in
     the right order of any operand that lies otherwise."""
     copied = False
-    if a.layout != "C":
-        a, copied = _copied(a, "C", stream), True
+    if a.layout == "F" and getattr(spec, "a_operand", "MK") == "MK":
+        km = dispatch.with_a_layout(spec, "KM", a.shape[0])
+        if km is not None:
+            spec = km
+    want = "F" if getattr(spec, "a_operand", "MK") == "KM" else "C"
+    if a.layout != want:
+        a, copied = _copied(a, want, stream), True
     if b.layout == "F" and spec.b_operand == "KN":
         nk = dispatch.with_layout(spec, "NK")
         if nk is not None:

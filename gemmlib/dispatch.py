@@ -417,6 +417,18 @@ def with_layout(spec: KernelSpec, b_layout: str) -> KernelSpec | None:
     return _rebuilt(spec, B_LAYOUT=b_layout)
 
 
+def with_a_layout(spec: KernelSpec, a_layout: str, M: int) -> KernelSpec | None:
+    """``spec`` built to read A as ``a_layout``: "KM" (A's memory is (K, M) row-major: a
+    column-major A) where the rung has such a build and M fills its 16-byte rows; else
+    None (the caller copies A)."""
+    if getattr(spec, "a_operand", "MK") == a_layout:
+        return spec
+    align = spec.operand_align or 1
+    if a_layout == "KM" and M % align:
+        return None
+    return _rebuilt(spec, A_LAYOUT=a_layout)
+
+
 def with_bias(spec: KernelSpec) -> KernelSpec:
     """``spec`` built with its own bias epilogue where the rung has one (``BIAS``), else
     ``spec`` itself: :func:`run` then adds the bias with one more kernel."""
