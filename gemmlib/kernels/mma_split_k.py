@@ -110,8 +110,9 @@ def build(precision: str = "fp16", SPLITS: int = 0, **tile) -> KernelSpec:
     params = {k: v for k, v in p.items() if k != "SPLIT_K"}
     params["SPLITS"] = SPLITS
     name = main.name.replace("mma_pipeline", "mma_split_k").replace("_splitk", "")
-    if SPLITS:
-        name += f"_splits{SPLITS}"
+    if SPLITS:   # (a B_LAYOUT="NK" build keeps its "_nk" last)
+        nk = name.endswith("_nk")
+        name = name.removesuffix("_nk") + f"_splits{SPLITS}" + ("_nk" if nk else "")
     # the pipeline's spec (kernel, tile, precision, constraints, PTX claims), launched
     # with S slices along z and split_k's fixed-order reduction
     return replace(
