@@ -156,7 +156,7 @@ def test_mma_split_k_nk(precision):
 
 # --------------------------------------------------------------------------- fp32 CUDA cores
 
-SMALL_WARPTILE = dict(BM=16, BN=16, BK=8, WM=16, WN=16, WNITER=1, TM=4, TN=4)
+SMALL_WARPTILE = dict(BM=16, BN=32, BK=8, WM=16, WN=32, WNITER=1, TM=4, TN=4)
 FP32_SHAPES = [(1, 1, 1), (13, 7, 29), (19, 37, 11), (16, 16, 40)]
 
 
