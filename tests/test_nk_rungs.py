@@ -82,7 +82,7 @@ def check(spec, M, N, K, seed, out="fp32", tol=None):
 # --------------------------------------------------------------------------- skinny
 
 #: M = 1, primes, K past a chunk and a slice, N not a multiple of the block's rows
-SKINNY_SHAPES = [(1, 7, 37), (3, 13, 131), (5, 29, 67), (2, 1, 1), (7, 31, 300)]
+SKINNY_SHAPES = [(1, 7, 37), (3, 13, 131), (5, 29, 67), (2, 1, 1), (7, 31, 203)]
 
 
 @sim_only
@@ -94,6 +94,15 @@ def test_skinny_nk(precision, kw):
     spec = skinny.build(precision, B_LAYOUT="NK", **kw)
     for i, (M, N, K) in enumerate(SKINNY_SHAPES):
         check(spec, M, N, K, seed=100 + i)
+
+
+@sim_only
+@pytest.mark.parametrize("precision", ("fp32", "fp16"))
+def test_skinny_nk_several_chunks(precision):
+    """MT = 16 stages 512 columns of A at a time: K = 530 takes two chunks (the second
+    partial), with the double-buffered loads crossing from one to the next."""
+    spec = skinny.build(precision, MT=16, CT=2, NT=4, U=2, PIPE=1, B_LAYOUT="NK")
+    check(spec, 11, 5, 530, seed=9)
 
 
 @sim_only

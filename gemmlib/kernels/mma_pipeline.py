@@ -30,6 +30,12 @@ K and N multiples of 8 (FP16/BF16) or 4 (fp32) and aligned base pointers
 operands into zero-padded copies first, so every shape works through the
 library call; the copy is the price of a misaligned shape.
 
+``B_LAYOUT="NK"`` (name suffix ``_nk``) takes B as torch holds an ``nn.Linear`` weight,
+(N, K) row-major, and computes C = A @ B.T: B's k-tile is then K-major like A's, copied
+by cp.async as A's is into a BN x BK tile swizzled like A's, and its fragments come from
+``ldmatrix`` without ``.trans`` (``mma_swizzle.fragment_loaders(b_nk=True)``; TF32 too,
+as for A).  Only K must be a multiple of the 16-byte piece.
+
 ``precision="3xtf32"`` keeps float32 in shared memory and splits every
 fragment element in registers into a TF32 "big" part and the TF32 rounding
 of the remainder; three mma per atom (small*big, big*small, big*big) give

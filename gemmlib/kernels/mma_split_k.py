@@ -22,6 +22,9 @@ How many slices: :func:`splits_for_tc`, split_k's model priced at the tensor
 cores' rate; :func:`choose` is what the dispatcher asks.  As in ``split_k``
 the slice count changes only the grid's z: every count runs one compiled
 kernel.
+
+``B_LAYOUT="NK"`` (B given as (N, K), C = A @ B.T; name suffix ``_nk``) is the pipeline's:
+the slices do not care how B is laid out.
 """
 
 from __future__ import annotations

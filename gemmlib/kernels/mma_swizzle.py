@@ -28,6 +28,10 @@ has 32-bit elements, which ldmatrix cannot transpose: A still comes from
 each lane receives whole floats), B from two scalar loads per atom, which
 the swizzle (chunk bits 1.. instead of 0..) also keeps conflict-free.
 
+Given K-major, (N, K) (``mma_pipeline``'s ``B_LAYOUT="NK"``), B's tile is stored as A's
+is, rows of n swizzled like A's rows of m, and its fragments are rows of that tile:
+``ldmatrix`` without ``.trans`` (``fragment_loaders(b_nk=True)``), 16-bit and TF32 alike.
+
 The copies global -> shared are still plain guarded loads (any M, N, K);
 the next rung makes them asynchronous.
 

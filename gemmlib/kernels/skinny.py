@@ -61,6 +61,22 @@ next round's loads issued before this round's FMAs, and a chunk's first round be
 staged; 2 U x 16 bytes of registers a thread), ``SPLITS`` (slices of K across blocks; 0:
 :func:`splits_for` per shape; a launch parameter only), ``OUT`` ("fp32", or the 16-bit
 inputs' own type: C holds its bits).
+
+**B as torch holds a weight** (``B_LAYOUT="NK"``, name suffix ``_nk``): ``F.linear(x, W)``
+is ``x @ W.T`` with W (N, K) row-major.  Column n of C is then the dot product of A's rows
+with W's row n, both contiguous along K, so the slab turns around: a block owns BN =
+(NT / CT) x U rows of W; each group of CT lanes owns U of them and reads, for each, CT x 16
+contiguous bytes along K per round (lane ``c`` the piece at ``k = c*VEC + r*CT*VEC``), U
+16-byte loads in flight a thread as before, and one ``ld.shared.v4`` of A (staged
+m-major, each piece's two float4 halves in separate runs: conflict-free) serves all U
+rows.  The CT lanes' partial sums of each result are added at the end by a fixed butterfly
+of warp shuffles (``shfl.sync.bfly``), so K is never split across groups; across blocks
+(``SPLITS``) it is split as in the KN form, in slices that are multiples of CT x VEC.  B is
+read in 16-byte pieces when K is a multiple of VEC and B is 16-byte aligned, else by
+guarded scalar loads.  Parameters keep their names, three their meaning with a twist:
+``CT`` is the lanes along K per row of W (a power of two <= 32), ``U`` the rows of W per
+thread (its loads in flight, and the reuse of each load of A), and the block's BN follows
+from them; ``NT`` must be a multiple of 32 (or below 32) and BN a multiple of 4.
 """
 
 from __future__ import annotations
@@ -69,6 +85,7 @@ import dataclasses
 from functools import lru_cache
 
 from gemmlib import backend
+from gemmlib.layout import jit as jit_source
 from gemmlib.backend import SIMULATOR, cuda, float32, int32, uint32
 from gemmlib.intrinsics import convert
 from gemmlib.intrinsics.index import uidx
@@ -252,6 +269,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
     KCV = KC // V                 # NK: 16-byte pieces of B per row of a chunk
     ACC = MT * U if NK else MT * V
     RAW = 4 * U                   # words of B in flight per thread
+    BFN = V * U                   # NK: a round's U pieces of B, as fp32
     MT4 = MT // 4                 # rows of A read as one ld.shared.v4
     SH = cdiv(max(KC * MT, MT * BN), 4)   # shared rows of 4 floats: A chunk, then the sums
     G = min(KT, SH * 4 // (MT * BN))      # groups whose partial sums fit in shared at once
@@ -600,22 +618,42 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         for u in range(U):       # U independent 16-byte loads, issued before any is used
             fetch_nk(B, nb + u, k, lim, nb + u < N, vec, raw, 4 * u)
 
-    @cuda.jit(device=True)
-    def use_round_nk(sh, j, raw, acc, bf):
-        """acc[i, u] += A[i, piece j] . B[row u, piece j] for the MT rows of A, U rows of B."""
-        for u in range(U):
-            expand(raw, 4 * u, bf, V * u)
+    # The round's FMAs and the final sums are written out as straight-line code (every
+    # accumulator index a constant, so acc stays in registers): at MT = 16, U = 4 the round
+    # alone is 512 FMAs, past what the compiler unrolls by itself.
+    def use_round_nk_source():
+        """acc[i, u] += A[i, piece j] . B[row u, piece j] for MT rows of A, U rows of B:
+        each ld.shared.v4 of A serves all U rows."""
+        out = ["def use_round_nk(sh, j, raw, acc, bf):"]
+        out += [f"    expand(raw, {4 * u}, bf, {V * u})" for u in range(U)]
         for i in range(MT):
             for h in range(NH):
-                a0, a1, a2, a3 = load4(sh, uidx((i * NH + h) * KCV + j), 0)
+                out.append(f"    a0, a1, a2, a3 = load4(sh, uidx(j + {(i * NH + h) * KCV}), 0)")
                 for u in range(U):
-                    b = V * u + 4 * h
-                    x = acc[i * U + u]
-                    x += a0 * bf[b]
-                    x += a1 * bf[b + 1]
-                    x += a2 * bf[b + 2]
-                    x += a3 * bf[b + 3]
-                    acc[i * U + u] = x
+                    b, e = V * u + 4 * h, i * U + u
+                    out.append(f"    acc[{e}] = (((acc[{e}] + a0 * bf[{b}]) + a1 * bf[{b + 1}])"
+                               f" + a2 * bf[{b + 2}]) + a3 * bf[{b + 3}]")
+        return "\n".join(out) + "\n"
+
+    def sum_lanes_nk_source():
+        """The group's CT lanes add their partial sums of each of the MT x U results by a
+        butterfly of shuffles (every lane ends with the totals, added in the same order);
+        lane e % CT then writes result e where the stores read the block's MT x BN result."""
+        out = ["def sum_lanes_nk(sh, acc, g, c):"]
+        for e in range(ACC):
+            for r in range(LOG_CT):
+                out.append(f"    acc[{e}] = acc[{e}] + shfl(acc[{e}], {CT >> (r + 1)}, {MEMBERS})")
+        for e in range(ACC):
+            i, u = divmod(e, U)
+            out.append(f"    if c == {e % CT}:")
+            out.append(f"        f = {i * BN + u} + g * {U}")
+            out.append(f"        sh[uidx(f // 4), uidx(f % 4)] = acc[{e}]")
+        return "\n".join(out) + "\n"
+
+    use_round_nk = jit_source(use_round_nk_source(), device=True,
+                              env=dict(expand=expand, load4=load4, uidx=uidx))
+    sum_lanes_nk = jit_source(sum_lanes_nk_source(), device=True,
+                              env=dict(shfl=shfl_xor_f32, uidx=uidx))
 
     def skinny_nk_kernel(A, B, C, W, L):
         sh = cuda.shared.array((SH, 4), float32, alignment=SHARED_ALIGN)
@@ -624,7 +662,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         raw = cuda.local.array(RAW, uint32)
         raw2 = cuda.local.array(RAW if PIPE else 1, uint32)
         ws = cuda.local.array(SB, float32)
-        bf = cuda.local.array(V * U, float32)
+        bf = cuda.local.array(BFN, float32)
         M, K = A.shape
         N = B.shape[0]
         tid = cuda.threadIdx.x
@@ -679,19 +717,9 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
                     kk += KG
             cuda.syncthreads()
 
-        # The group's CT lanes hold partial sums of the same MT x U results: a butterfly of
-        # warp shuffles adds them (every lane ends with the totals, in the same order) ...
-        for e in range(ACC):
-            x = acc[e]
-            for r in range(LOG_CT):
-                x += shfl_xor_f32(x, CT >> (r + 1), MEMBERS)
-            acc[e] = x
-        # ... and lane e % CT puts result e where the stores read the block's MT x BN result
-        for e in range(ACC):
-            if e % CT == c:
-                i = e // U
-                f = i * BN + g * U + e - i * U
-                sh[uidx(f // 4), uidx(f % 4)] = acc[e]
+        # The group's CT lanes hold partial sums of the same MT x U results: shuffles add
+        # them, and the totals go where the stores read the block's result
+        sum_lanes_nk(sh, acc, g, c)
         cuda.syncthreads()
         finish(C, W, L, sh, last, ws, tid, m0, z, M, N)
 
