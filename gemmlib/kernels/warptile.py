@@ -399,8 +399,9 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         shared_bytes=(SROWS * SA_COLS + SROWS * SB_COLS) * 4,
         b_operand=B_LAYOUT,
         constraints=CONSTRAINTS,
-        ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.shared\.v4\.f32",
-                  r"st\.global\.v4\.f32"),
+        # (NK: both tiles go into shared memory by transposing scalar stores, no st.shared.v4)
+        ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32")
+        + (() if NK_ else (r"st\.shared\.v4\.f32",)) + (r"st\.global\.v4\.f32",),
         index={"thread_origin": thread_origin, "a_frag": a_frag, "b_frag": b_frag,
                "a_chunk": a_chunk, "b_chunk": b_chunk, "swz": swz, "swz_b": swz_b},
         module=__name__,
