@@ -88,7 +88,7 @@ SKINNY_SHAPES = [(1, 7, 37), (3, 13, 131), (5, 29, 67), (2, 1, 1), (7, 31, 203)]
 @sim_only
 @pytest.mark.parametrize("precision", ("fp32", "fp16", "bf16"))
 @pytest.mark.parametrize("kw", [dict(MT=4, CT=4, NT=8, U=2), dict(MT=2, CT=2, NT=4, U=2, PIPE=1),
-                                dict(MT=1, CT=8, NT=16, U=4, NC=1, SPLITS=3)],
+                                dict(MT=2, CT=8, NT=16, U=4, NC=1, SPLITS=3)],
                          ids=["mt4", "pipe", "nc_splits3"])
 def test_skinny_nk(precision, kw):
     spec = skinny.build(precision, B_LAYOUT="NK", **kw)
@@ -148,6 +148,15 @@ def test_mma_pipeline_nk(precision):
     spec = small_pipeline(precision)
     for i, (M, N, K) in enumerate(TC_SHAPES):
         check(spec, M, N, K, seed=20 + i)
+
+
+@sim_only
+def test_mma_pipeline_nk_two_warps():
+    """Two warps along N, three stages: each thread copies several 16-byte rows of B's
+    K-major tile per k-tile."""
+    spec = mma_pipeline.build("bf16", BM=32, BN=64, BK=32, WM=32, WN=32, STAGES=3,
+                              B_LAYOUT="NK")
+    check(spec, 33, 71, 101, seed=30)
 
 
 @sim_only
