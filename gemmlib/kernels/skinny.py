@@ -725,9 +725,11 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
 
     # PIPE's two buffers with few accumulators (MT x VEC <= 32): two blocks an SM, so ptxas
     # keeps a thread within 65536 / (2 NT) registers (one block of 256 threads an SM has
-    # too few loads in flight); every other form keeps the compiler's choice.
-    jit_opts = ({"launch_bounds": (NT, MIN_BLOCKS)} if PIPE and ACC <= 32 and not SIMULATOR
-                else {})
+    # too few loads in flight); every other form keeps the compiler's choice.  NK forms with
+    # MT x U <= 32 accumulators take the same bound, PIPE or not: left alone, ptxas gives
+    # MT = 8 some 154 registers on sm_80, one block an SM, half the KN form's loads in flight.
+    jit_opts = ({"launch_bounds": (NT, MIN_BLOCKS)} if (PIPE or NK) and ACC <= 32
+                and not SIMULATOR else {})
     kernel = cuda.jit(**jit_opts)(skinny_nk_kernel if NK else skinny_kernel)
     itemsize = 2 if SIXTEEN else 4
 
