@@ -82,7 +82,7 @@ def check(spec, M, N, K, seed, out="fp32", tol=None):
 # --------------------------------------------------------------------------- skinny
 
 #: M = 1, primes, K past a chunk and a slice, N not a multiple of the block's rows
-SKINNY_SHAPES = [(1, 7, 37), (3, 13, 131), (5, 29, 67), (2, 1, 1), (7, 31, 203)]
+SKINNY_SHAPES = [(1, 7, 37), (3, 13, 131), (5, 29, 67), (2, 1, 1), (7, 31, 203), (3, 11, 136)]
 
 
 @sim_only
@@ -97,12 +97,36 @@ def test_skinny_nk(precision, kw):
 
 
 @sim_only
-@pytest.mark.parametrize("precision", ("fp32", "fp16"))
-def test_skinny_nk_several_chunks(precision):
-    """MT = 16 stages 512 columns of A at a time: K = 530 takes two chunks (the second
-    partial), with the double-buffered loads crossing from one to the next."""
+@pytest.mark.parametrize("precision,K", [("fp32", 530), ("fp16", 528)])
+def test_skinny_nk_several_chunks(precision, K):
+    """MT = 16 stages 512 columns of A at a time: K = 528 or 530 takes two chunks (the
+    second partial), with the double-buffered loads crossing from one to the next."""
     spec = skinny.build(precision, MT=16, CT=2, NT=4, U=2, PIPE=1, B_LAYOUT="NK")
-    check(spec, 11, 5, 530, seed=9)
+    check(spec, 11, 5, K, seed=9)
+
+
+@sim_only
+@pytest.mark.parametrize("precision", ("fp32", "bf16"))
+def test_skinny_nk_reads_16_byte_pieces_exactly_when_k_allows(monkeypatch, precision):
+    """W's rows are read with load16 when K is a multiple of VEC (16-byte aligned rows),
+    else with guarded scalar loads only."""
+    from gemmlib.intrinsics import convert
+
+    calls = []
+    real = convert.load16
+
+    def counted(arr, i, j):
+        calls.append((int(i), int(j)))
+        return real(arr, i, j)
+
+    monkeypatch.setattr(convert, "load16", counted)
+    spec = skinny.build(precision, MT=2, CT=4, NT=8, U=2, B_LAYOUT="NK")
+    V = skinny.VEC[precision]
+    check(spec, 2, 9, 5 * V, seed=2)
+    assert calls and all(j % V == 0 for _, j in calls)
+    calls.clear()
+    check(spec, 2, 9, 5 * V + 1, seed=2)
+    assert not calls
 
 
 @sim_only
