@@ -630,3 +630,36 @@ _SM75_NAMES = ["mma_f16_k8", "mma_f16_k8_py", "mma_f16_sm75", "mma_f16_sm75_py",
 __all__ = list(_NAMES) + ["MMA", "ATOMS", "A_TF32", "B_TF32", "A_16", "B_16", "C_F32",
                           "fragment_coords", "MIN_CC", "FragmentError"] + [
     f"{n}_py" for n in _NAMES] + _SM75_NAMES
+
+
+# --------------------------------------------------------------------------
+# A warp shuffle with a simulator twin (numba's simulator has no shfl_*_sync)
+
+
+def shfl_xor_f32_py(value, mask, members):
+    """The float32 ``value`` of lane ``lane ^ mask`` of this warp.  ``members``: the lanes
+    that take part (all 32, or the first n of a block of n < 32 threads), every one of which
+    must call."""
+    t = threading.current_thread()
+    mgr = getattr(t, "_manager", None)
+    n = 32
+    if mgr is not None:
+        bx, by, bz = mgr._block_dim
+        n = min(32, bx * by * bz)
+    if int(members) != (0xFFFFFFFF if n == 32 else (1 << n) - 1):
+        raise FragmentError(f"shfl members {int(members):#x} are not the warp's {n} threads")
+    values, lane = _exchange(value, n)
+    return np.float32(values[lane ^ int(mask)])
+
+
+if SIMULATOR:
+    shfl_xor_f32 = shfl_xor_f32_py
+else:
+    from gemmlib.backend import cuda as _cuda_shfl
+
+    @_cuda_shfl.jit(device=True)
+    def shfl_xor_f32(value, mask, members):
+        """``shfl.sync.bfly.b32`` among the lanes ``members``: lane ``lane ^ mask``'s value."""
+        return _cuda_shfl.shfl_xor_sync(members, value, mask)
+
+__all__ += ["shfl_xor_f32", "shfl_xor_f32_py"]

@@ -30,6 +30,12 @@ K and N multiples of 8 (FP16/BF16) or 4 (fp32) and aligned base pointers
 operands into zero-padded copies first, so every shape works through the
 library call; the copy is the price of a misaligned shape.
 
+``B_LAYOUT="NK"`` (name suffix ``_nk``) takes B as torch holds an ``nn.Linear`` weight,
+(N, K) row-major, and computes C = A @ B.T: B's k-tile is then K-major like A's, copied
+by cp.async as A's is into a BN x BK tile swizzled like A's, and its fragments come from
+``ldmatrix`` without ``.trans`` (``mma_swizzle.fragment_loaders(b_nk=True)``; TF32 too,
+as for A).  Only K must be a multiple of the 16-byte piece.
+
 ``precision="3xtf32"`` keeps float32 in shared memory and splits every
 fragment element in registers into a TF32 "big" part and the TF32 rounding
 of the remainder; three mma per atom (small*big, big*small, big*big) give
@@ -85,20 +91,30 @@ def _periodic(lay, step: int, rows: int) -> bool:
 
 def _aligned(spec, M, N, K, dev):
     a = spec.operand_align
-    return K % a == 0 and N % a == 0
+    return K % a == 0 and (N % a == 0 or spec.b_operand == "NK")
 
 
 def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
           BK: int | None = None, WM: int | None = None, WN: int | None = None,
           STAGES: int | None = None, GROUP_M: int = 8, min_blocks: int = 1,
-          PROMOTE: bool | None = None, SPLIT_K: bool = False) -> KernelSpec:
+          PROMOTE: bool | None = None, SPLIT_K: bool = False,
+          B_LAYOUT: str = "KN") -> KernelSpec:
     """A pipeline spec (None: the precision's default from DEFAULTS).
 
     ``SPLIT_K`` compiles the split-K form used by :mod:`gemmlib.kernels.mma_split_k`:
     block z of a grid with Z blocks along z sums only its slice of the k-tiles (the rule
     of ``split_k.k_slices``) and writes its partial tile to rows ``z*M .. z*M + M-1`` of
     C, a workspace of Z*M rows.  A compile-time switch: the plain rung's code is unchanged.
+
+    ``B_LAYOUT="NK"``: B is given as (N, K) row-major (an ``nn.Linear`` weight) and
+    C = A @ B.T.  B's rows are then K-major like A's: its k-tile is copied as A's is (16
+    bytes along K, into a BN x BK tile swizzled like A's) and its fragments come from
+    ``ldmatrix`` without ``.trans`` (``mma_swizzle.fragment_loaders``).  Only K need be a
+    multiple of the 16-byte piece: N is free.
     """
+    if B_LAYOUT not in ("KN", "NK"):
+        raise ValueError(f"B_LAYOUT must be 'KN' or 'NK', got {B_LAYOUT!r}")
+    NK_ = B_LAYOUT == "NK"
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     d = DEFAULTS[precision]
@@ -119,7 +135,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     MI, NI = WM // 16, WN // 8
     NT = (BM // WM) * (BN // WN) * 32
     lay_a, lay_b, sw_a, sw_b, warp_step, store_tile = warp_code(precision, BM, BN, BK, WM, WN,
-                                                                PROMOTE)
+                                                                PROMOTE, b_nk=NK_)
     elem = uint16 if sixteen else float32
     ACC = MI * NI * 4
     SA, SB = BM * BK, BK * BN            # elements per stage
@@ -132,11 +148,11 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     # Each thread copies the same column of chunks in every k-tile, on rows ROWS_A (ROWS_B)
     # apart; those steps are multiples of the swizzle's period, so a thread's destinations
     # are its first one plus constants -- computed once, not per k-tile.
-    CPR_A, CPR_B = BK // EPC, BN // EPC          # 16-byte chunks per tile row
+    CPR_A, CPR_B = BK // EPC, (BK if NK_ else BN) // EPC   # 16-byte chunks per tile row
     ROWS_A, ROWS_B = NT // CPR_A, NT // CPR_B     # rows between one thread's chunks
     IT_A, IT_B = CA // NT, CB // NT               # chunks per thread per k-tile
     if NT % CPR_A or NT % CPR_B or CA % NT or CB % NT or not (
-            _periodic(lay_a, ROWS_A, BM) and _periodic(lay_b, ROWS_B, BK)):
+            _periodic(lay_a, ROWS_A, BM) and _periodic(lay_b, ROWS_B, BN if NK_ else BK)):
         raise ValueError(f"the {NT} threads must cover whole rows of chunks and repeat the "
                          f"swizzle: BM={BM}, BN={BN}, BK={BK} with warps of {WM}x{WN} do not")
 
@@ -149,12 +165,20 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             ok = k_ok and r < M
             cp16(sA, uidx(stage * SA + a_dst + i * ROWS_A * BK), A, uidx(r if ok else 0),
                  uidx(k0 + a_col if ok else 0), 16 if ok else 0)
-        n_ok = b_col < N
-        for i in range(IT_B):
-            r = k0 + b_row + i * ROWS_B
-            ok = n_ok and r < K
-            cp16(sB, uidx(stage * SB + b_dst + i * ROWS_B * BN), B, uidx(r if ok else 0),
-                 uidx(b_col if ok else 0), 16 if ok else 0)
+        if NK_:   # B is (N, K): rows b_row.. of n, k from b_col -- copied as A is
+            kb_ok = k0 + b_col < K
+            for i in range(IT_B):
+                r = b_row + i * ROWS_B
+                ok = kb_ok and r < N
+                cp16(sB, uidx(stage * SB + b_dst + i * ROWS_B * BK), B, uidx(r if ok else 0),
+                     uidx(k0 + b_col if ok else 0), 16 if ok else 0)
+        else:
+            n_ok = b_col < N
+            for i in range(IT_B):
+                r = k0 + b_row + i * ROWS_B
+                ok = n_ok and r < K
+                cp16(sB, uidx(stage * SB + b_dst + i * ROWS_B * BN), B, uidx(r if ok else 0),
+                     uidx(b_col if ok else 0), 16 if ok else 0)
 
     @cuda.jit(**jit_opts)
     def mma_pipeline_kernel(A, B, C):
@@ -166,7 +190,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         wr = (warp // (BN // WN)) * WM
         wc = (warp % (BN // WN)) * WN
         M, K = A.shape
-        N = B.shape[1]
+        N = B.shape[0] if NK_ else B.shape[1]
         # grouped order: GROUP_M block-rows share the B tiles they read from L2
         tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
         pid = cuda.blockIdx.x
@@ -180,9 +204,14 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         a_col = (tid % CPR_A) * EPC
         a_row = m0 + tid // CPR_A
         a_dst = sw_a(tid // CPR_A, a_col)
-        b_col = n0 + (tid % CPR_B) * EPC
-        b_row = tid // CPR_B
-        b_dst = sw_b(b_row, (tid % CPR_B) * EPC)
+        if NK_:   # (n, k) of B's chunks, as A's (m, k)
+            b_col = (tid % CPR_B) * EPC
+            b_row = n0 + tid // CPR_B
+            b_dst = sw_b(tid // CPR_B, b_col)
+        else:
+            b_col = n0 + (tid % CPR_B) * EPC
+            b_row = tid // CPR_B
+            b_dst = sw_b(b_row, (tid % CPR_B) * EPC)
         for e in range(ACC):
             acc[e] = float32(0.0)
         num_k = (K + BK - 1) // BK
@@ -194,7 +223,10 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             k_first = cuda.blockIdx.z * per
             num_k = max(min(num_k - k_first, per), 0)
             a_col += k_first * BK
-            b_row += k_first * BK
+            if NK_:
+                b_col += k_first * BK
+            else:
+                b_row += k_first * BK
         for s in range(STAGES - 1):              # prologue: tiles 0 .. STAGES-2 in flight
             if s < num_k:
                 issue_tile(sA, sB, s, A, B, s * BK, a_row, a_col, a_dst, b_row, b_col, b_dst,
@@ -231,6 +263,9 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             ("_promote" if PROMOTE else "_nopromote") if PROMOTE != promote_default else "")
     params = dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, STAGES=STAGES,
                   GROUP_M=GROUP_M, min_blocks=min_blocks, PROMOTE=PROMOTE)
+    if NK_:
+        params["B_LAYOUT"] = "NK"
+        name += "_nk"
     if SPLIT_K_:   # (in params, so that no cache takes it for the plain kernel)
         name += "_splitk"
         params["SPLIT_K"] = True
@@ -250,11 +285,12 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         dtype=INPUT_DTYPE[precision],
         arg_dtypes=ARG_DTYPES[precision],
         precision=precision,
+        b_operand=B_LAYOUT,
         operand_align=EPC,
         constraints=(Constraint(
             "16-byte rows", _aligned,
-            f"cp.async moves 16 bytes: K and N must be multiples of {EPC} "
-            f"(gemmlib.matmul pads other shapes)"),),
+            f"cp.async moves 16 bytes: K " + ("" if NK_ else "and N ")
+            + f"must be multiples of {EPC} (gemmlib.matmul pads other shapes)"),),
         ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"ldmatrix\.sync\.aligned",
                   r"cp\.async\.cg\.shared\.global") + ((r"%nctaid\.z",) if SPLIT_K_ else ()),
         # the split's branch reads the grid's z; the plain rung must not contain it at all

@@ -22,6 +22,9 @@ How many slices: :func:`splits_for_tc`, split_k's model priced at the tensor
 cores' rate; :func:`choose` is what the dispatcher asks.  As in ``split_k``
 the slice count changes only the grid's z: every count runs one compiled
 kernel.
+
+``B_LAYOUT="NK"`` (B given as (N, K), C = A @ B.T; name suffix ``_nk``) is the pipeline's:
+the slices do not care how B is laid out.
 """
 
 from __future__ import annotations
@@ -110,8 +113,9 @@ def build(precision: str = "fp16", SPLITS: int = 0, **tile) -> KernelSpec:
     params = {k: v for k, v in p.items() if k != "SPLIT_K"}
     params["SPLITS"] = SPLITS
     name = main.name.replace("mma_pipeline", "mma_split_k").replace("_splitk", "")
-    if SPLITS:
-        name += f"_splits{SPLITS}"
+    if SPLITS:   # (a B_LAYOUT="NK" build keeps its "_nk" last)
+        nk = name.endswith("_nk")
+        name = name.removesuffix("_nk") + f"_splits{SPLITS}" + ("_nk" if nk else "")
     # the pipeline's spec (kernel, tile, precision, constraints, PTX claims), launched
     # with S slices along z and split_k's fixed-order reduction
     return replace(

@@ -28,6 +28,10 @@ has 32-bit elements, which ldmatrix cannot transpose: A still comes from
 each lane receives whole floats), B from two scalar loads per atom, which
 the swizzle (chunk bits 1.. instead of 0..) also keeps conflict-free.
 
+Given K-major, (N, K) (``mma_pipeline``'s ``B_LAYOUT="NK"``), B's tile is stored as A's
+is, rows of n swizzled like A's rows of m, and its fragments are rows of that tile:
+``ldmatrix`` without ``.trans`` (``fragment_loaders(b_nk=True)``), 16-bit and TF32 alike.
+
 The copies global -> shared are still plain guarded loads (any M, N, K);
 the next rung makes them asynchronous.
 
@@ -47,9 +51,12 @@ from gemmlib.precision import TENSOR_CORE as PRECISIONS  # what these rungs comp
 from gemmlib.spec import Access, KernelSpec, cdiv
 
 
-def tile_layouts(BM: int, BN: int, BK: int, elem_bytes: int):
-    """The swizzled shared layouts of A (BM x BK, row-major) and B (BK x BN, row-major)."""
+def tile_layouts(BM: int, BN: int, BK: int, elem_bytes: int, b_nk: bool = False):
+    """The swizzled shared layouts of A (BM x BK, row-major) and B (BK x BN, row-major;
+    ``b_nk``: BN x BK, row-major -- K-major like A, and swizzled like A)."""
     a = L.SwizzledLayout(L.row_major((BM, BK)), L.chunk_swizzle(BK, elem_bytes))
+    if b_nk:
+        return a, L.SwizzledLayout(L.row_major((BN, BK)), L.chunk_swizzle(BK, elem_bytes))
     # 16-bit B is read by ldmatrix.trans (8 rows at once); fp32 B by scalar loads of 4 rows
     # x 8 columns, which need only 4 rows spread, over chunk bits 1.. (two chunks per row)
     b = L.SwizzledLayout(L.row_major((BK, BN)),
@@ -58,9 +65,14 @@ def tile_layouts(BM: int, BN: int, BK: int, elem_bytes: int):
     return a, b
 
 
-def fragment_loaders(precision: str, sw_a, sw_b):
+def fragment_loaders(precision: str, sw_a, sw_b, b_nk: bool = False):
     """Device functions that load one warp's fragments for k-step ``kk`` from a stage
     at element offset ``base`` of the shared arrays.
+
+    ``b_nk``: B's tile is K-major (BN x BK, rows of n, as A's rows of m): its fragments --
+    pairs along k of one column n -- are then rows of that tile, which ``ldmatrix``
+    delivers without ``.trans``, 16-bit and TF32 alike (a TF32 8 x 4 piece is an 8 x 8
+    tile of 16-bit halves, as for A).
 
     ``load_a(sA, base, lane, row0, kk)``: the A fragment of the 16-row atom at
     ``row0``; ``load_b(sB, base, lane, col0, kk)``: B fragments of the n-atoms at
@@ -112,6 +124,26 @@ def fragment_loaders(precision: str, sw_a, sw_b):
         g1, s1 = big_small(I.as_bits(x1))
         return g0, g1, s0, s1
 
+    @cuda.jit(device=True)
+    def load_b16_nk(sB, base, lane, col0, kk):
+        # the same four matrices as load_b16, each now 8 rows of n x 8 k (no transpose)
+        n = col0 + lane % 8 + (lane // 16) * 8
+        off = sw_b(n, kk * 16 + ((lane // 8) % 2) * 8)
+        return I.ldmatrix_x4(sB, uidx(base + off))
+
+    @cuda.jit(device=True)
+    def load_b32_nk(sB, base, lane, col0, kk):
+        # matrices (n col0.., k 0-3) and (n col0.., k 4-7): lane gets B[k=t, n=g], [t+4, g]
+        off = sw_b(col0 + lane % 8, kk * 8 + ((lane // 8) % 2) * 4)
+        r0, r1 = I.ldmatrix_x2(sB, uidx(base + off))
+        if not split:
+            return I.cvt_tf32(I.as_float(r0)), I.cvt_tf32(I.as_float(r1))
+        g0, s0 = big_small(r0)
+        g1, s1 = big_small(r1)
+        return g0, g1, s0, s1
+
+    if b_nk:
+        return load_a, (load_b16_nk if sixteen else load_b32_nk)
     return load_a, (load_b16 if sixteen else load_b32)
 
 
@@ -188,17 +220,18 @@ def epilogue(MI: int, NI: int):
 
 
 def warp_code(precision: str, BM: int, BN: int, BK: int, WM: int, WN: int,
-              promote: bool = False, arch: str = "sm80"):
+              promote: bool = False, arch: str = "sm80", b_nk: bool = False):
     """The warp-level pieces of a block tile: swizzled layouts, their device index
     functions, ``warp_step`` and ``store_tile`` (shared with ``mma_pipeline``;
-    ``promote``: see :func:`warp_step_source`; ``arch="sm75"``: FP16 as two m16n8k8)."""
+    ``promote``: see :func:`warp_step_source`; ``arch="sm75"``: FP16 as two m16n8k8;
+    ``b_nk``: B's shared tile K-major, BN x BK, see :func:`fragment_loaders`)."""
     sixteen = precision in ("fp16", "bf16")
     KA = 16 if sixteen else 8
     MI, NI = WM // 16, WN // 8
-    lay_a, lay_b = tile_layouts(BM, BN, BK, 2 if sixteen else 4)
+    lay_a, lay_b = tile_layouts(BM, BN, BK, 2 if sixteen else 4, b_nk)
     sw_a = L.jit(lay_a.source("sw_a"), device=True)
     sw_b = L.jit(lay_b.source("sw_b"), device=True)
-    load_a, load_b = fragment_loaders(precision, sw_a, sw_b)
+    load_a, load_b = fragment_loaders(precision, sw_a, sw_b, b_nk)
     warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA, promote), device=True,
                       env=dict(load_a=load_a, load_b=load_b, mma=I.mma_for(precision, arch),
                                ZERO=float32(0.0)))
@@ -293,7 +326,8 @@ def fragment_accesses(spec, swizzled: bool = True) -> list[Access]:
     sixteen = p["precision"] in ("fp16", "bf16")
     eb = 2 if sixteen else 4
     BK, BN, WM, WN = p["BK"], p["BN"], p["WM"], p["WN"]
-    lay_a, lay_b = tile_layouts(p["BM"], BN, BK, eb)
+    b_nk = p.get("B_LAYOUT", "KN") == "NK"
+    lay_a, lay_b = tile_layouts(p["BM"], BN, BK, eb, b_nk)
     fa = lay_a if swizzled else lay_a.layout
     fb = lay_b if swizzled else lay_b.layout
     half = 8 if sixteen else 4
@@ -310,7 +344,18 @@ def fragment_accesses(spec, swizzled: bool = True) -> list[Access]:
 
     out = [Access("sA", "load", BK, a_row, width=4, label="ldmatrix.x4 (A fragment)",
                   address=lambda r, c: fa(r, c) * eb // 4)]
-    if sixteen:
+    if b_nk:   # rows of n, as A's rows of m: (n, k) of the lane's 16-byte row
+        def b_row_nk(tid):
+            _, wc = warp_origin(tid)
+            lane = tid % 32
+            if sixteen:
+                return wc + lane % 8 + (lane // 16) * 8, ((lane // 8) % 2) * 8
+            return wc + lane % 8, ((lane // 8) % 2) * 4
+
+        out.append(Access("sB", "load", BK, b_row_nk, width=4,
+                          label=f"ldmatrix.x{4 if sixteen else 2} (B fragments, K-major)",
+                          address=lambda r, c: fb(r, c) * eb // 4))
+    elif sixteen:
         def b_row(tid):
             _, wc = warp_origin(tid)
             lane = tid % 32

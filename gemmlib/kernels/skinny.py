@@ -61,6 +61,22 @@ next round's loads issued before this round's FMAs, and a chunk's first round be
 staged; 2 U x 16 bytes of registers a thread), ``SPLITS`` (slices of K across blocks; 0:
 :func:`splits_for` per shape; a launch parameter only), ``OUT`` ("fp32", or the 16-bit
 inputs' own type: C holds its bits).
+
+**B as torch holds a weight** (``B_LAYOUT="NK"``, name suffix ``_nk``): ``F.linear(x, W)``
+is ``x @ W.T`` with W (N, K) row-major.  Column n of C is then the dot product of A's rows
+with W's row n, both contiguous along K, so the slab turns around: a block owns BN =
+(NT / CT) x U rows of W; each group of CT lanes owns U of them and reads, for each, CT x 16
+contiguous bytes along K per round (lane ``c`` the piece at ``k = c*VEC + r*CT*VEC``), U
+16-byte loads in flight a thread as before, and one ``ld.shared.v4`` of A (staged
+m-major, each piece's two float4 halves in separate runs: conflict-free) serves all U
+rows.  The CT lanes' partial sums of each result are added at the end by a fixed butterfly
+of warp shuffles (``shfl.sync.bfly``), so K is never split across groups; across blocks
+(``SPLITS``) it is split as in the KN form, in slices that are multiples of CT x VEC.  B is
+read in 16-byte pieces when K is a multiple of VEC and B is 16-byte aligned, else by
+guarded scalar loads.  Parameters keep their names, three their meaning with a twist:
+``CT`` is the lanes along K per row of W (a power of two <= 32), ``U`` the rows of W per
+thread (its loads in flight, and the reuse of each load of A), and the block's BN follows
+from them; ``NT`` must be a multiple of 32 (or below 32) and BN a multiple of 4.
 """
 
 from __future__ import annotations
@@ -69,10 +85,11 @@ import dataclasses
 from functools import lru_cache
 
 from gemmlib import backend
+from gemmlib.layout import jit as jit_source
 from gemmlib.backend import SIMULATOR, cuda, float32, int32, uint32
 from gemmlib.intrinsics import convert
 from gemmlib.intrinsics.index import uidx
-from gemmlib.intrinsics.mma import as_bits, as_float
+from gemmlib.intrinsics.mma import as_bits, as_float, shfl_xor_f32
 from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
 from gemmlib.precision import INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
@@ -186,27 +203,37 @@ def workspace_for(grid):
 
 
 def build(precision: str = "fp16", MT: int = 16, CT: int = 32, NT: int = 256, U: int = 4,
-          NC: int = 0, SPLITS: int = 0, OUT: str = "fp32", PIPE: int = 0) -> KernelSpec:
+          NC: int = 0, SPLITS: int = 0, OUT: str = "fp32", PIPE: int = 0,
+          B_LAYOUT: str = "KN") -> KernelSpec:
     """A skinny spec.  ``SPLITS`` changes only the grid's z: every slice count shares
-    the kernel compiled for the other parameters."""
-    base = _code(precision, MT, CT, NT, U, int(bool(NC)), OUT, int(bool(PIPE)))
+    the kernel compiled for the other parameters.  ``B_LAYOUT="NK"``: B is given as
+    (N, K) row-major (an ``nn.Linear`` weight) and C = A @ B.T (see the module docstring)."""
+    base = _code(precision, MT, CT, NT, U, int(bool(NC)), OUT, int(bool(PIPE)), B_LAYOUT)
     if not SPLITS:
         return base
     p = base.params
-    KG = (NT // CT) * U
+    KG = _k_granule(precision, CT, NT, U, B_LAYOUT)
 
     def grid(M, N, K):
         gx, gy, _ = base.grid(M, N, K)
         return (gx, gy, effective_splits(SPLITS, K, KG))
 
-    name = base.name.replace("_o16", "") + f"_s{SPLITS}" + ("_o16" if OUT != "fp32" else "")
+    nk = B_LAYOUT == "NK"
+    name = (base.name.replace("_nk", "").replace("_o16", "") + f"_s{SPLITS}"
+            + ("_o16" if OUT != "fp32" else "") + ("_nk" if nk else ""))
     return dataclasses.replace(base, name=name, grid=grid, workspace=workspace_for(grid),
                                params=dict(p, SPLITS=SPLITS))
 
 
+def _k_granule(precision: str, CT: int, NT: int, U: int, B_LAYOUT: str) -> int:
+    """KG: the rows of B (values of K) one round of a block's loads covers, the unit K's
+    slices are cut in -- KN: KT groups x U rows; NK: a group's CT lanes x VEC values."""
+    return CT * VEC[precision] if B_LAYOUT == "NK" else (NT // CT) * U
+
+
 @lru_cache(maxsize=None)
 def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
-          PIPE: int) -> KernelSpec:
+          PIPE: int, B_LAYOUT: str = "KN") -> KernelSpec:
     """The spec with SPLITS = 0 (slices per shape) of one compiled configuration."""
     if precision not in PRECISIONS:
         raise ValueError(f"the skinny rung computes {', '.join(PRECISIONS)}; got {precision!r} "
@@ -218,14 +245,31 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
     if MT < 1 or CT < 1 or U < 1 or NT % CT or not CT <= NT <= 1024:
         raise ValueError(f"need MT, CT, U >= 1 and CT <= NT <= 1024 with CT | NT "
                          f"(MT={MT}, CT={CT}, NT={NT}, U={U})")
+    if B_LAYOUT not in ("KN", "NK"):
+        raise ValueError(f"B_LAYOUT must be 'KN' or 'NK', got {B_LAYOUT!r}")
+    NK = B_LAYOUT == "NK"
+    if NK and (CT > 32 or CT & (CT - 1)):
+        raise ValueError(f"B_LAYOUT='NK' adds a row's CT partial sums by warp shuffles: CT "
+                         f"must be a power of two <= 32 (CT={CT})")
     V = VEC[precision]
     KT = NT // CT                 # groups of CT lanes: each walks its own rows of B
-    BN = CT * V                   # columns per block
+    BN = KT * U if NK else CT * V   # columns of C per block (NK: rows of B)
+    if BN % 4:
+        raise ValueError(f"B_LAYOUT='NK' stores C in float4s: (NT / CT) x U must be a multiple "
+                         f"of 4 (NT={NT}, CT={CT}, U={U})")
+    LOG_CT = CT.bit_length() - 1  # NK: shuffle steps that add a row's CT partial sums
+    if NK and NT > 32 and NT % 32:
+        raise ValueError(f"B_LAYOUT='NK' shuffles within whole warps: NT must be a multiple of "
+                         f"32 (or below 32, one partial warp), got {NT}")
+    MEMBERS = 0xFFFFFFFF if NT >= 32 else (1 << NT) - 1   # NK: the lanes of a shuffle
     BN4 = BN // 4
-    KG = KT * U                   # rows of B one round of loads covers
-    KC = chunk_k(MT, KT, U)       # columns of A staged per chunk
-    ACC = MT * V
+    KG = _k_granule(precision, CT, NT, U, B_LAYOUT)   # rows of B one round of loads covers
+    KC = max(KG, (A_SHARED_BYTES // (4 * MT)) // KG * KG) if NK else chunk_k(MT, KT, U)
+    NH = V // 4                   # NK: float4s of A per 16-byte piece of B (2 or 1)
+    KCV = KC // V                 # NK: 16-byte pieces of B per row of a chunk
+    ACC = MT * U if NK else MT * V
     RAW = 4 * U                   # words of B in flight per thread
+    BFN = V * U                   # NK: a round's U pieces of B, as fp32
     MT4 = MT // 4                 # rows of A read as one ld.shared.v4
     SH = cdiv(max(KC * MT, MT * BN), 4)   # shared rows of 4 floats: A chunk, then the sums
     G = min(KT, SH * 4 // (MT * BN))      # groups whose partial sums fit in shared at once
@@ -235,11 +279,15 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
     NC_ = bool(NC)
 
     def thread_cols(tid):
-        """(kr, first column in the slab): thread tid's group and its 16-byte column chunk."""
-        return tid // CT, (tid % CT) * V
+        """(kr, first column in the slab): thread tid's group and its 16-byte column chunk.
+        NK: (first of the U rows of B the thread reads, its first k in a chunk)."""
+        return ((tid // CT) * U, (tid % CT) * V) if NK else (tid // CT, (tid % CT) * V)
 
     def rows_of(tid, kc):
-        """The rows (within a chunk of kc) thread tid reads from B, in its order."""
+        """The rows (within a chunk of kc) thread tid reads from B, in its order.
+        NK: the first k of each 16-byte piece it reads from each of its U rows."""
+        if NK:
+            return list(range((tid % CT) * V, kc, KG))
         return list(range(tid // CT, kc, KT))
 
     # The per-precision pieces, chosen here in Python: each kernel is compiled with one set.
@@ -247,27 +295,27 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         def _to_f32(x):
             return convert.half_to_float(x)
 
-        def _expand(raw, o, bf):
+        def _expand(raw, o, bf, b):
             for e in range(4):
                 w = raw[o + e]
-                bf[2 * e] = convert.half_to_float(w)                 # cvt.f32.f16
-                bf[2 * e + 1] = convert.half_to_float(w >> uint32(16))
+                bf[b + 2 * e] = convert.half_to_float(w)             # cvt.f32.f16
+                bf[b + 2 * e + 1] = convert.half_to_float(w >> uint32(16))
     elif SIXTEEN:
         def _to_f32(x):
             return convert.bf16_to_float(x)
 
-        def _expand(raw, o, bf):
+        def _expand(raw, o, bf, b):
             for e in range(4):
                 w = raw[o + e]
-                bf[2 * e] = convert.bf16_to_float(w)                 # bits << 16
-                bf[2 * e + 1] = convert.bf16_hi_to_float(w)          # bits & 0xFFFF0000
+                bf[b + 2 * e] = convert.bf16_to_float(w)             # bits << 16
+                bf[b + 2 * e + 1] = convert.bf16_hi_to_float(w)      # bits & 0xFFFF0000
     else:
         def _to_f32(x):
             return x
 
-        def _expand(raw, o, bf):
+        def _expand(raw, o, bf, b):
             for e in range(4):
-                bf[e] = as_float(raw[o + e])                         # a reinterpretation
+                bf[b + e] = as_float(raw[o + e])                     # a reinterpretation
 
     if SIXTEEN:
         def _scalar_words(B, k, n, raw, o):
@@ -346,7 +394,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         for u in range(U):
             ku = kk + u * KT
             if ku < kc:
-                expand(raw, 4 * u, bf)
+                expand(raw, 4 * u, bf, 0)
                 fma_row(sh, ku, acc, bf)
 
     # The block's result, out of shared memory: into C, or into its slice of the workspace.
@@ -381,6 +429,48 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
                 X[uidx(row0 + i), uidx(j)] = to_out(sh[uidx(t // 4), uidx(t % 4)])
 
     store_c = store_rows if OUT == "fp32" else store_rows16
+
+    @cuda.jit(device=True)
+    def finish(C, W, L, sh, last, ws, tid, m0, z, M, N):
+        """The block's MT x BN result (in ``sh``) into C -- or, when K is split, into its
+        slice of the workspace W, after which the last block of the slab to finish adds
+        the slices."""
+        n0 = cuda.blockIdx.y * BN
+        S = cuda.gridDim.z
+        if S == 1:
+            store_c(C, sh, tid, m0, m0, n0, M, N)
+            return
+        store_rows(W, sh, tid, z * M + m0, m0, n0, M, N)
+        cuda.threadfence()                   # the partials are visible before the ticket
+        cuda.syncthreads()
+        if tid == 0:
+            last[0] = cuda.atomic.add(L, (cuda.blockIdx.x, cuda.blockIdx.y), 1) == S - 1
+        cuda.syncthreads()
+        if last[0] == 0:
+            return
+        cuda.threadfence()
+        # W[i] + W[M + i] + ... + W[(S-1)M + i], always in slice order (whichever block
+        # was last), so the bits never depend on timing; one element a thread, coalesced.
+        for t in range(tid, MT * BN, NT):
+            i = t // BN
+            j = n0 + t - i * BN
+            if m0 + i < M and j < N:
+                r = m0 + i
+                # SB slices' loads are issued before their adds: one wait on L2 per SB
+                # slices, not one per slice (the additions keep their order)
+                s = float32(0.0)
+                z0 = 0
+                while z0 < S:
+                    for q in range(SB):
+                        if z0 + q < S:
+                            ws[q] = W[uidx(r + (z0 + q) * M), uidx(j)]
+                    for q in range(SB):
+                        if z0 + q < S:
+                            s = ws[q] if z0 + q == 0 else s + ws[q]
+                    z0 += SB
+                C[uidx(r), uidx(j)] = to_out(s)
+        if tid == 0:
+            L[cuda.blockIdx.x, cuda.blockIdx.y] = 0   # ready for the next launch
 
     def skinny_kernel(A, B, C, W, L):
         sh = cuda.shared.array((SH, 4), float32, alignment=SHARED_ALIGN)
@@ -472,49 +562,175 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         cuda.syncthreads()
         # ... which the block writes to C -- or, when K is split, to its slice of the
         # workspace W, after which the last block of the slab to finish adds the slices.
-        n0 = cuda.blockIdx.y * BN
-        S = cuda.gridDim.z
-        if S == 1:
-            store_c(C, sh, tid, m0, m0, n0, M, N)
-            return
-        store_rows(W, sh, tid, z * M + m0, m0, n0, M, N)
-        cuda.threadfence()                   # the partials are visible before the ticket
+        finish(C, W, L, sh, last, ws, tid, m0, z, M, N)
+
+
+    # ---- B_LAYOUT="NK": B is (N, K) row-major, C = A @ B.T --------------------------
+    # Column n of C is the dot product of A's rows with row n of B, both contiguous along
+    # K.  Group g of the block (CT lanes) owns rows n0 + g*U .. n0 + g*U + U-1 of B; lane
+    # c of the group reads, of each of those rows, the 16-byte piece at k = c*VEC, then
+    # c*VEC + CT*VEC, ... (the group's CT lanes read CT x 16 contiguous bytes of a row:
+    # coalesced), so its U loads are in flight together.  A's chunk is staged in shared
+    # memory m-major, the two float4 halves of each 16-byte piece of B (VEC = 8) in
+    # separate runs (row (m*NH + h)*KCV + j holds A[m, j*VEC + 4h .. +3]), so that the CT
+    # lanes' ld.shared.v4 of one half are consecutive: conflict-free.  One such load of A
+    # serves all U rows of B.  At the end the CT lanes' partial sums of each (m, row) are
+    # added by warp shuffles (a fixed butterfly: bit-identical run to run).
+    if SIXTEEN:
+        def _scalar_words_nk(B, n, k, lim, raw, o):
+            """Two 16-bit values per word along row n, each guarded by lim (<= K)."""
+            for e in range(4):
+                j = k + 2 * e
+                lo = uint32(B[uidx(n), uidx(j)]) if j < lim else uint32(0)
+                hi = uint32(B[uidx(n), uidx(j + 1)]) if j + 1 < lim else uint32(0)
+                raw[o + e] = lo | (hi << uint32(16))
+    else:
+        def _scalar_words_nk(B, n, k, lim, raw, o):
+            for e in range(4):
+                j = k + e
+                raw[o + e] = as_bits(B[uidx(n), uidx(j)]) if j < lim else uint32(0)
+
+    scalar_words_nk = cuda.jit(device=True)(_scalar_words_nk)
+
+    @cuda.jit(device=True)
+    def fetch_nk(B, n, k, lim, ok, vec, raw, o):
+        """Row n of B, values k .. k+V-1 (those below lim), as four 32-bit words into
+        raw[o:o+4] (zeros when not ok or past lim).  One 16-byte load when K is a multiple
+        of V and B 16-byte aligned (vec): then k + V <= lim whenever k < lim."""
+        if ok and k < lim and vec:
+            if NC_:
+                w0, w1, w2, w3 = convert.load16_stream(B, n, k)
+            else:
+                w0, w1, w2, w3 = convert.load16(B, n, k)
+            raw[o] = w0
+            raw[o + 1] = w1
+            raw[o + 2] = w2
+            raw[o + 3] = w3
+        elif ok and k < lim:
+            scalar_words_nk(B, n, k, lim, raw, o)
+        else:
+            for e in range(4):
+                raw[o + e] = uint32(0)
+
+    @cuda.jit(device=True)
+    def fetch_round_nk(B, nb, N, k, lim, vec, raw):
+        """One round: the 16-byte pieces at k of the thread's U rows nb .. nb+U-1."""
+        for u in range(U):       # U independent 16-byte loads, issued before any is used
+            fetch_nk(B, nb + u, k, lim, nb + u < N, vec, raw, 4 * u)
+
+    # The round's FMAs and the final sums are written out as straight-line code (every
+    # accumulator index a constant, so acc stays in registers): at MT = 16, U = 4 the round
+    # alone is 512 FMAs, past what the compiler unrolls by itself.
+    def use_round_nk_source():
+        """acc[i, u] += A[i, piece j] . B[row u, piece j] for MT rows of A, U rows of B:
+        each ld.shared.v4 of A serves all U rows."""
+        out = ["def use_round_nk(sh, j, raw, acc, bf):"]
+        out += [f"    expand(raw, {4 * u}, bf, {V * u})" for u in range(U)]
+        for i in range(MT):
+            for h in range(NH):
+                out.append(f"    a0, a1, a2, a3 = load4(sh, uidx(j + {(i * NH + h) * KCV}), 0)")
+                for u in range(U):
+                    b, e = V * u + 4 * h, i * U + u
+                    out.append(f"    acc[{e}] = (((acc[{e}] + a0 * bf[{b}]) + a1 * bf[{b + 1}])"
+                               f" + a2 * bf[{b + 2}]) + a3 * bf[{b + 3}]")
+        return "\n".join(out) + "\n"
+
+    def sum_lanes_nk_source():
+        """The group's CT lanes add their partial sums of each of the MT x U results by a
+        butterfly of shuffles (every lane ends with the totals, added in the same order);
+        lane e % CT then writes result e where the stores read the block's MT x BN result."""
+        out = ["def sum_lanes_nk(sh, acc, g, c):"]
+        for e in range(ACC):
+            for r in range(LOG_CT):
+                out.append(f"    acc[{e}] = acc[{e}] + shfl(acc[{e}], {CT >> (r + 1)}, {MEMBERS})")
+        for e in range(ACC):
+            i, u = divmod(e, U)
+            out.append(f"    if c == {e % CT}:")
+            out.append(f"        f = {i * BN + u} + g * {U}")
+            out.append(f"        sh[uidx(f // 4), uidx(f % 4)] = acc[{e}]")
+        return "\n".join(out) + "\n"
+
+    use_round_nk = jit_source(use_round_nk_source(), device=True,
+                              env=dict(expand=expand, load4=load4, uidx=uidx))
+    sum_lanes_nk = jit_source(sum_lanes_nk_source(), device=True,
+                              env=dict(shfl=shfl_xor_f32, uidx=uidx))
+
+    def skinny_nk_kernel(A, B, C, W, L):
+        sh = cuda.shared.array((SH, 4), float32, alignment=SHARED_ALIGN)
+        last = cuda.shared.array(1, int32)
+        acc = cuda.local.array(ACC, float32)
+        raw = cuda.local.array(RAW, uint32)
+        raw2 = cuda.local.array(RAW if PIPE else 1, uint32)
+        ws = cuda.local.array(SB, float32)
+        bf = cuda.local.array(BFN, float32)
+        M, K = A.shape
+        N = B.shape[0]
+        tid = cuda.threadIdx.x
+        g = tid // CT
+        c = tid % CT
+        nb = cuda.blockIdx.y * BN + g * U      # the group's first row of B
+        m0 = cuda.blockIdx.x * MT
+        z = cuda.blockIdx.z
+        per = ((K + KG - 1) // KG + cuda.gridDim.z - 1) // cuda.gridDim.z * KG
+        kb = z * per
+        ke = min(K, kb + per)
+        # Uniform, once per launch: may B's rows be read in 16-byte pieces?
+        b_vec = K % V == 0 and aligned16(B)
+        for e in range(ACC):
+            acc[e] = float32(0.0)
+
+        for k0 in range(kb, ke, KC):
+            kc = min(KC, ke - k0)
+            lim = k0 + kc
+            kk = c * V                           # this lane's first piece of the chunk
+            if PIPE:   # the chunk's first round of B is in flight while A stages
+                fetch_round_nk(B, nb, N, k0 + kk, lim, b_vec, raw)
+            # Stage A[m0:m0+MT, k0:k0+kc] as fp32 (zeros past kc up to a whole piece, and
+            # for rows past M): piece j's half h of row i at shared row (i*NH + h)*KCV + j.
+            kcv = (kc + V - 1) // V * V
+            for t in range(tid, MT * kcv, NT):
+                i = t // kcv
+                q = t - i * kcv
+                v = float32(0.0)
+                if m0 + i < M and q < kc:
+                    v = to_f32(A[uidx(m0 + i), uidx(k0 + q)])
+                j = q // V
+                h = (q - j * V) // 4
+                sh[uidx((i * NH + h) * KCV + j), uidx(q % 4)] = v
+            cuda.syncthreads()
+            if PIPE:
+                # Two register buffers, as in the KN form: the next round's U loads are
+                # issued before this round's FMAs (unrolled by two: constant indices).
+                while kk < kc:
+                    fetch_round_nk(B, nb, N, k0 + kk + KG, lim, b_vec, raw2)
+                    use_round_nk(sh, kk // V, raw, acc, bf)
+                    kk += KG
+                    if kk >= kc:
+                        break
+                    fetch_round_nk(B, nb, N, k0 + kk + KG, lim, b_vec, raw)
+                    use_round_nk(sh, kk // V, raw2, acc, bf)
+                    kk += KG
+            else:
+                while kk < kc:
+                    fetch_round_nk(B, nb, N, k0 + kk, lim, b_vec, raw)   # U loads in flight
+                    use_round_nk(sh, kk // V, raw, acc, bf)
+                    kk += KG
+            cuda.syncthreads()
+
+        # The group's CT lanes hold partial sums of the same MT x U results: shuffles add
+        # them, and the totals go where the stores read the block's result
+        sum_lanes_nk(sh, acc, g, c)
         cuda.syncthreads()
-        if tid == 0:
-            last[0] = cuda.atomic.add(L, (cuda.blockIdx.x, cuda.blockIdx.y), 1) == S - 1
-        cuda.syncthreads()
-        if last[0] == 0:
-            return
-        cuda.threadfence()
-        # W[i] + W[M + i] + ... + W[(S-1)M + i], always in slice order (whichever block
-        # was last), so the bits never depend on timing; one element a thread, coalesced.
-        for t in range(tid, MT * BN, NT):
-            i = t // BN
-            j = n0 + t - i * BN
-            if m0 + i < M and j < N:
-                r = m0 + i
-                # SB slices' loads are issued before their adds: one wait on L2 per SB
-                # slices, not one per slice (the additions keep their order)
-                acc = float32(0.0)
-                z0 = 0
-                while z0 < S:
-                    for q in range(SB):
-                        if z0 + q < S:
-                            ws[q] = W[uidx(r + (z0 + q) * M), uidx(j)]
-                    for q in range(SB):
-                        if z0 + q < S:
-                            acc = ws[q] if z0 + q == 0 else acc + ws[q]
-                    z0 += SB
-                C[uidx(r), uidx(j)] = to_out(acc)
-        if tid == 0:
-            L[cuda.blockIdx.x, cuda.blockIdx.y] = 0   # ready for the next launch
+        finish(C, W, L, sh, last, ws, tid, m0, z, M, N)
 
     # PIPE's two buffers with few accumulators (MT x VEC <= 32): two blocks an SM, so ptxas
     # keeps a thread within 65536 / (2 NT) registers (one block of 256 threads an SM has
-    # too few loads in flight); every other form keeps the compiler's choice.
-    jit_opts = ({"launch_bounds": (NT, MIN_BLOCKS)} if PIPE and ACC <= 32 and not SIMULATOR
-                else {})
-    kernel = cuda.jit(**jit_opts)(skinny_kernel)
+    # too few loads in flight); every other form keeps the compiler's choice.  NK forms with
+    # MT x U <= 32 accumulators take the same bound, PIPE or not: left alone, ptxas gives
+    # MT = 8 some 154 registers on sm_80, one block an SM, half the KN form's loads in flight.
+    jit_opts = ({"launch_bounds": (NT, MIN_BLOCKS)} if (PIPE or NK) and ACC <= 32
+                and not SIMULATOR else {})
+    kernel = cuda.jit(**jit_opts)(skinny_nk_kernel if NK else skinny_kernel)
     itemsize = 2 if SIXTEEN else 4
 
     def grid(M, N, K):
@@ -533,11 +749,15 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         name += "_p"
     if OUT != "fp32":
         name += "_o16"
+    if NK:
+        params["B_LAYOUT"] = "NK"
+        name += "_nk"
     # 16-byte loads of B, fp32 FMAs, the sums through shared memory and C (or the slices'
-    # partials) in 16-byte pieces, the tickets
+    # partials) in 16-byte pieces, the tickets (NK: the lanes' sums by shuffles, not
+    # through 16-byte shared stores)
     must = [r"ld\.global(\.nc)?(\.L1::no_allocate)?\.v4\.(u32|b32)", r"fma\.rn\.f32",
-            r"st\.shared\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.global\.v4\.f32",
-            r"atom\.global\.add"]
+            r"shfl\.sync\.bfly\.b32" if NK else r"st\.shared\.v4\.f32",
+            r"ld\.shared\.v4\.f32", r"st\.global\.v4\.f32", r"atom\.global\.add"]
     if FP16:
         must.append(r"cvt\.f32\.f16")
     if OUT != "fp32":
@@ -547,7 +767,9 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         chapter="18b-decode",
         idea="decode (M <= 16): each block streams a slab of B's columns once in 16-byte "
              "loads, all M rows of A from shared memory, fp32 FMAs into registers; K split "
-             "across warps and, when N is narrow, across blocks (fixed-order sums)",
+             "across warps and, when N is narrow, across blocks (fixed-order sums)"
+             + ("; B given (N, K): lanes read its rows along K, sums by warp shuffles"
+                if NK else ""),
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(MT, BN),
@@ -559,6 +781,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         arg_dtypes=(ARG_DTYPES[precision][:2] + ("float32" if OUT == "fp32" else "uint16",)
                     if SIXTEEN else ()),
         precision=precision,
+        b_operand=B_LAYOUT,
         operand_align=0,
         constraints=CONSTRAINTS,
         ptx_must=tuple(must),
@@ -571,11 +794,18 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
     )
 
 
-def params_for(precision: str, M: int) -> dict:
+def params_for(precision: str, M: int, b_layout: str = "KN") -> dict:
     """The configuration ``kernel="auto"`` runs for M rows in ``precision``
     (gemmlib.dispatch.select_skinny): the defaults with MT = :func:`rows_for` (M) and
-    the per-MT overrides of ``TUNED`` (set from scripts/skinny_gpu.py)."""
+    the per-MT overrides of ``TUNED`` (set from scripts/skinny_gpu.py).  ``b_layout="NK"``
+    (B given as (N, K)): the same defaults with ``B_LAYOUT="NK"`` and the overrides of
+    ``TUNED_NK`` instead."""
     MT = rows_for(M)
+    if b_layout == "NK":
+        return {**DEFAULTS, "precision": precision, "MT": MT, "B_LAYOUT": "NK",
+                **TUNED_NK.get((precision, MT), TUNED_NK.get(MT, {}))}
+    if b_layout != "KN":
+        raise ValueError(f"b_layout must be 'KN' or 'NK', got {b_layout!r}")
     return {**DEFAULTS, "precision": precision, "MT": MT,
             **TUNED.get((precision, MT), TUNED.get(MT, {}))}
 
@@ -590,6 +820,11 @@ def params_for(precision: str, M: int) -> dict:
 #: behind on 1 x 28672 x 4096; results/decode-2026-11-26/skinny-compare-h100.json)
 TUNED: dict = {("fp16", 1): {"U": 4, "PIPE": 1}, ("bf16", 1): {"U": 4, "PIPE": 1},
                ("fp16", 4): {"U": 8}}
+
+#: TUNED for ``B_LAYOUT="NK"``, whose U counts rows of B per thread (each load of A from
+#: shared memory serves U of them) rather than rows of K in flight: not measured yet, so
+#: the defaults (U = 4, no PIPE) everywhere
+TUNED_NK: dict = {}
 
 
 SPEC = build()

@@ -19,6 +19,9 @@ How many slices: :func:`splits_for` (the cost model ``kernel="auto"`` also
 uses; ``gemmlib.dispatch`` explains the whole choice).  The slice count is a
 launch parameter, not a compile-time one: ``SPLITS`` changes only the grid's
 z, so every slice count runs the same compiled kernel.
+
+``B_LAYOUT="NK"`` (B given as (N, K), C = A @ B.T) is warptile's: the slices and their sum
+do not care how B was laid out.
 """
 
 from __future__ import annotations
@@ -201,8 +204,11 @@ def build(SPLITS: int = 0, **tile) -> KernelSpec:
         return (cdiv(N, BN), cdiv(M, BM), slices(M, N, K))
 
     params = dict(main.params, SPLITS=SPLITS)
-    tile_name = main.name.replace("warptile", "").replace("_splitk", "").strip("_")
-    name = "_".join(x for x in ("split_k", tile_name, f"s{SPLITS}" if SPLITS else "") if x)
+    nk = main.b_operand == "NK"   # B_LAYOUT="NK": B given as (N, K), C = A @ B.T
+    tile_name = (main.name.replace("warptile", "").replace("_splitk", "").replace("_nk", "")
+                 .strip("_"))
+    name = "_".join(x for x in ("split_k", tile_name, f"s{SPLITS}" if SPLITS else "",
+                                "nk" if nk else "") if x)
     return KernelSpec(
         name=name,
         chapter="13b-split-k",
@@ -214,6 +220,7 @@ def build(SPLITS: int = 0, **tile) -> KernelSpec:
         grid=grid,
         params=params,
         shared_bytes=main.shared_bytes,
+        b_operand=main.b_operand,
         constraints=main.constraints + CONSTRAINTS,
         ptx_must=main.ptx_must,
         index=main.index,

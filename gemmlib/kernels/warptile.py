@@ -28,6 +28,14 @@ Two more things make it fast:
   rows are not 16-byte aligned; and the bank-conflict-free rung's swizzled
   transposing store (``SWIZZLE``, on by default).
 
+**B given as torch holds it** (``B_LAYOUT="NK"``: an ``nn.Linear`` weight, (N, K)
+row-major, and C = A @ B.T).  The compute loop wants B's k-tile as ``sB[k][n]``, rows of
+n for each k, exactly as it wants A's as ``sAT[k][m]``; and an (N, K) B is in memory what
+A is, rows along K.  So B takes A's road into shared memory: float4 loads along K of its
+rows (coalesced, 16 bytes a thread), then the same swizzled transposing store, and the k
+loop reads ``sB[k][n ^ swizzle]`` as it reads ``sAT``.  Nothing else changes (the
+``layout_nt`` and ``double_buffer`` rungs read their (N, K) B the same way).
+
 All loops over the accumulator have constant trip counts and small bodies
 (the k loop and the epilogue are unrolled by hand where numba would leave
 them rolled), so the accumulator lives in registers: the compile gate checks
@@ -68,8 +76,12 @@ def _tiling(spec, M, N, K, dev):
     if d is None or d["NT"] != spec.threads:
         return False
     nt = d["NT"]
-    swizzle_ok = p.get("SWIZZLE", 1) == 0 or (p["BM"] % min(32, p["BM"]) == 0 and p["BK"] <= 32
-                                              and (p["BM"] & (p["BM"] - 1) == 0 or p["BM"] % 32 == 0))
+
+    def swizzles(X):   # X ^ a swizzle < min(32, X) stays inside the tile
+        return X % min(32, X) == 0 and p["BK"] <= 32 and (X & (X - 1) == 0 or X % 32 == 0)
+
+    swizzle_ok = p.get("SWIZZLE", 1) == 0 or (swizzles(p["BM"]) and (
+        p.get("B_LAYOUT", "KN") == "KN" or swizzles(p["BN"])))
     return (p["TM"] % 4 == 0 and p["TN"] % 4 == 0 and p["BK"] % 4 == 0 and p["PAD"] % 4 == 0
             and (p["BM"] * p["BK"] // 4) % nt == 0 and (p["BK"] * p["BN"] // 4) % nt == 0
             and swizzle_ok)
@@ -122,20 +134,29 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
           WM: int = DEFAULTS["WM"], WN: int = DEFAULTS["WN"], WNITER: int = DEFAULTS["WNITER"],
           TM: int = DEFAULTS["TM"], TN: int = DEFAULTS["TN"], PAD: int = DEFAULTS["PAD"],
           SWIZZLE: bool = True, max_registers: int | None = None,
-          SPLIT_K: bool = False) -> KernelSpec:
+          SPLIT_K: bool = False, B_LAYOUT: str = "KN") -> KernelSpec:
     """A warptile spec for these tile parameters.
 
     ``SPLIT_K`` compiles the split-K variant used by :mod:`gemmlib.kernels.split_k`:
     block z of a grid with Z blocks along z sums only its slice of the k-tiles and
     writes its partial product to rows ``z*M .. z*M + M-1`` of C (a workspace of
     Z*M rows).  It is a compile-time switch: the plain rung's code is unchanged.
+
+    ``B_LAYOUT="NK"``: B is (N, K) row-major and C = A @ B.T; its tile is loaded and
+    stored transposed as A's is (see the module docstring).  Also compile-time.
     """
+    if B_LAYOUT not in ("KN", "NK"):
+        raise ValueError(f"B_LAYOUT must be 'KN' or 'NK', got {B_LAYOUT!r}")
+    NK_ = B_LAYOUT == "NK"
     params = {"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "WNITER": WNITER,
               "TM": TM, "TN": TN, "PAD": PAD}
     if not SWIZZLE:
         params["SWIZZLE"] = 0
     if max_registers:
         params["max_registers"] = max_registers
+    default = params == DEFAULTS
+    if NK_:
+        params["B_LAYOUT"] = "NK"
     d = _derived(params) or dict(NT=WARP, WMITER=1, WSUBM=WM, WSUBN=WN, LANE_COLS=1)
     NT, WMITER, WSUBM, WSUBN, LANE_COLS = (d[k] for k in
                                            ("NT", "WMITER", "WSUBM", "WSUBN", "LANE_COLS"))
@@ -155,11 +176,16 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     SWIZZLE_ = bool(SWIZZLE)
     RPW = max(32 // BK4, 1)  # rows of A one warp copies per pass
     SWZ_MASK = min(32, BM) - 1
+    SWZ_MASK_B = min(32, BN) - 1   # NK: B's tile is stored transposed and swizzled like A's
     SPLIT_K_ = bool(SPLIT_K)
 
     def swz(k):
         """Column XOR-ed into row k (0 <= k < BK) of a sAT buffer: constant over 4 rows."""
         return ((k // 4) * RPW) & SWZ_MASK if SWIZZLE_ else 0
+
+    def swz_b(k):
+        """NK: the column XOR-ed into row k of an sB buffer (KN: 0, no swizzle)."""
+        return ((k // 4) * RPW) & SWZ_MASK_B if SWIZZLE_ and NK_ else 0
 
     def thread_origin(tid):
         """(row, col) in the block tile of thread tid's first result."""
@@ -182,14 +208,18 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         return idx // BK4, (idx % BK4) * 4
 
     def b_chunk(tid, p):
-        """(k, first column) of the float4 of the B tile thread tid copies in pass p."""
+        """(k, first column) of the float4 of the B tile thread tid copies in pass p
+        (NK: (column n, first k) -- a float4 along K of B's row n, as A's a_chunk)."""
         idx = tid + p * NT
+        if NK_:
+            return idx // BK4, (idx % BK4) * 4
         return idx // BN4, (idx % BN4) * 4
 
     _thread_origin = cuda.jit(device=True)(thread_origin)
     _a_chunk = cuda.jit(device=True)(a_chunk)
     _b_chunk = cuda.jit(device=True)(b_chunk)
     _swz = cuda.jit(device=True)(swz)
+    _swz_b = cuda.jit(device=True)(swz_b)
 
     @cuda.jit(device=True)
     def fetch_a(A, ra, tid, m0, k0, a_vec):
@@ -209,9 +239,10 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         """Global -> registers: this thread's float4s of the B tile at (k0, n0)."""
         for p in range(B_PASSES):
             kr, c = _b_chunk(tid, p)
-            gk = k0 + kr
-            gc = n0 + c
-            v0, v1, v2, v3 = load4_or_zero(B, gk, gc, b_vec)
+            if NK_:   # B is (N, K): row n0 + kr, k from k0 + c
+                v0, v1, v2, v3 = load4_or_zero(B, n0 + kr, k0 + c, b_vec)
+            else:
+                v0, v1, v2, v3 = load4_or_zero(B, k0 + kr, n0 + c, b_vec)
             rb[4 * p] = v0
             rb[4 * p + 1] = v1
             rb[4 * p + 2] = v2
@@ -227,13 +258,19 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
                 sAT[uidx(boff + kq + e), uidx(rs)] = ra[4 * p + e]
         for p in range(B_PASSES):
             kr, c = _b_chunk(tid, p)
-            store4(sB, boff + kr, c, rb[4 * p], rb[4 * p + 1], rb[4 * p + 2], rb[4 * p + 3])
+            if NK_:   # (n, first k) = (kr, c): transposed, as A
+                ns = kr ^ _swz_b(c)
+                for e in range(4):
+                    sB[uidx(boff + c + e), uidx(ns)] = rb[4 * p + e]
+            else:
+                store4(sB, boff + kr, c, rb[4 * p], rb[4 * p + 1], rb[4 * p + 2],
+                       rb[4 * p + 3])
 
     @cuda.jit(device=True)
-    def k_step(sAT, sB, krow, sw, row0, col0, acc, fa, fb):
+    def k_step(sAT, sB, krow, sw, swb, row0, col0, acc, fa, fb):
         """One k: fragments of A and B from shared memory, then their outer product.
 
-        sw is the swizzle of this row of sAT."""
+        sw is the swizzle of this row of sAT, swb of this row of sB (0 unless NK)."""
         for wm in range(WMITER):
             for q in range(TM4):
                 x0, x1, x2, x3 = load4(sAT, krow, (row0 + wm * WSUBM + 4 * q) ^ sw)
@@ -243,7 +280,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
                 fa[wm * TM + 4 * q + 3] = x3
         for wn in range(WNITER):
             for q in range(TN4):
-                y0, y1, y2, y3 = load4(sB, krow, col0 + wn * WSUBN + 4 * q)
+                y0, y1, y2, y3 = load4(sB, krow, (col0 + wn * WSUBN + 4 * q) ^ swb)
                 fb[wn * TN + 4 * q] = y0
                 fb[wn * TN + 4 * q + 1] = y1
                 fb[wn * TN + 4 * q + 2] = y2
@@ -271,13 +308,13 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         ra = cuda.local.array(A_REGS, float32)
         rb = cuda.local.array(B_REGS, float32)
         M, K = A.shape
-        N = B.shape[1]
+        N = B.shape[0] if NK_ else B.shape[1]
         tid = cuda.threadIdx.x
         m0 = cuda.blockIdx.y * BM
         n0 = cuda.blockIdx.x * BN
         row0, col0 = _thread_origin(tid)
         a_vec = K % 4 == 0 and aligned16(A)
-        b_vec = N % 4 == 0 and aligned16(B)
+        b_vec = (K if NK_ else N) % 4 == 0 and aligned16(B)   # B's rows 16-byte aligned
         c_vec = N % 4 == 0 and aligned16(C)
         for i in range(ACC):
             acc[i] = float32(0.0)
@@ -307,10 +344,11 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
             for kk in range(0, BK, 4):
                 krow = boff + kk
                 sw = _swz(kk)
-                k_step(sAT, sB, krow, sw, row0, col0, acc, fa, fb)
-                k_step(sAT, sB, krow + 1, sw, row0, col0, acc, fa, fb)
-                k_step(sAT, sB, krow + 2, sw, row0, col0, acc, fa, fb)
-                k_step(sAT, sB, krow + 3, sw, row0, col0, acc, fa, fb)
+                swb = _swz_b(kk)
+                k_step(sAT, sB, krow, sw, swb, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 1, sw, swb, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 2, sw, swb, row0, col0, acc, fa, fb)
+                k_step(sAT, sB, krow + 3, sw, swb, row0, col0, acc, fa, fb)
             if more:
                 stage(sAT, sB, ra, rb, tid, BK - boff)  # the other buffer
             cuda.syncthreads()
@@ -340,28 +378,32 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     def grid(M, N, K):
         return (cdiv(N, BN), cdiv(M, BM), 1)
 
-    default = params == DEFAULTS
     name = "warptile" if default else (
         f"warptile_{BM}x{BN}x{BK}_w{WM}x{WN}n{WNITER}_t{TM}x{TN}_p{PAD}"
         + ("" if SWIZZLE_ else "_noswz") + (f"_r{max_registers}" if max_registers else ""))
+    if NK_:
+        name += "_nk"
     if SPLIT_K_:
         name += "_splitk"
     return KernelSpec(
         name=name,
         chapter="09-warp-tiling",
         idea="block tile -> warp tiles -> thread tiles, float4 everywhere, and a double-"
-             "buffered shared tile fed by register prefetch",
+             "buffered shared tile fed by register prefetch"
+             + ("; B given (N, K), transposed into shared memory as A is" if NK_ else ""),
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,
         params=params,
         shared_bytes=(SROWS * SA_COLS + SROWS * SB_COLS) * 4,
+        b_operand=B_LAYOUT,
         constraints=CONSTRAINTS,
-        ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32", r"st\.shared\.v4\.f32",
-                  r"st\.global\.v4\.f32"),
+        # (NK: both tiles go into shared memory by transposing scalar stores, no st.shared.v4)
+        ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32")
+        + (() if NK_ else (r"st\.shared\.v4\.f32",)) + (r"st\.global\.v4\.f32",),
         index={"thread_origin": thread_origin, "a_frag": a_frag, "b_frag": b_frag,
-               "a_chunk": a_chunk, "b_chunk": b_chunk, "swz": swz},
+               "a_chunk": a_chunk, "b_chunk": b_chunk, "swz": swz, "swz_b": swz_b},
         module=__name__,
     )
 
@@ -385,17 +427,37 @@ def accesses(spec):
     d = _derived(p)
     a_passes = max(p["BM"] * p["BK"] // 4 // nt, 1)
     b_passes = max(p["BK"] * p["BN"] // 4 // nt, 1)
+    if p.get("B_LAYOUT", "KN") == "NK":   # sB is stored transposed and swizzled, as sAT
+        swz_b = ix["swz_b"]
+
+        def b_store(t):
+            n, kq = ix["b_chunk"](t, 0)
+            return kq, n
+
+        def sb_address(k, n):
+            return k * p["BN"] + (n ^ swz_b(k))
+
+        b_acc = [
+            Access("sB", "store", p["BN"], b_store, label="sB[kq + e, n] = rb[...] (transposing)",
+                   count=4 * b_passes, address=sb_address),
+            Access("sB", "load", p["BN"], lambda t: (0, ix["b_frag"](t, 0, 0)), width=4,
+                   label="load4(sB, k, b_frag) (inner loop)",
+                   count=p["BK"] * p["WNITER"] * p["TN"] // 4, address=sb_address)]
+    else:
+        b_acc = [
+            Access("sB", "store", p["BN"], lambda t: ix["b_chunk"](t, 0), width=4,
+                   label="store4(sB, k, c, ...)", count=b_passes),
+            Access("sB", "load", p["BN"], lambda t: (0, ix["b_frag"](t, 0, 0)), width=4,
+                   label="load4(sB, k, b_frag) (inner loop)",
+                   count=p["BK"] * p["WNITER"] * p["TN"] // 4)]
     return [
         Access("sAT", "store", sa_cols, a_store, label="sAT[kq + e, r] = ra[...] (transposing)",
                count=4 * a_passes, address=sat_address),
-        Access("sB", "store", p["BN"], lambda t: ix["b_chunk"](t, 0), width=4,
-               label="store4(sB, k, c, ...)", count=b_passes),
+        b_acc[0],
         Access("sAT", "load", sa_cols, lambda t: (0, ix["a_frag"](t, 0, 0)), width=4,
                label="load4(sAT, k, a_frag) (inner loop)",
                count=p["BK"] * d["WMITER"] * p["TM"] // 4, address=sat_address),
-        Access("sB", "load", p["BN"], lambda t: (0, ix["b_frag"](t, 0, 0)), width=4,
-               label="load4(sB, k, b_frag) (inner loop)",
-               count=p["BK"] * p["WNITER"] * p["TN"] // 4),
+        b_acc[1],
     ]
 
 SPEC = build()
