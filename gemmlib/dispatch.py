@@ -414,6 +414,16 @@ def with_layout(spec: KernelSpec, b_layout: str) -> KernelSpec | None:
     None where the rung has no such build: the caller then copies B."""
     if spec.b_operand == b_layout:
         return spec
+    if rung_of(spec) == SKINNY_RUNG and b_layout == "NK":   # its own tuning per layout
+        from gemmlib.kernels.skinny import params_for
+
+        p = spec.params
+        params = dict(params_for(p["precision"], p["MT"], "NK"),
+                      **{k: p[k] for k in ("OUT", "SPLITS", "NC") if k in p})
+        try:
+            return build(SKINNY_RUNG, params)
+        except (TypeError, ValueError):
+            return None
     return _rebuilt(spec, B_LAYOUT=b_layout)
 
 

@@ -155,6 +155,9 @@ def grid_strided(spec) -> bool:
     """True when the kernel's blocks loop over the tiles with stride gridDim.x (a
     persistent kernel: any number of blocks computes every tile)."""
     fn = getattr(spec.kernel, "py_func", None) or getattr(spec.kernel, "fn", None)
+    body = getattr(fn, "__globals__", {}).get("body")   # a kernel that calls its body
+    if body is not None:                                 # (wgmma_async.bias_entry)
+        fn = getattr(body, "py_func", None) or body
     try:
         return bool(GRID_STRIDE.search(inspect.getsource(fn)))
     except (TypeError, OSError):
