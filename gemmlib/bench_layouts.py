@@ -25,8 +25,12 @@ from gemmlib.bench_models import (MODELS, copy_bandwidth, loop_time, operand_set
 LAYOUTS = ("NN", "NT", "TN", "TT")
 PRECISIONS = ("fp16", "bf16", "tf32", "fp32")
 SQUARES = (4096, 8192)
-#: the models suite's projections at these token counts (M >= 512)
+#: the models suite's projections at these token counts (M >= 512), every layout
 TOKENS = (1024, 4096)
+#: and at these (decode and small prefill), F.linear's layout against row-major only
+LINEAR_TOKENS = (1, 16, 128)
+LINEAR_LAYOUTS = ("NN", "NT")
+LINEAR_PRECISIONS = ("fp16", "bf16")
 #: (batch, M = N, K) of attention-like batched products
 BATCHED = ((32, 1024, 128), (256, 128, 64), (32, 4096, 128), (256, 1024, 64))
 
@@ -138,8 +142,10 @@ class _Events:
 
 
 def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TOKENS,
-              batched=BATCHED, loops: int = 5, progress: bool = True) -> dict:
-    """Every shape x layout x precision, then the batched rows (GPU only, torch)."""
+              batched=BATCHED, linear_tokens=LINEAR_TOKENS, loops: int = 5,
+              progress: bool = True) -> dict:
+    """Every shape x layout x precision; the models' projections at ``linear_tokens`` in
+    F.linear's layout and row-major (fp16, bf16); then the batched rows (GPU only, torch)."""
     import torch
 
     from gemmlib.bench import environment
@@ -150,13 +156,17 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
     meta["dram_copy_gbps"] = copy_bandwidth()
     meta.update(suite="layouts", layouts=list(layouts), precisions=list(precisions),
                 tokens=list(tokens), squares=list(squares), loops=loops,
+                linear_tokens=list(linear_tokens),
                 timing="events around a loop of back-to-back calls, operands rotated past "
                        "L2; torch.matmul on the same views in the same run")
     rows = []
-    for label, M, N, K in shapes(squares, tokens):
-        for prec in precisions:
+    plan = [(shape, precisions, layouts) for shape in shapes(squares, tokens)]
+    plan += [(shape, LINEAR_PRECISIONS, LINEAR_LAYOUTS)
+             for shape in shapes((), linear_tokens)]
+    for (label, M, N, K), precs, lays in plan:
+        for prec in precs:
             nn_ms = None
-            for layout in layouts:
+            for layout in lays:
                 try:
                     row = measure(torch, label, layout, prec, M, N, K, loops=loops)
                     if layout == "NN":

@@ -121,6 +121,8 @@ def cmd_layouts(args) -> int:
         kw["layouts"] = tuple(args.layouts)
     if args.squares is not None:
         kw["squares"] = tuple(args.squares)
+    if args.linear_tokens is not None:
+        kw["linear_tokens"] = tuple(args.linear_tokens)
     data = bl.run_suite(**kw)
     for line in bl.summary(data):
         print(line)
@@ -221,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layouts suite: the layouts (default all four)")
     s.add_argument("--squares", nargs="*", type=int,
                    help="layouts suite: square sizes (default 4096 8192)")
+    s.add_argument("--linear-tokens", nargs="*", type=int,
+                   help="layouts suite: token counts timed in NN and NT only (default 1 16 128)")
     s.add_argument("--tokens", nargs="*", type=int, help="models suite: token counts (M)")
     s.add_argument("--host-cost", action="store_true",
                    help="instead: where one call's host time goes (64^3, step by step) and "
