@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _reliability import EPS32, on_blocks
+from _reliability import EPS32, HOPPER, on_blocks
 from gemmlib import backend, dispatch
 from gemmlib import precision as P
 from gemmlib.kernels import wgmma_split_k, wgmma_store, wgmma_ws
@@ -57,8 +57,14 @@ def run(spec, precision, M, N, K, seed, with_bias=True):
     C = (np.full((M, N), np.nan, np.float32) if out == "fp32"
          else np.full((M, N), POISON16, np.uint16))
     kw = {"bias": bias} if spec.bias_arg and with_bias else {}
-    dispatch.launch(on_blocks(spec, 2), a_km, b, C, M, N, K, **kw)
-    return C, a64, b64, (bias64 if kw else None)
+    if backend.SIMULATOR:
+        dispatch.launch(on_blocks(spec, 2), a_km, b, C, M, N, K, **kw)
+        return C, a64, b64, (bias64 if kw else None)
+    xp = backend.array_module()
+    dC = xp.asarray(C)
+    kw = {k: xp.asarray(v) for k, v in kw.items()}
+    dispatch.launch(spec, xp.asarray(a_km), xp.asarray(b), dC, M, N, K, **kw)
+    return np.asarray(backend.to_host(dC)), a64, b64, (bias64 if kw else None)
 
 
 def check(C, out, a64, b64, bias64=None, what=""):
@@ -208,3 +214,34 @@ def test_km_without_bias(kind, precision, out, b_layout, shape):
                  seed=sum(shape), with_bias=False)
     word = np.uint32 if out == "fp32" else np.uint16
     assert np.array_equal(C.view(word), C0.view(word))
+
+
+# --------------------------------------------------------------------------- the GPU
+
+#: the default tiles on shapes of a weight gradient (dW = dY^T X: M, N the layer's widths,
+#: K the tokens) and odd ones
+GPU_CASES = [
+    (lambda: wgmma_ws.build("fp16", A_LAYOUT="KM"), (1024, 1000, 4099)),
+    (lambda: wgmma_ws.build("bf16", OUT="bf16", A_LAYOUT="KM", B_LAYOUT="NK", BIAS=True),
+     (520, 515, 1032)),
+    (lambda: wgmma_split_k.build("bf16", BM=64, A_LAYOUT="KM", BIAS=True), (16, 4096, 4093)),
+    (lambda: wgmma_split_k.build("fp16", SPLITS=5, OUT="fp16", A_LAYOUT="KM",
+                                 B_LAYOUT="NK"), (136, 333, 2048)),
+    (lambda: wgmma_store.build("fp16", A_LAYOUT="KM", BIAS=True), (264, 1000, 1031)),
+    (lambda: wgmma_store.build("bf16", OUT="bf16", A_LAYOUT="KM", B_LAYOUT="NK"),
+     (304, 1001, 1032)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make, shape", GPU_CASES)
+def test_km_on_hopper_gpu(make, shape):
+    if not HOPPER:
+        pytest.skip("wgmma needs an H100/H200")
+    spec = make()
+    out = spec.params.get("OUT", "fp32")
+    for with_bias in (True, False):
+        C, a64, b64, bias64 = run(spec, spec.precision, *shape,
+                                  seed=int(np.random.default_rng().integers(1 << 30)),
+                                  with_bias=with_bias)
+        check(C, out, a64, b64, bias64, (spec.name, with_bias))

@@ -44,6 +44,14 @@ The pieces the later (TMA) rungs share live here too, with two options of theirs
   rows, and the instruction is built without trans-b (:func:`mma_source`,
   :func:`warpgroup_code`).  Only K must be a multiple of 8 (B's rows are K
   long); the rung is named ``..._nk`` and ``gemmlib.dispatch`` passes B as (N, K).
+* **A column-major A** (``A_LAYOUT="KM"``, 16-bit types only).  A weight gradient
+  dW = dY^T X reads ``dY.t()``: A given as the (K, M) row-major memory.  Its tile is then
+  MN-major, as a (K, N) B's: BM/64 panels of 64 k x 64 m (TMA boxes of the (K, M)
+  matrix, ``wgmma_tma.a_loader``), read with wgmma's trans-a and a descriptor like B's
+  (LBO from panel to panel, SBO between groups of 8 k, a k-step 16 rows down).  A
+  warpgroup's 64-row slice is one panel, at the same offset as a K-major slice.  M
+  must be a multiple of 8 (A's rows are M long); the rung is named ``..._km``,
+  ``KernelSpec.a_operand`` is "KM" and ``gemmlib.dispatch`` passes and maps A as (K, M).
 * **A bias** (``BIAS=True``, :func:`bias_code`).  The kernel takes a fourth array
   right after C, ``bias`` (1, N) in the inputs' element type (uint16 bits), or
   (0, N) for none -- one compiled kernel for both: the test is uniform.  Each
