@@ -906,7 +906,8 @@ class _Bound:
         b_rows, b_cols = p.b_rows, (K if spec.b_kmajor else N)
         c_rows = M * p.splits  # the workspace when K is split
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
-        self.words = (_array_words(0, M, K, ia) + _array_words(0, b_rows, b_cols, ib)
+        a_rows, a_cols = (K, M) if spec.a_operand == "KM" else (M, K)   # A given as (K, M)
+        self.words = (_array_words(0, a_rows, a_cols, ia) + _array_words(0, b_rows, b_cols, ib)
                       + _array_words(0, c_rows, N, ic))
         #: rungs with a bias epilogue: the bias row's words right after C ((0, N): none)
         self.bias_word = len(self.words) + 4 if spec.bias_arg else None
@@ -1206,7 +1207,8 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
     b_shape = (p.b_rows, K) if spec.b_kmajor else (p.b_rows, N)
     if spec.scale_words and len(scales) != 2:
         raise ValueError(f"{spec.name} needs the device addresses of its two scales")
-    ops = [(a_ptr, (M, K), K * isz, name, box_a, sw),
+    a_shape = (K, M) if spec.a_operand == "KM" else (M, K)   # A given as (K, M): its memory
+    ops = [(a_ptr, a_shape, a_shape[1] * isz, name, box_a, sw),
            (b_ptr, b_shape, b_shape[1] * isz, name, box_b, sw)]
     if c_ptr:
         ops.append((c_ptr, (M, N), N * np.dtype(ic).itemsize, np.dtype(ic).name,

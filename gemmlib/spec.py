@@ -115,6 +115,9 @@ class KernelSpec:
     #: "KN": B is (K, N) and C = A @ B.  "NK": B is given transposed, (N, K)
     #: row-major (K-major, as in CuTe/MoYe), and C = A @ B.T.
     b_operand: str = "KN"
+    #: "MK": A is (M, K) row-major.  "KM": A is given as its (K, M) row-major memory -- a
+    #: column-major A, ``X.T`` of a row-major X (K, M) -- and C = X.T @ B.
+    a_operand: str = "MK"
     constraints: tuple[Constraint, ...] = ()
     ptx_must: tuple[str, ...] = ()
     ptx_must_not: tuple[str, ...] = (r"\bld\.local", r"\bst\.local")

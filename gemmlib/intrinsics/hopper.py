@@ -192,17 +192,20 @@ def _make():
 
     _WGMMA = {}
 
-    def _wgmma(n: int, ab: str, trans_b: bool = False, in_place: bool = False):
-        key = (n, ab, trans_b, in_place)
+    def _wgmma(n: int, ab: str, trans_b: bool = False, in_place: bool = False,
+               trans_a: bool = False):
+        key = (n, ab, trans_b, in_place, trans_a)
         if key in _WGMMA:
             return _WGMMA[key]
         R = n // 2
         regs = ",".join(f"${e}" for e in range(R))
         kk = WGMMA_K[ab]
         # immediates: scale-a, scale-b (1: no negation); 16-bit types add trans-a (0: K-major
-        # A) and trans-b (1: B is MN-major, rows of N contiguous, as a row-major (K, N)
-        # matrix); tf32 and the 8-bit types have no trans immediates: both K-major
-        imm = ", 1, 1, 0, " + str(int(trans_b)) if ab in ("f16", "bf16") else ", 1, 1"
+        # A; 1: A is MN-major, rows of M contiguous, as a row-major (K, M) matrix) and
+        # trans-b (1: B is MN-major, rows of N contiguous, as a row-major (K, N) matrix);
+        # tf32 and the 8-bit types have no trans immediates: both K-major
+        imm = (f", 1, 1, {int(trans_a)}, {int(trans_b)}" if ab in ("f16", "bf16")
+               else ", 1, 1")
         ptx = ("{ .reg .pred p; setp.ne.b32 p, $" + str(R + 2) + ", 0; "
                f"wgmma.mma_async.sync.aligned.m64n{n}k{kk}.f32.{ab}.{ab} "
                f"{{{regs}}}, ${R}, ${R + 1}, p{imm}; }}")
@@ -223,7 +226,8 @@ def _make():
 
             return sig, codegen
 
-        fname = f"wgmma_m64n{n}k{kk}_{ab}" + ("_tb" if trans_b else "")
+        fname = f"wgmma_m64n{n}k{kk}_{ab}" + ("_ta" if trans_a else "") + (
+            "_tb" if trans_b else "")
         if in_place:
             def in_place_typer(typingctx, da, db, scale_d, acc, offset):
                 """One typed call for the whole instruction: the R accumulators are read
@@ -386,7 +390,8 @@ def fp8_values(fmt: str) -> np.ndarray:
     return val.astype(np.float32)
 
 
-def _wgmma_py(n: int, ab: str, trans_b: bool = False, in_place: bool = False):
+def _wgmma_py(n: int, ab: str, trans_b: bool = False, in_place: bool = False,
+              trans_a: bool = False):
     from gemmlib.intrinsics.mma import _exchange
 
     dtype = {"f16": np.float16, "bf16": np.uint16, "tf32": np.uint32}.get(ab, np.uint8)
@@ -404,14 +409,14 @@ def _wgmma_py(n: int, ab: str, trans_b: bool = False, in_place: bool = False):
         vals, t = _exchange((int(da), int(db)), width=128)
         if any(v != vals[0] for v in vals):
             raise HopperOnly("the 128 threads of a warpgroup passed different descriptors")
-        A = value(_operand(vals[0][0], 64, dtype))
+        A = value(_operand(vals[0][0], 64, dtype, mn_major=trans_a))
         B = value(_operand(vals[0][1], n, dtype, mn_major=trans_b))
         # einsum, not @: 128 simulated threads at once in OpenBLAS overrun its buffer slots
         D = np.einsum("mk,nk->mn", A.astype(np.float64), B.astype(np.float64))
         return tuple(np.float32((float(c) if int(scale_d) else 0.0) + D[rc])
                      for c, rc in zip(acc, accumulator_coords(t, n)))
 
-    wgmma.__name__ = f"wgmma_m64n{n}k{WGMMA_K[ab]}_{ab}_py"
+    wgmma.__name__ = f"wgmma_m64n{n}k{WGMMA_K[ab]}_{ab}" + ("_ta" if trans_a else "") + "_py"
     if not in_place:
         return wgmma
 
@@ -545,27 +550,30 @@ def wgmma_wait(n: int):
     return _impl["waits"][n]
 
 
-def wgmma_f16(n: int, trans_b: bool = False, in_place: bool = False):
+def wgmma_f16(n: int, trans_b: bool = False, in_place: bool = False, trans_a: bool = False):
     """``wgmma.mma_async m64n{n}k16.f32.f16.f16`` (both operands from descriptors; with
-    ``trans_b`` B's descriptor describes an MN-major tile, see :func:`wgmma_bf16`).
+    ``trans_b`` B's descriptor describes an MN-major tile, with ``trans_a`` A's: see
+    :func:`wgmma_bf16`).
     ``in_place``: the array form ``f(desc_a, desc_b, scale_d, acc, offset)``, which reads
     its n/2 accumulators from ``acc[offset:offset + n/2]`` (a float32 local array,
     ``offset`` a constant) and writes the results back there: one typed call per
     instruction instead of n/2 arguments, a tuple and n/2 stores (the kernels' form)."""
     if n not in WGMMA_N:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    return _impl["wgmma"](n, "f16", bool(trans_b), bool(in_place))
+    return _impl["wgmma"](n, "f16", bool(trans_b), bool(in_place), bool(trans_a))
 
 
-def wgmma_bf16(n: int, trans_b: bool = False, in_place: bool = False):
+def wgmma_bf16(n: int, trans_b: bool = False, in_place: bool = False, trans_a: bool = False):
     """``wgmma.mma_async m64n{n}k16.f32.bf16.bf16``.  ``trans_b``: B's tile is MN-major
     (the N elements of one k contiguous, as TMA copies them out of a row-major (K, N)
     matrix); its descriptor's LBO is then the distance between swizzle-row blocks along
     N and SBO between groups of 8 k (the PTX ISA's MN-major canonical layouts).
-    ``in_place``: the array form, as for :func:`wgmma_f16`."""
+    ``trans_a``: A's tile is MN-major in the same way (the M elements of one k contiguous,
+    as TMA copies them out of a row-major (K, M) matrix: a column-major A); its descriptor
+    reads as B's.  ``in_place``: the array form, as for :func:`wgmma_f16`."""
     if n not in WGMMA_N:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    return _impl["wgmma"](n, "bf16", bool(trans_b), bool(in_place))
+    return _impl["wgmma"](n, "bf16", bool(trans_b), bool(in_place), bool(trans_a))
 
 
 def wgmma_kmajor(n: int, ab: str, in_place: bool = False):

@@ -44,6 +44,14 @@ The pieces the later (TMA) rungs share live here too, with two options of theirs
   rows, and the instruction is built without trans-b (:func:`mma_source`,
   :func:`warpgroup_code`).  Only K must be a multiple of 8 (B's rows are K
   long); the rung is named ``..._nk`` and ``gemmlib.dispatch`` passes B as (N, K).
+* **A column-major A** (``A_LAYOUT="KM"``, 16-bit types only).  A weight gradient
+  dW = dY^T X reads ``dY.t()``: A given as the (K, M) row-major memory.  Its tile is then
+  MN-major, as a (K, N) B's: BM/64 panels of 64 k x 64 m (TMA boxes of the (K, M)
+  matrix, ``wgmma_tma.a_loader``), read with wgmma's trans-a and a descriptor like B's
+  (LBO from panel to panel, SBO between groups of 8 k, a k-step 16 rows down).  A
+  warpgroup's 64-row slice is one panel, at the same offset as a K-major slice.  M
+  must be a multiple of 8 (A's rows are M long); the rung is named ``..._km``,
+  ``KernelSpec.a_operand`` is "KM" and ``gemmlib.dispatch`` passes and maps A as (K, M).
 * **A bias** (``BIAS=True``, :func:`bias_code`).  The kernel takes a fourth array
   right after C, ``bias`` (1, N) in the inputs' element type (uint16 bits), or
   (0, N) for none -- one compiled kernel for both: the test is uniform.  Each
@@ -79,7 +87,7 @@ def swizzled(row, chunk):
     return row * BK + ((chunk ^ (row % 8)) * 8)
 
 
-def mma_source(BN: int, halves: int, ab: str, b_layout: str = "KN") -> str:
+def mma_source(BN: int, halves: int, ab: str, b_layout: str = "KN", a_layout: str = "MK") -> str:
     """Source of ``k_tile(a, b, acc)``: the 4 k-steps of one k-tile for ``halves`` 64-row
     slices of A's tile (a, b: shared addresses of the tiles), written out so that every
     descriptor offset is a constant.  Each wgmma updates slice h's BN/2 accumulators,
@@ -88,17 +96,27 @@ def mma_source(BN: int, halves: int, ab: str, b_layout: str = "KN") -> str:
 
     ``b_layout``: "KN", B's tile MN-major (64-column panels, LBO from panel to panel, a
     k-step 16 rows down); "NK", B's tile K-major as A's (BN rows of 64 halves, a k-step 32
-    bytes along the rows, SBO from one group of 8 rows to the next)."""
+    bytes along the rows, SBO from one group of 8 rows to the next).
+
+    ``a_layout``: "MK", A's tile K-major (BM rows of 64 halves; slice h is rows 64h..);
+    "KM", A's tile MN-major as a KN B's (BM/64 panels of 64 k x 64 m; slice h is panel h,
+    which starts PANEL_BYTES * h in -- the same offset as the K-major slice's, both being
+    64 x 64 halves -- and a k-step moves 16 k-rows down)."""
     R = BN // 2
     lines = ["def k_tile(a, b, acc):"]
+
+    def da(h, kk):
+        if a_layout == "KM":
+            return f"desc(a + {h * PANEL_BYTES + kk * B_KSTEP}, {PANEL_BYTES}, {GROUP_BYTES}, 1)"
+        return f"desc(a + {h * SLICE_BYTES + kk * A_KSTEP}, 16, {GROUP_BYTES}, 1)"
+
     for kk in range(BK // 16):
         if b_layout == "NK":
             lines.append(f"    db = desc(b + {kk * A_KSTEP}, 16, {GROUP_BYTES}, 1)")
         else:
             lines.append(f"    db = desc(b + {kk * B_KSTEP}, {PANEL_BYTES}, {GROUP_BYTES}, 1)")
         for h in range(halves):
-            lines.append(f"    mma(desc(a + {h * SLICE_BYTES + kk * A_KSTEP}, 16, "
-                         f"{GROUP_BYTES}, 1), db, one, acc, {h * R})")
+            lines.append(f"    mma({da(h, kk)}, db, one, acc, {h * R})")
     return "\n".join(lines) + "\n"
 
 
@@ -176,20 +194,23 @@ def tile_order(BM: int, BN: int, GROUP_M: int):
 
 
 def warpgroup_code(precision: str, BN: int, halves: int, out: str = "fp32",
-                   b_layout: str = "KN"):
+                   b_layout: str = "KN", a_layout: str = "MK"):
     """The generated device functions (k_tile, store_acc) for ``halves`` slices of 64 x BN.
     ``out``: what C holds (:func:`out_store`): "fp32", or the inputs' own 16-bit type.
-    ``b_layout``: how B's tile lies in shared memory (:data:`B_LAYOUTS`)."""
+    ``b_layout``, ``a_layout``: how B's and A's tiles lie in shared memory (:data:`B_LAYOUTS`,
+    :data:`A_LAYOUTS`)."""
+    check_a_layout(a_layout, precision)
     if precision not in PRECISIONS:
         raise ValueError(f"the wgmma rungs compute in {PRECISIONS} (tf32 wgmma cannot read "
                          f"a row-major B), got {precision!r}")
     check_layout(b_layout)
-    # trans-b: B's tile is MN-major (KN); an NK tile is K-major, wgmma's own layout
+    # trans-b: B's tile is MN-major (KN); an NK tile is K-major, wgmma's own layout.
+    # trans-a: A's tile is MN-major (KM); an MK tile is K-major
     mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(
-        BN, trans_b=b_layout == "KN", in_place=True)
+        BN, trans_b=b_layout == "KN", in_place=True, trans_a=a_layout == "KM")
     env = {"desc": H.smem_desc, "mma": mma, "uidx": uidx, "store2": store2,
            "aligned8": aligned8}
-    return compile_sources((mma_source(BN, halves, precision, b_layout),
+    return compile_sources((mma_source(BN, halves, precision, b_layout, a_layout),
                             out_store(BN, halves, precision, out, env)), env)
 
 
@@ -204,18 +225,60 @@ def check_layout(b_layout: str) -> None:
         raise ValueError(f"B_LAYOUT must be one of {B_LAYOUTS}, got {b_layout!r}")
 
 
-def layout_suffix(b_layout: str) -> str:
-    """What a rung's name gets for B given as (N, K): ``wgmma_ws_nk``."""
-    return "_nk" if b_layout == "NK" else ""
+#: how A is given.  "MK": (M, K) row-major, its tile K-major (wgmma's own layout).  "KM":
+#: A column-major, given as its (K, M) row-major memory -- ``X.t()`` of a row-major X (K, M),
+#: as in a weight gradient dW = dY^T X -- its tile MN-major as a (K, N) B's (wgmma's
+#: trans-a, which only the 16-bit types have: tf32 and FP8 wgmma read A K-major)
+A_LAYOUTS = ("MK", "KM")
 
 
-def layout_params(b_layout: str) -> dict:
-    """The ``params`` entry an (N, K) B adds (KN builds keep their params as before)."""
-    return {"B_LAYOUT": b_layout} if b_layout == "NK" else {}
+def check_a_layout(a_layout: str, precision: str | None = None) -> None:
+    if a_layout not in A_LAYOUTS:
+        raise ValueError(f"A_LAYOUT must be one of {A_LAYOUTS}, got {a_layout!r}")
+    if a_layout == "KM" and precision not in PRECISIONS:
+        raise ValueError(f"A_LAYOUT='KM' (an MN-major A) needs 16-bit inputs {PRECISIONS}: "
+                         f"{precision} wgmma reads A K-major only (gemmlib.matmul copies a "
+                         f"column-major A into row-major order for it)")
+
+
+def layout_suffix(b_layout: str, a_layout: str = "MK") -> str:
+    """What a rung's name gets for A given as (K, M) and B as (N, K): ``wgmma_ws_km_nk``."""
+    return ("_km" if a_layout == "KM" else "") + ("_nk" if b_layout == "NK" else "")
+
+
+def layout_params(b_layout: str, a_layout: str = "MK") -> dict:
+    """The ``params`` entries a (K, M) A and an (N, K) B add (MK, KN builds keep their params
+    as before)."""
+    return ({"A_LAYOUT": a_layout} if a_layout == "KM" else {}) | (
+        {"B_LAYOUT": b_layout} if b_layout == "NK" else {})
+
+
+@cuda.jit(device=True)
+def _mk_dims(A):
+    return A.shape[0], A.shape[1]
+
+
+@cuda.jit(device=True)
+def _km_dims(A):
+    return A.shape[1], A.shape[0]
+
+
+def a_dims(a_layout: str):
+    """``dims(A) -> (M, K)``: the device function that reads the product's M and K off the
+    kernel's A, (M, K) or (K, M)."""
+    return _km_dims if a_layout == "KM" else _mk_dims
 
 
 def _k_aligned(spec, M, N, K, dev):
     return K % 8 == 0
+
+
+def _mk_aligned(spec, M, N, K, dev):
+    return M % 8 == 0 and K % 8 == 0
+
+
+def _mn_aligned(spec, M, N, K, dev):
+    return M % 8 == 0 and N % 8 == 0
 
 
 #: an (N, K) B's rows are K long like A's: only K must be a multiple of 8
@@ -225,19 +288,42 @@ K_SIXTEEN_BYTE_ROWS = Constraint(
     "pads other shapes)")
 
 
-def layout_fields(b_layout: str) -> dict:
-    """The KernelSpec fields an (N, K) B changes: ``b_operand`` (``gemmlib.dispatch`` then
-    passes B as (N, K) and maps it so) and the shape rule (N is free)."""
-    if b_layout != "NK":
-        return {}
-    return dict(b_operand="NK", constraints=(HOPPER_ONLY, K_SIXTEEN_BYTE_ROWS))
+#: a (K, M) A's rows are M long: M must be a multiple of 8, and N for a (K, N) B
+KM_SIXTEEN_BYTE_ROWS = Constraint(
+    "16-byte rows", _mn_aligned,
+    "TMA copies rows of a multiple of 16 bytes: with A given as (K, M) and B as (K, N), M and "
+    "N must be multiples of 8 (gemmlib.matmul pads or copies other shapes)")
+#: ... and K for an (N, K) B
+KM_NK_SIXTEEN_BYTE_ROWS = Constraint(
+    "16-byte rows", _mk_aligned,
+    "TMA copies rows of a multiple of 16 bytes: with A given as (K, M) and B as (N, K), M and "
+    "K must be multiples of 8 (gemmlib.matmul pads or copies other shapes)")
 
 
-def layout_ptx(b_layout: str) -> tuple:
-    """An NK build's wgmma must read B K-major: its trans-b immediate (the last) is 0."""
-    if b_layout != "NK":
+def layout_fields(b_layout: str, a_layout: str = "MK") -> dict:
+    """The KernelSpec fields a (K, M) A and an (N, K) B change: ``a_operand`` and
+    ``b_operand`` (``gemmlib.dispatch`` then passes and maps A as (K, M), B as (N, K)) and
+    the shape rule (which of M, N, K are row lengths)."""
+    fields = {}
+    if a_layout == "KM":
+        fields["a_operand"] = "KM"
+    if b_layout == "NK":
+        fields["b_operand"] = "NK"
+    rows = {("MK", "NK"): K_SIXTEEN_BYTE_ROWS, ("KM", "KN"): KM_SIXTEEN_BYTE_ROWS,
+            ("KM", "NK"): KM_NK_SIXTEEN_BYTE_ROWS}.get((a_layout, b_layout))
+    if rows is not None:
+        fields["constraints"] = (HOPPER_ONLY, rows)
+    return fields
+
+
+def layout_ptx(b_layout: str, a_layout: str = "MK") -> tuple:
+    """The trans immediates (the last two: trans-a, trans-b) an NK or KM build's wgmma must
+    have: trans-b 0 (B read K-major) for NK, trans-a 1 (A read MN-major) for KM."""
+    if b_layout != "NK" and a_layout != "KM":
         return ()
-    return (r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.b?f16\.b?f16 [^;]*, 1, 1, 0, 0;",)
+    ta, tb = int(a_layout == "KM"), int(b_layout == "KN")
+    return (r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.b?f16\.b?f16 [^;]*, "
+            rf"1, 1, {ta}, {tb};",)
 
 
 # --------------------------------------------------------------------------

@@ -38,6 +38,7 @@ operands.  S = 1 is ``wgmma_ws`` exactly, with a one-element workspace.  BM =
 ``wgmma_ws``'s options; the bias is added exactly once, by the thread that
 finishes a tile's sum (or, at S = 1, holds it), before the rounding into C.  A
 bias build takes the bias right after C, then the workspace arrays, then the maps.
+``A_LAYOUT="KM"`` (A given as the (K, M) memory of a column-major A) is ``wgmma_ws``'s too.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
 from gemmlib.intrinsics.vector import load4, store4
-from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry, bias_fields,
-                                         bias_params, bias_suffix, check_layout, check_out,
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bias_entry,
+                                         bias_fields, bias_params, bias_suffix,
+                                         check_a_layout, check_layout, check_out,
                                          layout_fields, layout_params, layout_ptx,
                                          layout_suffix, out_fields, out_params, out_ptx,
                                          out_suffix, rung_name, spec_fields, tile_order,
@@ -158,11 +160,13 @@ def _sum_slices(quads: int, nc: int, groups: int = SUM_GROUPS):
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
           SUM: int = SUM_GROUPS, OUT: str = "fp32", B_LAYOUT: str = "KN",
-          BIAS: bool = False) -> KernelSpec:
+          BIAS: bool = False, A_LAYOUT: str = "MK") -> KernelSpec:
     """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
     the last slice's thread rounds the slices' float32 sum once, in ``wgmma_ws``'s 16-bit
     epilogue (``wgmma_async.out_store``).  ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s; the
-    bias is added once, by the thread that finishes the slices' sum, before that rounding."""
+    bias is added once, by the thread that finishes the slices' sum, before that rounding.
+    ``A_LAYOUT``: as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
+    check_a_layout(A_LAYOUT, precision)
     if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
         raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
                          f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
@@ -174,10 +178,11 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                          "SM's 65536 registers")
     check_out(precision, OUT)
     check_layout(B_LAYOUT)
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
+    dims = a_dims(A_LAYOUT)
     add_bias = bias_code(precision, BN, 1, BIAS)
     tile_origin = tile_order(BM, BN, GROUP_M)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
     ACC = BN // 2
     QUADS = ACC // 4                          # 16-byte groups of a thread's accumulators
     sum_slices = _sum_slices(QUADS, NC, SUM)
@@ -216,7 +221,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
-        M, K = A.shape
+        M, K = dims(A)                       # A given as (M, K) or (K, M)
         N = C.shape[1]
         S = W.shape[0]                       # the slices: a launch choice, not compiled in
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
@@ -303,7 +308,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         name += f"_k{SPLITS}"
     if SUM != SUM_GROUPS:
         name += f"_g{SUM}"
-    name += out_suffix(OUT) + layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
+    name += out_suffix(OUT) + layout_suffix(B_LAYOUT, A_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         idea="wgmma_ws's persistent blocks walk (tile, slice of K) units; each consumer "
@@ -315,9 +320,9 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS, SPLITS=SPLITS, SUM=SUM, **out_params(OUT),
-                    **layout_params(B_LAYOUT), **bias_params(BIAS)),
+                    **layout_params(B_LAYOUT, A_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
-        tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
+        tma_boxes=tma_boxes(BM, BN, B_LAYOUT, A_LAYOUT),
         tma_swizzle=128,
         launch_only=("SPLITS",),
         workspace=workspace,
@@ -325,9 +330,11 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"atom\.global\.add",
                   r"membar\.gl|fence\.sc\.gpu|fence\.acq_rel\.gpu") + (
-            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT) + layout_ptx(B_LAYOUT),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT)
+            + layout_ptx(B_LAYOUT, A_LAYOUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
-           **layout_fields(B_LAYOUT), **bias_fields(BIAS), "chapter": "18d-wgmma-split-k"},
+           **layout_fields(B_LAYOUT, A_LAYOUT), **bias_fields(BIAS),
+           "chapter": "18d-wgmma-split-k"},
     )
 
 

@@ -30,8 +30,8 @@ This rung changes only the epilogue:
   16-byte aligned) the consumers store from registers as ``wgmma_ws`` does: the same test
   (``KernelSpec.c_map_ok``) on the host decides whether the call passes a map of C.
 
-``B_LAYOUT="NK"`` and ``BIAS=True`` are ``wgmma_ws``'s options; the bias is added to
-the accumulators before they are staged (or stored from registers).
+``B_LAYOUT="NK"``, ``A_LAYOUT="KM"`` and ``BIAS=True`` are ``wgmma_ws``'s options; the
+bias is added to the accumulators before they are staged (or stored from registers).
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint32, uint64
@@ -40,7 +40,8 @@ from gemmlib.intrinsics import tma_store as T
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
 from gemmlib.intrinsics.vector import aligned16
 from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry, bias_fields,
-                                         bias_params, bias_suffix, check_layout, check_out,
+                                         bias_params, bias_suffix, a_dims, check_a_layout,
+                                         check_layout, check_out,
                                          compile_sources, layout_fields, layout_params,
                                          layout_ptx, layout_suffix, no_bias, out_fields,
                                          out_params, out_ptx, out_suffix, rung_name, spec_fields,
@@ -150,14 +151,14 @@ def stage_source(span: tuple, convert: str = "") -> str:
 
 
 def epilogue_code(precision: str, BN: int, out: str, pieces: int | None = None,
-                  b_layout: str = "KN"):
+                  b_layout: str = "KN", a_layout: str = "MK"):
     """(k_tile, store_acc, stage_0, stage_1): the wgmma of one k-tile (B's tile laid out as
     ``b_layout`` says), ``wgmma_ws``'s store from registers (when C takes no TMA store), and
     the functions that stage pieces 0 and 1 (a 16-bit C has one piece: stage_1 is stage_0,
     never called)."""
     from gemmlib.intrinsics.convert import float_to_bf16, float_to_half
 
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, out, b_layout)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, out, b_layout, a_layout)
     pieces, cols, _, _, _ = stage_shape(BN, out, pieces)
     env = {"put": stage_put(out), "to16": float_to_half if out == "fp16" else float_to_bf16}
     g = cols // 8
@@ -169,9 +170,10 @@ def epilogue_code(precision: str, BN: int, out: str, pieces: int | None = None,
 
 def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_acc, stage_0,
                  stage_1, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int,
-                 pieces: int | None = None, add_bias=None):
+                 pieces: int | None = None, add_bias=None, a_layout: str = "MK"):
     """``wgmma_ws``'s kernel with the epilogue through shared memory (module docstring);
-    ``add_bias`` as ``wgmma_ws.ws_kernel``'s."""
+    ``add_bias``, ``a_layout`` as ``wgmma_ws.ws_kernel``'s."""
+    dims = a_dims(a_layout)
     BIAS = add_bias is not None
     add_bias = add_bias or no_bias
     PIECES, COLS, ES, BOX_COLS, BOXES = stage_shape(BN, out, pieces)
@@ -194,7 +196,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
-        M, K = A.shape
+        M, K = dims(A)                       # A given as (M, K) or (K, M)
         N = C.shape[1]
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
@@ -296,11 +298,14 @@ SMEM_MAX = 227 * 1024
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = DEFAULT_REGS, OUT: str = "fp32",
-          PIECES: int | None = None, B_LAYOUT: str = "KN", BIAS: bool = False) -> KernelSpec:
+          PIECES: int | None = None, B_LAYOUT: str = "KN", BIAS: bool = False,
+          A_LAYOUT: str = "MK") -> KernelSpec:
     """``OUT``: C as float32 (staged in two halves), or in the inputs' own 16-bit type.
     ``PIECES``: stage the tile in 1 or 2 pieces (default: 2 for float32, 1 for 16 bits); a
     16-bit C in two pieces leaves room for a fourth stage of the ring.  ``B_LAYOUT``,
-    ``BIAS``: as ``wgmma_ws``'s (the bias is added before the tile is staged)."""
+    ``BIAS``: as ``wgmma_ws``'s (the bias is added before the tile is staged).  ``A_LAYOUT``:
+    as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
+    check_a_layout(A_LAYOUT, precision)
     check_tile(BM, BN, STAGES, REGS)
     check_out(precision, OUT)
     check_layout(B_LAYOUT)
@@ -309,21 +314,23 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     if BM != 128:
         raise ValueError(f"one storer thread per consumer, the stage holds the two "
                          f"consumers' 128 rows: BM must be 128, got {BM}")
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
     epi = stage_bytes(BN, OUT, PIECES)
     if STAGES * STAGE_BYTES + 1024 + epi > SMEM_MAX:
         raise ValueError(f"{STAGES} stages of {STAGE_BYTES // 1024} KiB and a "
                          f"{epi // 1024} KiB epilogue stage need more "
                          f"than {SMEM_MAX // 1024} KiB of shared memory")
-    k_tile, store_acc, stage_0, stage_1 = epilogue_code(precision, BN, OUT, PIECES, B_LAYOUT)
+    k_tile, store_acc, stage_0, stage_1 = epilogue_code(precision, BN, OUT, PIECES, B_LAYOUT,
+                                                        A_LAYOUT)
     kernel, NT, SHARED = store_kernel(BM, BN, STAGES, REGS, OUT, k_tile, store_acc, stage_0,
                                       stage_1, tile_order(BM, BN, GROUP_M), load_stage,
                                       A_BYTES, STAGE_BYTES, PIECES,
-                                      bias_code(precision, BN, 1, True) if BIAS else None)
+                                      bias_code(precision, BN, 1, True) if BIAS else None,
+                                      A_LAYOUT)
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, DEFAULT_REGS)
     name = rung_name("wgmma_store", precision, default, BM, BN, STAGES, GROUP_M)
     name += regs_suffix(REGS) + out_suffix(OUT) + (f"_p{PIECES}" if split else "")
-    name += layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
+    name += layout_suffix(B_LAYOUT, A_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
         idea="wgmma_ws with the epilogue through shared memory: consumers stage each tile "
@@ -334,9 +341,9 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS, **out_params(OUT), **({"PIECES": PIECES} if split else {}),
-                    **layout_params(B_LAYOUT), **bias_params(BIAS)),
+                    **layout_params(B_LAYOUT, A_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
-        tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
+        tma_boxes=tma_boxes(BM, BN, B_LAYOUT, A_LAYOUT),
         tma_swizzle=128,
         tma_store_box=c_box(OUT),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
@@ -344,9 +351,11 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                   r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group",
                   r"cp\.async\.bulk\.wait_group\.read 0", r"fence\.proxy\.async",
                   r"st\.shared\.(?:v2\.f32|b32)") + (
-            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT) + layout_ptx(B_LAYOUT),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT)
+            + layout_ptx(B_LAYOUT, A_LAYOUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
-           **layout_fields(B_LAYOUT), **bias_fields(BIAS), "chapter": "17f-tma-store"},
+           **layout_fields(B_LAYOUT, A_LAYOUT), **bias_fields(BIAS),
+           "chapter": "17f-tma-store"},
     )
 
 

@@ -14,7 +14,9 @@ accelerator* (TMA) moves a whole tile with one instruction:
   A's k-tile is one BM x 64 box; B's is BN/64 boxes of 64 k x 64 n (a
   swizzled box row holds at most 128 bytes), which land as the panels of
   ``wgmma_async``'s MN-major B tile.  A B given as (N, K) (``B_LAYOUT="NK"``
-  in the rungs built on this loader) is one BN x 64 box, K-major like A's.
+  in the rungs built on this loader) is one BN x 64 box, K-major like A's; an
+  A given as (K, M) (``A_LAYOUT="KM"``, a column-major A) is BM/64 boxes of
+  64 k x 64 m, MN-major panels like a (K, N) B's.
 * **An mbarrier says when it has landed.**  Each stage has a barrier in
   shared memory.  The issuing thread *arrives* on it announcing the bytes
   to come (``mbarrier.arrive.expect_tx``); the copies count their bytes off
@@ -53,23 +55,48 @@ def wait(bar, parity):
         pass
 
 
-def tma_loader(BM: int, BN: int, b_layout: str = "KN"):
+def a_loader(BM: int, a_layout: str = "MK"):
+    """``load_a(base, maps, k0, m0, bar)``: the copies of A's k-tile at ``k0`` for rows
+    ``m0..`` into the stage at ``base``.  "MK" (A is (M, K)): one BM x 64 box, K-major.
+    "KM" (A given as its (K, M) memory, a column-major A): BM/64 boxes of 64 k x 64 m, the
+    panels of an MN-major tile, laid out as a (K, N) B's (panel p: rows m0 + 64p ..); a
+    consumer's 64-row slice is then one panel, at the slice's offset."""
+    A_PANELS = BM // 64
+
+    if a_layout == "KM":
+        @cuda.jit(device=True)
+        def load_a(base, maps, k0, m0, bar):
+            for p in range(A_PANELS):
+                H.tma_load_2d(base + p * PANEL_BYTES, maps, m0 + 64 * p, k0, bar)   # (m, k)
+
+        return load_a
+
+    @cuda.jit(device=True)
+    def load_a(base, maps, k0, m0, bar):
+        H.tma_load_2d(base, maps, k0, m0, bar)   # (column, row) of A's box
+
+    return load_a
+
+
+def tma_loader(BM: int, BN: int, b_layout: str = "KN", a_layout: str = "MK"):
     """``load_stage(ring, s, bar, maps, k0, m0, n0, b_row)``: one thread starts the copies of
     the k-tile at ``k0`` of tile (m0, n0) into stage ``s`` and announces their bytes on
     ``bar``.  ``b_row``: the row of B's map where this product's B starts (0; a batched
     launch's products lie one under the other).
     ``b_layout`` "NK": B is (N, K), and its k-tile is one box of BN rows of 128 bytes,
-    K-major as A's (the same bytes for tf32 and FP8: ``wgmma_tf32.kmajor_loader``)."""
+    K-major as A's (the same bytes for tf32 and FP8: ``wgmma_tf32.kmajor_loader``).
+    ``a_layout``: A's copies (:func:`a_loader`); the same bytes either way."""
     A_BYTES = BM * BK * 2
     STAGE_BYTES = A_BYTES + BK * BN * 2
     PANELS = BN // 64
+    load_a = a_loader(BM, a_layout)
 
     if b_layout == "NK":
         @cuda.jit(device=True)
         def load_stage(ring, s, bar, maps, k0, m0, n0, b_row):
             base = ring + s * STAGE_BYTES
             H.mbarrier_expect_tx(bar, STAGE_BYTES)
-            H.tma_load_2d(base, maps, k0, m0, bar)
+            load_a(base, maps, k0, m0, bar)
             H.tma_load_2d(base + A_BYTES, maps + uint64(128), k0, b_row + n0, bar)   # rows n0..
 
         return load_stage, A_BYTES, STAGE_BYTES
@@ -78,7 +105,7 @@ def tma_loader(BM: int, BN: int, b_layout: str = "KN"):
     def load_stage(ring, s, bar, maps, k0, m0, n0, b_row):
         base = ring + s * STAGE_BYTES
         H.mbarrier_expect_tx(bar, STAGE_BYTES)   # the whole boxes count, zeros included
-        H.tma_load_2d(base, maps, k0, m0, bar)   # (column, row) of A's box
+        load_a(base, maps, k0, m0, bar)
         for p in range(PANELS):
             H.tma_load_2d(base + A_BYTES + p * PANEL_BYTES, maps + uint64(128),
                           n0 + 64 * p, b_row + k0, bar)
@@ -86,10 +113,11 @@ def tma_loader(BM: int, BN: int, b_layout: str = "KN"):
     return load_stage, A_BYTES, STAGE_BYTES
 
 
-def tma_boxes(BM: int, BN: int = 64, b_layout: str = "KN") -> tuple:
-    """The boxes the tensor maps copy: A's BM x 64 k-tile, and one 64 x 64 panel of a (K, N)
+def tma_boxes(BM: int, BN: int = 64, b_layout: str = "KN", a_layout: str = "MK") -> tuple:
+    """The boxes the tensor maps copy: A's BM x 64 k-tile -- or, for A given as (K, M)
+    (``a_layout`` "KM"), one 64 k x 64 m panel of it -- and one 64 x 64 panel of a (K, N)
     B -- or, for a (N, K) B (``b_layout`` "NK"), its whole BN x 64 k-tile."""
-    return ((BM, BK), (BN, BK) if b_layout == "NK" else (BK, 64))
+    return ((BK, 64) if a_layout == "KM" else (BM, BK), (BN, BK) if b_layout == "NK" else (BK, 64))
 
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4,

@@ -44,15 +44,19 @@ Built with ``B_LAYOUT="NK"`` the rung takes B as (N, K) -- an ``nn.Linear``
 weight, C = A @ B.T -- and copies each k-tile of it as one BN x 64 box, K-major
 like A's (``wgmma_tma.tma_loader``); with ``BIAS=True`` the consumers add a
 (1, N) bias to their accumulators before the store (``wgmma_async.bias_code``),
-so ``F.linear(x, W, b)`` is one kernel.
+so ``F.linear(x, W, b)`` is one kernel.  With ``A_LAYOUT="KM"`` it takes A as the
+(K, M) memory of a column-major A (``X.t()``: a weight gradient dW = dY^T X) and copies
+its k-tiles as MN-major panels of 64 k x 64 m, read with wgmma's trans-a
+(``wgmma_tma.a_loader``); such a build launches one product at a time.
 """
 
 from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
-from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry, bias_fields,
-                                         bias_params, bias_suffix, check_layout, check_out,
+from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bias_entry,
+                                         bias_fields, bias_params, bias_suffix,
+                                         check_a_layout, check_layout, check_out,
                                          layout_fields, layout_params, layout_ptx,
                                          layout_suffix, no_bias, out_fields, out_params,
                                          out_ptx, out_suffix, rung_name, spec_fields,
@@ -94,7 +98,7 @@ def as_accumulated(acc, maps):
 
 def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, tile_origin,
               load_stage, A_BYTES: int, STAGE_BYTES: int, finish=None, add_bias=None,
-              b_kmajor: bool = False):
+              b_kmajor: bool = False, a_layout: str = "MK"):
     """The warp-specialised persistent kernel around the per-rung pieces: ``k_tile`` (one
     k-tile's wgmma on a stage), ``store_acc`` (the epilogue), ``tile_origin`` (the tile
     order), ``load_stage`` (the producer's TMA copies of one k-tile; BK elements of K),
@@ -102,8 +106,10 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     and ``add_bias(acc, bias, t, n0, N)`` (``wgmma_async.bias_code``: given, the kernel
     takes the bias right after C; else its arguments are (A, B, C, maps)).  ``b_kmajor``:
     the kernel's B is (N, K) (else (K, N)), which tells how many products a batched launch
-    holds: B's rows over one product's."""
+    holds: B's rows over one product's.  ``a_layout`` "KM": the kernel's A is (K, M) (the
+    memory of a column-major A; ``load_stage`` copies it so): one product per launch."""
     finish = finish or as_accumulated
+    dims = a_dims(a_layout)
     BIAS = add_bias is not None
     add_bias = add_bias or no_bias
     CONSUMERS = BM // 64
@@ -121,13 +127,13 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
-        K = A.shape[1]
+        a_m, K = dims(A)                     # A's (M, K), given as (M, K) or (K, M)
         N = C.shape[1]
         # A batched launch: several products' A, B and C, each under the previous one's in
         # the same arrays (and maps); the blocks walk every product's tiles in turn
         b_rows = N if B_KMAJOR else K        # B's rows of one product
         products = B.shape[0] // b_rows
-        M = A.shape[0] // products
+        M = a_m // products
         per = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
         tiles = per * products
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
@@ -206,24 +212,29 @@ def persistent_grid(BM: int, BN: int):
 
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), OUT: str = "fp32",
-          B_LAYOUT: str = "KN", BIAS: bool = False) -> KernelSpec:
+          B_LAYOUT: str = "KN", BIAS: bool = False, A_LAYOUT: str = "MK") -> KernelSpec:
     """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``,
     rounded to nearest even in the epilogue: ``wgmma_async.out_store``).  ``B_LAYOUT``:
     B as (K, N), or "NK" -- (N, K), an ``nn.Linear`` weight: C = A @ B.T.  ``BIAS``: the
-    kernel takes a (1, N) bias after C (a (0, N) one: none), added in fp32 before the store."""
+    kernel takes a (1, N) bias after C (a (0, N) one: none), added in fp32 before the store.
+    ``A_LAYOUT``: A as (M, K), or "KM" -- its (K, M) row-major memory, a column-major A
+    (``X.t()``): C = X.T @ B, A's tile MN-major (wgmma's trans-a; fp16/bf16 only).  A KM
+    build has no batched launch."""
+    check_a_layout(A_LAYOUT, precision)
     check_tile(BM, BN, STAGES, REGS)
     check_out(precision, OUT)
     check_layout(B_LAYOUT)
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
                                    tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES,
                                    add_bias=bias_code(precision, BN, 1, True) if BIAS else None,
-                                   b_kmajor=B_LAYOUT == "NK")
+                                   b_kmajor=B_LAYOUT == "NK", a_layout=A_LAYOUT)
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_ws", precision, default, BM, BN, STAGES, GROUP_M)
-    name += regs_suffix(REGS) + out_suffix(OUT) + layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
+    name += (regs_suffix(REGS) + out_suffix(OUT) + layout_suffix(B_LAYOUT, A_LAYOUT)
+             + bias_suffix(BIAS))
     return KernelSpec(
         name=name,
         idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
@@ -233,18 +244,19 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         tile=(BM, BN),
         grid=persistent_grid(BM, BN),
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, **out_params(OUT), **layout_params(B_LAYOUT),
+                    REGS=REGS, **out_params(OUT), **layout_params(B_LAYOUT, A_LAYOUT),
                     **bias_params(BIAS)),
         shared_bytes=SHARED,
-        batched=True,
-        tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
+        batched=A_LAYOUT == "MK",            # products one under the other: (M, K) As only
+        tma_boxes=tma_boxes(BM, BN, B_LAYOUT, A_LAYOUT),
         tma_swizzle=128,
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d", r"mbarrier\.arrive\.shared",
                   r"wgmma\.wait_group\.sync\.aligned 1") + (
-            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT) + layout_ptx(B_LAYOUT),
+            (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT)
+            + layout_ptx(B_LAYOUT, A_LAYOUT),
         **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
-           **layout_fields(B_LAYOUT), **bias_fields(BIAS),
+           **layout_fields(B_LAYOUT, A_LAYOUT), **bias_fields(BIAS),
            "chapter": "17c-warp-specialisation"},
     )
 
