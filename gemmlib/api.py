@@ -507,17 +507,11 @@ def linear(x, weight, bias=None, **kwargs):
 
 def _transposed(X, op: _Operand):
     """A 2-D operand's transpose, as an object (a view) and its description."""
-    XT = X.T if not _is_bf16array(X) else _bf16_transposed(X)
+    XT = X.T
     t = _Operand(op.obj.T, op.shape[::-1], op.dtype, op.layout == "F", op.on_host, op.ptr,
                  op.nbytes, op.device, op.kind, op.dname, op.bf16_from,
                  {"C": "F", "F": "C"}.get(op.layout, ""))
     return XT, t
-
-
-def _bf16_transposed(X):
-    from gemmlib.precision import BF16Array
-
-    return BF16Array(X.bits.T)
 
 
 def _stacked(A, B, a: _Operand, b: _Operand, out, bias, **kw):
@@ -1005,7 +999,7 @@ def _launched(a, b, c, out, z, spec, stream, M, N, K, o16, out16):
     with _staging_stream(stream) if not a.on_host else nullcontext():
         a, b, spec, copied = _fit_layouts(a, b, spec, stream)
         nk = spec.b_operand == "NK"
-        km = getattr(spec, "a_operand", "MK") == "KM"
+        km = spec.a_operand == "KM"
         A_ = _kernel_array(_t(a) if km else a, xp)   # KM: the (K, M) row-major memory
         B_ = _kernel_array(_t(b) if nk else b, xp)   # NK: the (N, K) row-major memory
         Z_ = None if z is None else _kernel_array(z, xp).reshape(1, N)
@@ -1062,11 +1056,12 @@ def _fit_layouts(a: _Operand, b: _Operand, spec: KernelSpec, stream):
     B goes to the spec's K-major ("NK") build where the rung has one -- and a copy in
     the right order of any operand that lies otherwise."""
     copied = False
-    if a.layout == "F" and getattr(spec, "a_operand", "MK") == "MK":
-        km = dispatch.with_a_layout(spec, "KM", a.shape[0])
-        if km is not None:
-            spec = km
-    want = "F" if getattr(spec, "a_operand", "MK") == "KM" else "C"
+    a_want = "KM" if a.layout == "F" else "MK"
+    if spec.a_operand != a_want:   # the rung's build for A as it lies, where it has one
+        spec = dispatch.with_a_layout(spec, a_want, a.shape[0]) or spec
+    if spec.a_operand == "KM" and a.shape[0] % (spec.operand_align or 1):
+        spec = dispatch.with_a_layout(spec, "MK", a.shape[0]) or spec   # M short of a row
+    want = "F" if spec.a_operand == "KM" else "C"
     if a.layout != want:
         a, copied = _copied(a, want, stream), True
     if b.layout == "F" and spec.b_operand == "KN":
@@ -1166,8 +1161,9 @@ def _kernel_array(op: _Operand, xp):
     """The operand as an array the kernel can take: raw 16-bit patterns for 16-bit inputs;
     NumPy (simulator, private copy when read-only) or a GPU array."""
     x = op.obj
-    if op.on_host:
-        if not (x.flags.c_contiguous and x.flags.writeable):
+    if op.on_host:   # (a size-1 dimension may carry any stride: TMA maps read the strides)
+        canonical = x.strides == np.empty(x.shape, x.dtype).strides
+        if not (x.flags.c_contiguous and x.flags.writeable and canonical):
             x = np.array(x, order="C")
         return x.view(np.uint16) if x.dtype.itemsize == 2 else x
     if op.kind == "torch":

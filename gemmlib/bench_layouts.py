@@ -143,9 +143,10 @@ class _Events:
 
 def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TOKENS,
               batched=BATCHED, linear_tokens=LINEAR_TOKENS, loops: int = 5,
-              progress: bool = True) -> dict:
+              progress: bool = True, on_row=None) -> dict:
     """Every shape x layout x precision; the models' projections at ``linear_tokens`` in
-    F.linear's layout and row-major (fp16, bf16); then the batched rows (GPU only, torch)."""
+    F.linear's layout and row-major (fp16, bf16); then the batched rows (GPU only, torch).
+    ``on_row(data)``: called after every row (e.g. to save what is measured so far)."""
     import torch
 
     from gemmlib.bench import environment
@@ -160,6 +161,7 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
                 timing="events around a loop of back-to-back calls, operands rotated past "
                        "L2; torch.matmul on the same views in the same run")
     rows = []
+    data = {"meta": meta, "rows": rows}
     plan = [(shape, precisions, layouts) for shape in shapes(squares, tokens)]
     plan += [(shape, LINEAR_PRECISIONS, LINEAR_LAYOUTS)
              for shape in shapes((), linear_tokens)]
@@ -180,6 +182,8 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
                 torch.cuda.empty_cache()
                 if progress:
                     print(_line(row), flush=True)
+                if on_row:
+                    on_row(data)
     for b, M, K in batched:
         for prec in ("fp16", "bf16"):
             try:
@@ -191,8 +195,10 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
             torch.cuda.empty_cache()
             if progress:
                 print(_line(row), flush=True)
+            if on_row:
+                on_row(data)
     _tf32(torch, False)
-    return {"meta": meta, "rows": rows}
+    return data
 
 
 def _line(r: dict) -> str:

@@ -123,6 +123,8 @@ def cmd_layouts(args) -> int:
         kw["squares"] = tuple(args.squares)
     if args.linear_tokens is not None:
         kw["linear_tokens"] = tuple(args.linear_tokens)
+    if args.out:   # what is measured so far, kept if the run is cut short
+        kw["on_row"] = lambda data: bl.save(data, args.out)
     data = bl.run_suite(**kw)
     for line in bl.summary(data):
         print(line)

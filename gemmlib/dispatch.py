@@ -431,7 +431,7 @@ def with_a_layout(spec: KernelSpec, a_layout: str, M: int) -> KernelSpec | None:
     """``spec`` built to read A as ``a_layout``: "KM" (A's memory is (K, M) row-major: a
     column-major A) where the rung has such a build and M fills its 16-byte rows; else
     None (the caller copies A)."""
-    if getattr(spec, "a_operand", "MK") == a_layout:
+    if spec.a_operand == a_layout:
         return spec
     align = spec.operand_align or 1
     if a_layout == "KM" and M % align:

@@ -154,6 +154,11 @@ class BF16Array:
             return bf16_bits_to_float32(self.bits).astype(dtype)
         return bf16_bits_to_float32(self.bits)
 
+    @property
+    def T(self) -> "BF16Array":
+        """The transpose, a view of the same bits."""
+        return BF16Array(self.bits.T)
+
     def __array__(self, dtype=None, copy=None):
         """The values as a NumPy array (float32 unless ``dtype``), so that a host
         BF16Array takes part in NumPy arithmetic (``np.asarray(C)``, ``C - ref``)."""

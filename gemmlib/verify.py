@@ -72,12 +72,13 @@ def check_once(spec, M: int, N: int, K: int, rng=None) -> Check:
     """One verification of ``spec`` at (M, N, K); never raises on a wrong result."""
     if spec.precision in ("e4m3", "e5m2"):
         return _check_fp8(spec, M, N, K, rng)
-    nt = spec.b_operand == "NK"
-    A = backend.random_matrix((M, K), spec.dtype, rng)
+    nt, tn = spec.b_operand == "NK", spec.a_operand == "KM"
+    A = backend.random_matrix((K, M) if tn else (M, K), spec.dtype, rng)
     B = backend.random_matrix((N, K) if nt else (K, N), spec.dtype, rng)
+    A, B = (A.T if tn else A), (B.T if nt else B)   # the layouts the spec reads, as views
     C = backend.poisoned((M, N), spec.out_dtype)
-    matmul(A, B, out=C, kernel=spec, transpose_b=nt)
-    ref = backend.reference(A, B.T if nt else B)  # of the very values the kernel reads
+    matmul(A, B, out=C, kernel=spec)
+    ref = backend.reference(A, B)  # of the very values the kernel reads
     xp = backend.array_module()
     unwritten = int((~xp.isfinite(C)).sum()) if M * N else 0
     err = backend.relative_error(C, ref) if M * N else 0.0
