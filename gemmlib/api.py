@@ -958,7 +958,8 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, o16=None, z=None):
                        out_dtype=o16 or "float32")
     okind = _OUT_KIND.get(o16, "fp32")
     if auto:
-        spec = dispatch.select_tc(prec, M, N, K, out=okind)
+        spec = dispatch.select_tc(prec, M, N, K, out=okind,
+                                  b_layout="NK" if b.layout == "F" else "KN")
     else:   # a rung by name: its 16-bit epilogue where it has one; a KernelSpec as given
         spec = dispatch.with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
     if z is not None:

@@ -96,7 +96,8 @@ def _kernel(precision: str, layout: str, M: int, N: int, K: int) -> str:
         spec = dispatch.select(M, N, K)
     else:
         out = {"fp16": "fp16", "bf16": "bf16"}.get(precision, "fp32")
-        spec = dispatch.select_tc(precision, M, N, K, out=out)
+        spec = dispatch.select_tc(precision, M, N, K, out=out,
+                                  b_layout="NK" if layout[1] == "T" else "KN")
     if layout[1] == "T":
         nk = dispatch.with_layout(spec, "NK")
         return nk.name if nk is not None else spec.name + " (B copied)"

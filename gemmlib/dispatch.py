@@ -282,7 +282,7 @@ def select_skinny(precision: str, M: int, N: int, K: int) -> KernelSpec | None:
 
 
 def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
-              out: str = "fp32") -> KernelSpec:
+              out: str = "fp32", b_layout: str = "KN") -> KernelSpec:
     """What ``kernel="auto"`` runs in a tensor-core ``precision``: on an H100/H200 in fp16
     or bf16 :func:`select_hopper`'s choice (``wgmma_split_k`` / ``skinny``); at decode
     sizes (M <= SKINNY_MMAX) the ``skinny`` rung -- in fp32 for tf32 and 3xtf32 calls
@@ -293,7 +293,24 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
 
     ``out`` ("fp16" / "bf16": a C in the inputs' own 16-bit type) changes the choice only
     where an epilogue can write it (:func:`select_out`); elsewhere the float32 choice is
-    returned and ``gemmlib.matmul`` casts its result."""
+    returned and ``gemmlib.matmul`` casts its result.
+
+    ``b_layout`` "NK" (a column-major B, ``W.t()``): the choice's K-major build where the
+    rung has one (else the row-major choice, and ``gemmlib.matmul`` copies B).  On Hopper
+    the decode rung gives way to ``wgmma_split_k``'s 64-row tiles there: at M = 1 its
+    K-major build took 56-92% of skinny's K-major time on 5 of 6 layer shapes of an H100
+    (results/layouts-nvidia-h100-80gb-hbm3-2026-11-27.json, its M = 16 rows against M = 1)."""
+    if b_layout != "KN":
+        key = ("tc", precision, M, N, K, slug, out, b_layout)
+        spec = _CHOICES.get(key)
+        if spec is None:
+            base = select_tc(precision, M, N, K, slug, out)
+            if (rung_of(base) == SKINNY_RUNG and precision in ("fp16", "bf16") and not SIMULATOR
+                    and tuple(backend.device_info().compute_capability) == (9, 0)):
+                base = select_out(build(HOPPER_SPLIT, {"precision": precision, "BM": 64}),
+                                  out, M, N, K)
+            spec = _CHOICES.put(key, with_layout(base, b_layout) or base)
+        return spec
     if out != "fp32":
         key = ("tc", precision, M, N, K, slug, out)
         spec = _CHOICES.get(key)
@@ -398,9 +415,12 @@ def _rebuilt(spec: KernelSpec, **changes) -> KernelSpec | None:
     if builder is None:   # a rung with one build
         return None
     takes = inspect.signature(builder).parameters
-    if any(k not in takes for k in changes):
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values()):
+        params = dict(spec.params)   # a rung around another's tile (split_k, mma_split_k)
+    elif any(k not in takes for k in changes):
         return None
-    params = {k: v for k, v in spec.params.items() if k in takes}
+    else:
+        params = {k: v for k, v in spec.params.items() if k in takes}
     params.update(changes)
     try:
         return build(rung, params)
