@@ -1,0 +1,73 @@
+"""gemmlib.torch_op: the product as a torch operator (CPU tensors, the simulator's kernels):
+values and gradients against float64, shapes and dtypes of the fake kernel, one op under
+torch.compile(fullgraph=True) and torch.export."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import gemmlib.torch_op as gop  # noqa: E402
+
+
+def _f64(*xs):
+    return [x.detach().double().requires_grad_(x.requires_grad) for x in xs]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_linear_values_and_gradients(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 7, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(5, 7, generator=g).to(dtype).requires_grad_()
+    b = torch.randn(5, generator=g).to(dtype).requires_grad_()
+    y = gop.linear(x, w, b)
+    assert y.shape == (2, 3, 5) and y.dtype == dtype
+    (y.float() * torch.arange(5.0)).sum().backward()
+    x2, w2, b2 = _f64(x, w, b)
+    (torch.nn.functional.linear(x2, w2, b2) * torch.arange(5.0).double()).sum().backward()
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    for got, want in ((y, torch.nn.functional.linear(x2, w2, b2)), (x.grad, x2.grad),
+                      (w.grad, w2.grad), (b.grad, b2.grad)):
+        assert got.dtype == dtype
+        assert (got.double() - want).abs().max().item() <= tol * (1 + want.abs().max().item())
+
+
+def test_batched_gradients_sum_over_broadcast_dimensions():
+    A = torch.randn(3, 6, 4, requires_grad=True)
+    B = torch.randn(1, 4, 2, requires_grad=True)   # broadcast over the batch
+    gop.matmul(A, B).sum().backward()
+    A2, B2 = _f64(A, B)
+    (A2 @ B2).sum().backward()
+    assert B.grad.shape == B.shape
+    assert torch.allclose(A.grad.double(), A2.grad, atol=1e-5)
+    assert torch.allclose(B.grad.double(), B2.grad, atol=1e-5)
+
+
+def test_fp32_results_of_16_bit_inputs():
+    a, b = torch.randn(4, 8).half().requires_grad_(), torch.randn(8, 3).half()
+    c = gop.matmul(a, b, out_dtype=torch.float32)
+    assert c.dtype == torch.float32
+    c.sum().backward()
+    assert a.grad.dtype == torch.float16
+
+
+def test_the_op_checks_out():
+    torch.library.opcheck(torch.ops.gemmlib.matmul.default,
+                          (torch.randn(3, 4), torch.randn(4, 2), torch.randn(2), None))
+
+
+def test_one_graph_under_compile_and_export():
+    w = torch.nn.Parameter(torch.randn(6, 5))
+
+    def f(x):
+        return torch.relu(gop.linear(x, w))
+
+    x = torch.randn(4, 5)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert torch.allclose(compiled(x), f(x))
+
+    class M(torch.nn.Module):
+        def forward(self, x, w):
+            return gop.matmul(x, w.t())
+
+    graph = torch.export.export(M(), (x, w.detach())).graph
+    assert [n.target for n in graph.nodes if n.op == "call_function"
+            and "gemmlib" in str(n.target)] == [torch.ops.gemmlib.matmul.default]
