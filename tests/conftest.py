@@ -12,7 +12,7 @@ Also here:
   each notebook, and each set of a module's tests that share a module- or
   class-scoped fixture, stays on one worker; every other test is scheduled on
   its own, so one long file no longer holds a worker to the end
-  (:func:`pytest_collection_modifyitems`).
+  (:func:`pytest_xdist_make_scheduler`).
 """
 
 import os
@@ -76,10 +76,12 @@ def _mend_simulator():
 _mend_simulator()
 
 
-def _xdist_groups(items):
-    """An xdist_group for each notebook and for each set of a module's tests that share a
-    module-, class- or package-scoped fixture (directly or through another fixture), so
-    that fixture is built once; other tests get none and are scheduled one by one."""
+def _groups(items) -> dict:
+    """{nodeid: group} for the tests that must share a worker: each notebook's cells (they
+    run in order in one kernel), and each set of a module's tests that share a module-,
+    class- or package-scoped fixture (directly or through another fixture), so that
+    fixture is built once; an explicit ``xdist_group`` mark is honoured too.  Every other
+    test is left out: it is scheduled on its own."""
     parent = {}
 
     def find(x):
@@ -92,9 +94,11 @@ def _xdist_groups(items):
 
     keys = {}
     for item in items:
-        path = str(getattr(item, "path", item.fspath))
-        if path.endswith(".ipynb"):
-            keys[item] = path
+        path = os.path.relpath(str(getattr(item, "path", item.fspath)))
+        mark = item.get_closest_marker("xdist_group")
+        if path.endswith(".ipynb") or mark is not None:
+            keys[item.nodeid] = (mark.args[0] if mark is not None and mark.args else
+                                 mark.kwargs.get("name", "default") if mark is not None else path)
             continue
         info = getattr(item, "_fixtureinfo", None)
         shared = []
@@ -106,17 +110,73 @@ def _xdist_groups(items):
             continue
         for other in shared:
             parent[find(other)] = find(shared[0])
-        keys[item] = shared[0]
-    for item, key in keys.items():
-        if not isinstance(key, str):
-            path, name = find(key)
-            key = f"{path}::{name}"
-        item.add_marker(pytest.mark.xdist_group(name=os.path.relpath(key)))
+        keys[item.nodeid] = shared[0]
+    return {nodeid: key if isinstance(key, str) else "::".join(find(key))
+            for nodeid, key in keys.items()}
+
+
+_GROUPS_ENV = "GEMMLIB_XDIST_GROUPS"
+
+
+def pytest_configure(config):
+    """With ``-n N --dist loadgroup`` (``make test``), the controller names a folder where
+    each worker leaves the groups of its collection (see :func:`pytest_xdist_make_scheduler`)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) \
+            or config.getvalue("dist") != "loadgroup":
+        return
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="gemmlib-xdist-groups-")
+    os.environ[_GROUPS_ENV] = where   # the workers, started after this, inherit it
+    config._gemmlib_groups = where
+
+
+def pytest_unconfigure(config):
+    where = getattr(config, "_gemmlib_groups", None)
+    if where:
+        import shutil
+
+        shutil.rmtree(where, ignore_errors=True)
+        os.environ.pop(_GROUPS_ENV, None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the groups of :func:`_groups`: each group is one unit of
+    work, the largest first (the compile gate's 78 tests share one fixture), then every
+    other test on its own, so the workers finish together instead of one of them running
+    a long file to the end.  (xdist's own loadgroup cannot be used: it marks a group by
+    appending ``@name`` to ``item._nodeid``, which pytest 9 no longer reads.)"""
+    where = getattr(config, "_gemmlib_groups", None)
+    if not where:
+        return None
+    import glob
+    import json
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        groups = None
+
+        def _split_scope(self, nodeid):
+            if self.groups is None:   # called once every worker has collected
+                self.groups = {}
+                for f in sorted(glob.glob(os.path.join(where, "*.json"))):
+                    with open(f) as fh:
+                        self.groups.update(json.load(fh))
+            return self.groups.get(nodeid, nodeid)
+
+    return GroupScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    if getattr(config.option, "dist", "no") == "loadgroup":
-        _xdist_groups(items)
+    where = os.environ.get(_GROUPS_ENV)
+    if where and hasattr(config, "workerinput"):
+        import json
+
+        path = os.path.join(where, f"{config.workerinput['workerid']}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(_groups(items), f)
+        os.replace(path + ".tmp", path)
     if backend.gpu_present():
         return
     why = ("simulator mode (NUMBA_ENABLE_CUDASIM=1)" if backend.SIMULATOR
