@@ -53,11 +53,17 @@ book: $(STAMP)
 
 # Library tests (simulator unless a GPU is present), the offline compile gate,
 # and every notebook executed top to bottom by nbval, spread over $(JOBS) workers.
-# --dist loadfile keeps each file on one worker: a notebook's cells run in order
-# in one kernel, and a test module's tests share its module fixtures.
+# --dist loadgroup: tests/conftest.py keeps each notebook (its cells run in order in
+# one kernel) and each set of tests sharing a module fixture on one worker, largest
+# first (the compile gate), and deals every other test out one by one, so the
+# workers finish together instead of waiting on the last long file.
+# Bytecode: every worker, notebook kernel and compile subprocess imports gemmlib and
+# the tests; with PYTHONDONTWRITEBYTECODE set (as on CI machines) each would compile
+# them again. compileall writes them once, and pytest may cache its rewritten tests.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests chapters --nbval-lax -p no:cacheprovider \
-		-n $(JOBS) --dist loadfile --durations=25
+	$(BIN)/python -m compileall -q gemmlib gemmcourse tests scripts >/dev/null
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest tests chapters --nbval-lax \
+		-p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=40
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -x -q
