@@ -163,6 +163,15 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
                        "L2; torch.matmul on the same views in the same run")
     rows = []
     data = {"meta": meta, "rows": rows}
+
+    def record(row):
+        rows.append(row)
+        torch.cuda.empty_cache()
+        if progress:
+            print(_line(row), flush=True)
+        if on_row:
+            on_row(data)
+
     plan = [(shape, precisions, layouts) for shape in shapes(squares, tokens)]
     plan += [(shape, LINEAR_PRECISIONS, LINEAR_LAYOUTS)
              for shape in shapes((), linear_tokens)]
@@ -179,12 +188,7 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
                 except Exception as e:   # recorded, never hidden
                     row = dict(suite="layouts", shape=label, layout=layout, precision=prec,
                                M=M, N=N, K=K, error=f"{type(e).__name__}: {e}")
-                rows.append(row)
-                torch.cuda.empty_cache()
-                if progress:
-                    print(_line(row), flush=True)
-                if on_row:
-                    on_row(data)
+                record(row)
     for b, M, K in batched:
         for prec in ("fp16", "bf16"):
             try:
@@ -192,12 +196,7 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
             except Exception as e:
                 row = dict(suite="layouts", layout="batched", precision=prec, batch=b, M=M,
                            N=M, K=K, error=f"{type(e).__name__}: {e}")
-            rows.append(row)
-            torch.cuda.empty_cache()
-            if progress:
-                print(_line(row), flush=True)
-            if on_row:
-                on_row(data)
+            record(row)
     _tf32(torch, False)
     return data
 

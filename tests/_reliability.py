@@ -241,3 +241,53 @@ def on_blocks(spec, blocks: int):
 
     return dataclasses.replace(spec, name=f"{spec.name}_on{blocks}",
                                grid=lambda M, N, K: (blocks, 1, 1))
+
+
+#: NaN in fp16 and in bf16: what a 16-bit C is poisoned with
+POISON16 = 0xFFFF
+
+
+def bits16(x) -> np.ndarray:
+    """The uint16 bit patterns of a 16-bit array (a BF16Array's bits), on the host."""
+    from gemmlib.precision import BF16Array
+
+    return np.asarray(backend.to_host(x.bits if isinstance(x, BF16Array)
+                                      else x.view(np.uint16)))
+
+
+def launch_poisoned(spec, A, B, M, N, K, bias=None) -> np.ndarray:
+    """C from ``spec`` on the kernel's own operands (uint16 bits for 16-bit inputs) into
+    a poisoned C -- float32, or the bits of the spec's 16-bit ``OUT`` -- in the simulator
+    on two persistent blocks, on a GPU through ``gemmlib.dispatch.launch``; on the host."""
+    from gemmlib import dispatch
+
+    out = spec.params.get("OUT", "fp32")
+    C = (np.full((M, N), np.nan, np.float32) if out == "fp32"
+         else np.full((M, N), POISON16, np.uint16))
+    kw = {} if bias is None else {"bias": bias}
+    if backend.SIMULATOR:
+        dispatch.launch(on_blocks(spec, 2), A, B, C, M, N, K, **kw)
+        return C
+    xp = backend.array_module()
+    dC = xp.asarray(C)
+    kw = {k: xp.asarray(v) for k, v in kw.items()}
+    dispatch.launch(spec, xp.asarray(A), xp.asarray(B), dC, M, N, K, **kw)
+    return np.asarray(backend.to_host(dC))
+
+
+def check_accumulated(C, out: str, a64, b64, bias64=None, what=""):
+    """Every element written and within the fp32 accumulation's bound (one more rounding
+    for the bias) plus the output's own rounding of the float64 A @ B (+ bias)."""
+    from gemmlib import precision as P
+
+    got = (C.astype(np.float64) if out == "fp32" else
+           (C.view(np.float16) if out == "fp16" else P.bf16_bits_to_float32(C)).astype(
+               np.float64))
+    ref, mag = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    if bias64 is not None:
+        ref, mag = ref + bias64, mag + np.abs(bias64)
+    assert np.isfinite(got).all(), (what, "unwritten", int((~np.isfinite(got)).sum()))
+    u = P.OUT16_ROUNDOFF.get(out, 0.0)
+    bound = u * np.abs(ref) + (1 + u) * 2.0 * (a64.shape[1] + 1) * EPS32 * mag + 2.0 ** -25
+    worst = float((np.abs(got - ref) / bound).max())
+    assert worst <= 1.0, (what, worst)

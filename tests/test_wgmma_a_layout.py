@@ -19,24 +19,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _reliability import EPS32, HOPPER, on_blocks
+from _reliability import HOPPER, bits16, check_accumulated, launch_poisoned
 from gemmlib import backend, dispatch
-from gemmlib import precision as P
 from gemmlib.kernels import wgmma_split_k, wgmma_store, wgmma_ws
 
 sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins")
-POISON16 = 0xFFFF   # NaN in fp16 and in bf16
-
-
-def _bits(x) -> np.ndarray:
-    return np.asarray(backend.to_host(x.bits if isinstance(x, P.BF16Array)
-                                      else x.view(np.uint16)))
 
 
 def _random16(shape, precision, rng):
     """(uint16 bits, float64 values) of a fresh random 16-bit array."""
     x = backend.random_matrix(shape, "bfloat16" if precision == "bf16" else "float16", rng)
-    return _bits(x).copy(), np.asarray(backend.to_host(x.astype(np.float32)), np.float64)
+    return bits16(x).copy(), np.asarray(backend.to_host(x.astype(np.float32)), np.float64)
 
 
 def operands(precision, M, N, K, b_layout, seed):
@@ -53,32 +46,12 @@ def operands(precision, M, N, K, b_layout, seed):
 
 def run(spec, precision, M, N, K, seed, with_bias=True):
     a_km, b, bias, a64, b64, bias64 = operands(precision, M, N, K, spec.b_operand, seed)
-    out = spec.params.get("OUT", "fp32")
-    C = (np.full((M, N), np.nan, np.float32) if out == "fp32"
-         else np.full((M, N), POISON16, np.uint16))
-    kw = {"bias": bias} if spec.bias_arg and with_bias else {}
-    if backend.SIMULATOR:
-        dispatch.launch(on_blocks(spec, 2), a_km, b, C, M, N, K, **kw)
-        return C, a64, b64, (bias64 if kw else None)
-    xp = backend.array_module()
-    dC = xp.asarray(C)
-    kw = {k: xp.asarray(v) for k, v in kw.items()}
-    dispatch.launch(spec, xp.asarray(a_km), xp.asarray(b), dC, M, N, K, **kw)
-    return np.asarray(backend.to_host(dC)), a64, b64, (bias64 if kw else None)
+    bias = bias if spec.bias_arg and with_bias else None
+    C = launch_poisoned(spec, a_km, b, M, N, K, bias)
+    return C, a64, b64, (bias64 if bias is not None else None)
 
 
-def check(C, out, a64, b64, bias64=None, what=""):
-    got = (C.astype(np.float64) if out == "fp32" else
-           (C.view(np.float16) if out == "fp16" else P.bf16_bits_to_float32(C)).astype(
-               np.float64))
-    ref, mag = a64 @ b64, np.abs(a64) @ np.abs(b64)
-    if bias64 is not None:
-        ref, mag = ref + bias64, mag + np.abs(bias64)
-    assert np.isfinite(got).all(), (what, "unwritten", int((~np.isfinite(got)).sum()))
-    u = P.OUT16_ROUNDOFF.get(out, 0.0)
-    bound = u * np.abs(ref) + (1 + u) * 2.0 * (a64.shape[1] + 1) * EPS32 * mag + 2.0 ** -25
-    worst = float((np.abs(got - ref) / bound).max())
-    assert worst <= 1.0, (what, worst)
+check = check_accumulated
 
 
 def build(kind, precision, out, b_layout, bias):

@@ -20,20 +20,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _reliability import EPS32, HOPPER, on_blocks, operands16
+from _reliability import HOPPER, bits16, check_accumulated, launch_poisoned, operands16
 from gemmlib import backend, dispatch
-from gemmlib import precision as P
 from gemmlib.kernels import (wgmma_cluster, wgmma_pingpong, wgmma_split_k, wgmma_store,
                              wgmma_tf32, wgmma_ws)
 
 sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins")
-POISON16 = 0xFFFF   # NaN in fp16 and in bf16
-
-
-def _bits(x) -> np.ndarray:
-    """The uint16 bit patterns of a 16-bit array, on the host (GPU arrays are copied)."""
-    return np.asarray(backend.to_host(x.bits if isinstance(x, P.BF16Array)
-                                      else x.view(np.uint16)))
 
 
 def _tf32(x: np.ndarray) -> np.ndarray:
@@ -53,49 +45,26 @@ def operands(precision: str, M: int, N: int, K: int, layout: str, seed: int):
         bias64 = bias.astype(np.float64)
     else:
         A, B, a64, b64 = operands16(precision, M, N, K, rng)
-        A, B = _bits(A).copy(), _bits(B).copy()   # fresh: a 1-row view may have any row stride
+        A, B = bits16(A).copy(), bits16(B).copy()   # fresh: a 1-row view may have any row stride
         bias = backend.random_matrix((1, N), "bfloat16" if precision == "bf16" else "float16",
                                      rng)
         bias64 = np.asarray(backend.to_host(bias.astype(np.float32)), np.float64)
-        bias = _bits(bias)
+        bias = bits16(bias)
     if layout == "NK":
         B = B.T.copy()   # the weight as nn.Linear keeps it (a fresh (N, K) array)
     return A, B, bias, a64, b64, bias64
 
 
 def run(spec, precision, M, N, K, layout, seed, with_bias=True):
-    """C from ``spec`` (in the simulator on 2 blocks) into a poisoned C (float32 or 16-bit
-    bits), and the float64 operands."""
+    """C from ``spec`` into a poisoned C (float32 or 16-bit bits), and the float64
+    operands."""
     A, B, bias, a64, b64, bias64 = operands(precision, M, N, K, layout, seed)
-    out = spec.params.get("OUT", "fp32")
-    C = (np.full((M, N), np.nan, np.float32) if out == "fp32"
-         else np.full((M, N), POISON16, np.uint16))
-    kw = {"bias": bias} if spec.bias_arg and with_bias else {}
-    if backend.SIMULATOR:
-        dispatch.launch(on_blocks(spec, 2), A, B, C, M, N, K, **kw)
-        return C, a64, b64, (bias64 if kw else None)
-    xp = backend.array_module()
-    dC = xp.asarray(C)
-    kw = {k: xp.asarray(v) for k, v in kw.items()}
-    dispatch.launch(spec, xp.asarray(A), xp.asarray(B), dC, M, N, K, **kw)
-    return np.asarray(backend.to_host(dC)), a64, b64, (bias64 if kw else None)
+    bias = bias if spec.bias_arg and with_bias else None
+    C = launch_poisoned(spec, A, B, M, N, K, bias)
+    return C, a64, b64, (bias64 if bias is not None else None)
 
 
-def check(C, out: str, a64, b64, bias64=None, what=""):
-    """Every element written and within the fp32 accumulation's bound (one more rounding
-    for the bias) plus the output's own rounding of the float64 A @ B (+ bias)."""
-    got = (C.astype(np.float64) if out == "fp32" else
-           (C.view(np.float16) if out == "fp16" else P.bf16_bits_to_float32(C)).astype(
-               np.float64))
-    ref = a64 @ b64
-    mag = np.abs(a64) @ np.abs(b64)
-    if bias64 is not None:
-        ref, mag = ref + bias64, mag + np.abs(bias64)
-    assert np.isfinite(got).all(), (what, "unwritten", int((~np.isfinite(got)).sum()))
-    u = P.OUT16_ROUNDOFF.get(out, 0.0)
-    bound = u * np.abs(ref) + (1 + u) * 2.0 * (a64.shape[1] + 1) * EPS32 * mag + 2.0 ** -25
-    worst = float((np.abs(got - ref) / bound).max())
-    assert worst <= 1.0, (what, worst)
+check = check_accumulated
 
 
 # --------------------------------------------------------------------------- the builds
