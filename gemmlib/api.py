@@ -386,12 +386,14 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         place in either layout: row-major, or column-major (a transposed view such as
         ``W.t()`` of an ``nn.Linear`` weight, ``x.T``, Fortran order).  A B in
         column-major order is read as it lies by every rung with a K-major build (the
-        ``auto`` choices on Hopper and most others); a rung without one, a column-major
-        A, and views with no unit stride (``A[:, ::2]``, a gap between rows) are copied
-        into row-major order first, on the call's stream (the result is the same; the
-        copy costs time).  Shapes follow ``torch.matmul``: ``(..., M, K) @ (K, N)``
-        flattens the leading dimensions into one product; ``(b, M, K) @ (b, K, N)`` and
-        broadcast batch dimensions give ``(b, M, N)``, one product per batch entry.
+        ``auto`` choices everywhere), a column-major A by the Hopper fp16/bf16 rungs'
+        ``A_LAYOUT="KM"`` builds; anything else -- another rung, views with no unit
+        stride (``A[:, ::2]``, a gap between rows) -- is copied into row-major order
+        first, on the call's stream (the result is the same; the copy costs time).
+        Shapes follow ``torch.matmul``: ``(..., M, K) @ (K, N)`` flattens the leading
+        dimensions into one product; ``(b, M, K) @ (b, K, N)`` and broadcast batch
+        dimensions give ``(b, M, N)``: one launch for 16-bit stacks on Hopper
+        (``dispatch.select_batched``), else one product per batch entry.
         1-D operands are refused (reshape them to (1, K) or (K, 1)).  A torch tensor
         that requires grad is accepted under ``torch.no_grad()`` /
         ``torch.inference_mode()`` (autograd does not see these kernels).  Arrays on a

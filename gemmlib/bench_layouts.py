@@ -67,6 +67,7 @@ def _tf32(torch, on: bool):
 def measure(torch, label: str, layout: str, precision: str, M: int, N: int, K: int, *,
             loops: int = 5, target_ms: float = 20.0, seed: int = 0) -> dict:
     call_prec = "tf32" if precision == "tf32" else None
+    fw = bench_models.framework("torch")   # (it turns TF32 off: set it after)
     _tf32(torch, precision == "tf32")
     A, B = operands(torch, layout, precision, M, N, K, seed)
     item = A.element_size()
@@ -78,7 +79,6 @@ def measure(torch, label: str, layout: str, precision: str, M: int, N: int, K: i
     C = ours[0]()
     R = torch.matmul(A.double(), B.double())
     err = float((C.double() - R).norm() / R.norm().clamp_min(1e-30))
-    fw = _Events(torch)
     probe = loop_time(fw, ours, 2, 1)[0]
     per_loop = int(min(200, max(3, target_ms / max(probe, 1e-3))))
     ms = statistics.median(loop_time(fw, ours, per_loop, loops))
@@ -107,6 +107,7 @@ def _kernel(precision: str, layout: str, M: int, N: int, K: int) -> str:
 def measure_batched(torch, b: int, M: int, K: int, precision: str, *, loops: int = 5,
                     target_ms: float = 20.0) -> dict:
     N = M
+    fw = bench_models.framework("torch")
     dt = getattr(torch, _TORCH_DTYPE[precision])
     g = torch.Generator(device="cuda").manual_seed(1)
     A = (torch.rand((b, M, K), generator=g, device="cuda") * 2 - 1).to(dt)
@@ -115,7 +116,6 @@ def measure_batched(torch, b: int, M: int, K: int, precision: str, *, loops: int
     C = ours[0]()
     R = torch.bmm(A.double(), B.double())
     err = float((C.double() - R).norm() / R.norm())
-    fw = _Events(torch)
     probe = loop_time(fw, ours, 1, 1)[0]
     per_loop = int(min(100, max(2, target_ms / max(probe, 1e-3))))
     ms = statistics.median(loop_time(fw, ours, per_loop, loops))
@@ -123,23 +123,6 @@ def measure_batched(torch, b: int, M: int, K: int, precision: str, *, loops: int
     return dict(suite="layouts", layout="batched", precision=precision, batch=b, M=M, N=N,
                 K=K, gemmlib_ms=ms, torch_ms=ref_ms, pct_torch=100.0 * ref_ms / ms,
                 rel_error=err, reference="torch.bmm", calls_per_loop=per_loop)
-
-
-class _Events:
-    """The timing interface of bench_models.loop_time, on torch's events."""
-
-    def __init__(self, torch):
-        self.torch = torch
-
-    def event(self):
-        return self.torch.cuda.Event(enable_timing=True)
-
-    def synchronize(self):
-        self.torch.cuda.synchronize()
-
-    @staticmethod
-    def elapsed(e0, e1) -> float:
-        return e0.elapsed_time(e1)
 
 
 def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TOKENS,

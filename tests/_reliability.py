@@ -291,3 +291,19 @@ def check_accumulated(C, out: str, a64, b64, bias64=None, what=""):
     bound = u * np.abs(ref) + (1 + u) * 2.0 * (a64.shape[1] + 1) * EPS32 * mag + 2.0 ** -25
     worst = float((np.abs(got - ref) / bound).max())
     assert worst <= 1.0, (what, worst)
+
+
+def count_load16(monkeypatch) -> list:
+    """Record every ``convert.load16`` call as (row, column) from now on: the kernels built
+    afterwards call the counting function (the list it fills is returned)."""
+    from gemmlib.intrinsics import convert
+
+    calls = []
+    real = convert.load16
+
+    def counted(arr, i, j):
+        calls.append((int(i), int(j)))
+        return real(arr, i, j)
+
+    monkeypatch.setattr(convert, "load16", counted)
+    return calls

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from _reliability import count_load16
 from gemmlib import backend, dispatch
 from gemmlib import precision as P
 from gemmlib.kernels import mma_pipeline, mma_split_k, skinny, split_k, warptile
@@ -110,16 +111,7 @@ def test_skinny_nk_several_chunks(precision, K):
 def test_skinny_nk_reads_16_byte_pieces_exactly_when_k_allows(monkeypatch, precision):
     """W's rows are read with load16 when K is a multiple of VEC (16-byte aligned rows),
     else with guarded scalar loads only."""
-    from gemmlib.intrinsics import convert
-
-    calls = []
-    real = convert.load16
-
-    def counted(arr, i, j):
-        calls.append((int(i), int(j)))
-        return real(arr, i, j)
-
-    monkeypatch.setattr(convert, "load16", counted)
+    calls = count_load16(monkeypatch)
     spec = skinny.build(precision, MT=2, CT=4, NT=8, U=2, B_LAYOUT="NK")
     V = skinny.VEC[precision]
     check(spec, 2, 9, 5 * V, seed=2)

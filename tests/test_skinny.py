@@ -21,7 +21,7 @@ from gemmlib.intrinsics import convert
 from gemmlib.intrinsics.vector import MisalignedAccess
 from gemmlib.kernels import skinny
 
-from _reliability import precision_operands
+from _reliability import count_load16, precision_operands
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 MS, NS, KS = (1, 2, 5, 16), (1, 7, 33, 130), (1, 3, 37, 260)
@@ -70,14 +70,7 @@ def test_other_configurations(precision, kw):
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_aligned_rows_take_16_byte_loads(monkeypatch, precision):
     """load16 reads B exactly when its rows are 16-byte aligned (N % VEC == 0)."""
-    calls = []
-    real = convert.load16
-
-    def counted(arr, i, j):
-        calls.append((int(i), int(j)))
-        return real(arr, i, j)
-
-    monkeypatch.setattr(convert, "load16", counted)
+    calls = count_load16(monkeypatch)
     spec = small(precision)                     # built now: it calls the counting load16
     assert gemmlib.verify(spec, ALIGNED, seed=2).ok
     assert calls
