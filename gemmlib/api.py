@@ -133,6 +133,7 @@ def _torch():
     global _TORCH
     if _TORCH is None and "torch" in sys.modules:
         _TORCH = sys.modules["torch"]
+        _TENSOR[:] = [_TORCH.Tensor, _TORCH.nn.Parameter]
     return _TORCH
 
 
@@ -318,7 +319,7 @@ def _check_operands(spec: KernelSpec, a: _Operand, b: _Operand, c: _Operand | No
                     f"out shares memory with {name}: the kernel would overwrite its own input "
                     f"while reading it. Pass a separate output array")
     if not a.on_host:
-        current = backend.array_module().cuda.runtime.getDevice()
+        current = _current_device()
         for op, name in ops:
             if op.device is not None and op.device != current:
                 raise ValueError(
@@ -365,6 +366,8 @@ def _staging_stream(stream):
     """
     if stream is None:
         return nullcontext()  # CuPy's current stream, where the kernel goes too
+    if sys.modules.get("cupy") is None:   # a torch caller: copies are torch's (_torch_stream)
+        return nullcontext()
     if isinstance(stream, _RawStream) or hasattr(stream, "cuda_stream"):  # torch's
         return backend.array_module().cuda.ExternalStream(dispatch.stream_handle(stream))
     if hasattr(stream, "ptr"):
@@ -453,6 +456,26 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     operand is not 16-byte aligned, the call first copies A and B into zero-padded
     aligned buffers (the result is the same; the copy costs time).
     """
+    if type(A) in _TENSOR and type(B) in _TENSOR:   # torch's own calls: the lean path first
+        plain = (kernel is None and stream is None and precision is None and scale_a is None
+                 and scale_b is None)
+        if plain:
+            C = _torch_repeat(A, B, out, bias, transpose_b, out_dtype)
+            if C is not None:
+                return C
+            _RECORD.known = None
+        C = _matmul_checked(A, B, out, kernel, stream, transpose_b, precision, scale_a,
+                            scale_b, out_dtype, bias)
+        if plain and _RECORD.known is not None:
+            _remember_torch(A, B, out, bias, transpose_b, out_dtype, C)
+        return C
+    return _matmul_checked(A, B, out, kernel, stream, transpose_b, precision, scale_a,
+                           scale_b, out_dtype, bias)
+
+
+def _matmul_checked(A, B, out, kernel, stream, transpose_b, precision, scale_a, scale_b,
+                    out_dtype, bias):
+    """matmul with every check (a repeat of a checked description skips most of them)."""
     if stream is not None:
         _check_stream(stream)
     a, b = _describe(A, "A"), _describe(B, "B")
@@ -487,6 +510,7 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     if key is not None:
         known = dispatch.CALLS.get(key)
         if known is not None and _still_holds(known, a, b, c):
+            _RECORD.known = known   # (a torch caller's lean path may remember it)
             return _run_known(known, a, b, c, out, stream, z)
     _RECORD.known = None
     C = _matmul(a, b, c, out, kernel, stream, precision, o16, z)
@@ -496,6 +520,122 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     if out is None and a.kind in ("numpy", "dlpack") and not isinstance(A, np.ndarray):
         C = _like_input(C, A)
     return C
+
+
+#: torch.Tensor and nn.Parameter once torch is imported (no subclass: a DTensor or a fake
+#: tensor takes the checked path)
+_TENSOR = []
+
+
+class _TorchCall:
+    """A torch call's description whose every check an earlier call passed: what a repeat
+    launches (the plan, in ``known``) and the few checks that depend on the pointers."""
+
+    __slots__ = ("known", "shape", "strides", "dtype", "spans", "bias_type", "devices")
+
+    def __init__(self, known, shape, dtype, spans, bias_type):
+        self.known, self.shape, self.dtype = known, shape, dtype
+        self.strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+        self.spans = spans            # bytes A, B and C reach from their first element
+        self.bias_type = bias_type    # "fp32"/"fp16"/"bf16", or None: no bias
+        self.devices = {}             # device index -> torch.device
+
+
+#: torch call descriptions -> _TorchCall
+_TORCH_CALLS = dispatch._LRU(4096)
+
+
+def _torch_key(A, B, out, bias, transpose_b, out_dtype):
+    return (A.dtype, A.shape, A.stride(), B.dtype, B.shape, B.stride(), transpose_b,
+            out_dtype, None if out is None else (out.dtype, out.shape, out.stride()),
+            None if bias is None else (bias.dtype, bias.shape, bias.stride()))
+
+
+def _span(t) -> int:
+    """Bytes from a tensor's first element to the end of its last."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _remember_torch(A, B, out, bias, transpose_b, out_dtype, C) -> None:
+    """The checked call just launched its plan on these tensors as they lie (``_RECORD``):
+    remember the description for the lean path, when a repeat can launch the same way --
+    2-D operands, or an A of (..., M, K) whose rows are one contiguous (M, K) matrix."""
+    k = _RECORD.known
+    _RECORD.known = None
+    p = k.plan
+    if not A.is_cuda or B.dim() != 2 or (A.dim() != 2 and not A.is_contiguous()):
+        return
+    if out is not None and not out.is_contiguous():
+        return
+    if (A.dim() == 2 and tuple(A.shape) != (p.M, p.K)) or p.batch != 1:
+        return
+    bias_type = None if bias is None else _BIAS_TYPE.get(str(bias.dtype)[6:])
+    if bias is not None and (bias_type is None or not bias.is_contiguous()):
+        return
+    spans = (_span(A), _span(B), _span(C))
+    _TORCH_CALLS.put(_torch_key(A, B, out, bias, transpose_b, out_dtype),
+                     _TorchCall(k, tuple(C.shape), C.dtype, spans, bias_type))
+
+
+def _torch_repeat(A, B, out, bias, transpose_b, out_dtype):
+    """A repeat of a remembered torch call description (see _remember_torch): the checks
+    that depend on this call's tensors, then the launch; None where any differs (the
+    checked path then runs, with its message)."""
+    f = _TORCH_CALLS.get(_torch_key(A, B, out, bias, transpose_b, out_dtype))
+    if f is None:
+        return None
+    torch = _TORCH
+    dev = A.get_device()
+    if dev < 0 or B.get_device() != dev or dev != torch._C._cuda_getDevice():
+        return None
+    if (A.requires_grad or B.requires_grad) and torch.is_grad_enabled():
+        return None
+    k = f.known
+    a_ptr, b_ptr = A.data_ptr(), B.data_ptr()
+    if k.align and (a_ptr | b_ptr) & 15:
+        return None
+    z = ()
+    if bias is not None:
+        if bias.get_device() != dev or (bias.requires_grad and torch.is_grad_enabled()):
+            return None
+        z = (bias.data_ptr(), f.bias_type)
+    if out is None:
+        where = f.devices.get(dev)
+        if where is None:
+            where = f.devices[dev] = torch.device("cuda", dev)
+        C = torch.empty_strided(f.shape, f.strides, dtype=f.dtype, device=where)
+        c_ptr = C.data_ptr()
+    else:
+        c_ptr = out.data_ptr()
+        sa, sb, sc = f.spans
+        if (out.get_device() != dev or (c_ptr < a_ptr + sa and a_ptr < c_ptr + sc)
+                or (c_ptr < b_ptr + sb and b_ptr < c_ptr + sc)):
+            return None   # the checked path refuses an out sharing an input's memory
+        C = out
+    bound = k.bound.get(dev)
+    if bound is None:
+        bound = k.bound[dev] = dispatch.bound(k.plan)
+    stream = _RAW_STREAM(dev)
+    # torch knows whether its current stream is being captured (one C call)
+    graph = ((bound.needs_buffers or k.out16 is not None)
+             and torch._C._cuda_isCurrentStreamCapturing())
+    if k.out16 is None:
+        dispatch.run(k.plan, a_ptr, b_ptr, c_ptr, stream, bound=bound, bias=z, graph=graph)
+    else:
+        dispatch.run_rounded(k.plan, a_ptr, b_ptr, c_ptr, k.out16, stream, bound=bound,
+                             bias=z, graph=graph)
+    return C
+
+
+def _RAW_STREAM(dev: int) -> int:
+    torch = _TORCH
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return torch.cuda.current_stream(dev).cuda_stream
+    globals()["_RAW_STREAM"] = raw   # one C call from now on
+    return raw(dev)
 
 
 def linear(x, weight, bias=None, **kwargs):
@@ -816,14 +956,8 @@ def _still_holds(k: _Known, a: _Operand, b: _Operand, c: _Operand | None) -> boo
     return True
 
 
-_GET_DEVICE = None
-
-
 def _current_device() -> int:
-    global _GET_DEVICE
-    if _GET_DEVICE is None:
-        _GET_DEVICE = backend.array_module().cuda.runtime.getDevice
-    return _GET_DEVICE()
+    return dispatch.driver().current_device()
 
 
 def _run_known(k: _Known, a, b, c, out, stream, z=None):
@@ -997,9 +1131,10 @@ def _launched(a, b, c, out, z, spec, stream, M, N, K, o16, out16):
     simulator): A read row-major and B as the spec reads it -- in place where they lie
     so, else copied -- padded where the spec's 16-byte pieces need it; C allocated
     unless given.  Remembers what a repeat may skip (:func:`_remember`)."""
-    xp = np if a.on_host else backend.array_module()
+    xp = np if a.on_host else _TorchArrays(a) if a.kind == "torch" else backend.array_module()
     # Every copy below runs on the kernel's stream, in order with the caller's work.
-    with _staging_stream(stream) if not a.on_host else nullcontext():
+    with (nullcontext() if a.on_host else _torch_stream(stream) if a.kind == "torch"
+          else _staging_stream(stream)):
         a, b, spec, copied = _fit_layouts(a, b, spec, stream)
         nk = spec.b_operand == "NK"
         km = spec.a_operand == "KM"
@@ -1126,6 +1261,8 @@ def _bits_of(x, on_host: bool, xp):
         return x.view(np.uint16)
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
+        if isinstance(xp, _TorchArrays):
+            return x.view(torch.int16)   # the kernel takes the bits; no CuPy needed
         x = x.view(torch.int16)   # torch exports no bfloat16 through CAI
     x = x if type(x) is _cupy_ndarray() else xp.asarray(x)
     return x.view(np.uint16)
@@ -1173,6 +1310,8 @@ def _kernel_array(op: _Operand, xp):
         x = x.detach()   # CAI refuses a tensor that requires grad (no autograd here)
         if op.dname == "bfloat16":
             x = x.view(_torch().int16)  # torch exports no bfloat16 through CAI; the bits do
+        if isinstance(xp, _TorchArrays):
+            return x
     return x if type(x) is _cupy_ndarray() else xp.asarray(x)
 
 
@@ -1184,6 +1323,30 @@ def _to_device(op: _Operand, xp):
 
         return BF16Array(xp.asarray(x.view(np.uint16)))
     return xp.asarray(x)
+
+
+class _TorchArrays:
+    """The few array operations the launch path needs, for torch operands, done by torch
+    on its current stream (a torch caller's process never imports CuPy)."""
+
+    def __init__(self, like: _Operand):
+        self.device = like.obj.device
+
+    def _dtype(self, dtype):
+        torch = _torch()
+        if isinstance(dtype, torch.dtype):
+            return dtype
+        name = np.dtype(dtype).name
+        return torch.int16 if name == "uint16" else getattr(torch, name)
+
+    def empty(self, shape, dtype):
+        return _torch().empty(shape, dtype=self._dtype(dtype), device=self.device)
+
+    def zeros(self, shape, dtype):
+        return _torch().zeros(shape, dtype=self._dtype(dtype), device=self.device)
+
+    def asarray(self, x):
+        return x
 
 
 def _padded(x, rows: int, cols: int, xp):
@@ -1224,3 +1387,6 @@ def _allocate_output(M: int, N: int, dtype, like: _Operand):
 def launch(spec: KernelSpec, A, B, C, M: int, N: int, K: int, stream=None) -> None:
     """Launch ``spec`` on arrays the kernel can take as they are (no operand checks)."""
     dispatch.launch(spec, A, B, C, M, N, K, stream=stream)
+
+
+_torch()   # a process that imported torch first: its tensors take the lean path at once

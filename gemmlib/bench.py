@@ -541,7 +541,9 @@ def call_steps(A, B) -> tuple[str, dict]:
     from gemmlib import api
 
     a, b = api._describe(A, "A"), api._describe(B, "B")
-    key = api._call_key(a, b, None, None, False, None)
+    o16 = api._out_type(None, a, None)
+    key = api._call_key(a, b, None, None, None, o16)
+    matmul(A, B)
     matmul(A, B)
     known = dispatch.CALLS.get(key)
     p = known.plan
@@ -552,7 +554,7 @@ def call_steps(A, B) -> tuple[str, dict]:
     steps = {
         "whole call": lambda: matmul(A, B),
         "describe A": lambda: api._describe(A, "A"),
-        "call key": lambda: api._call_key(a, b, None, None, False, None),
+        "call key": lambda: api._call_key(a, b, None, None, None, o16),
         "lookup": lambda: dispatch.CALLS.get(key),
         "still holds": lambda: api._still_holds(known, a, b, None),
         "current device": api._current_device,

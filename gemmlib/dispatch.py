@@ -66,6 +66,8 @@ from gemmlib import backend, diskcache, tma, tuning
 from gemmlib._version import __version__
 from gemmlib.backend import SIMULATOR, cuda
 from gemmlib.kernels import get as get_rung
+from gemmlib.runtime import memory
+from gemmlib.runtime.driver import CudaError, _cluster_config, driver  # noqa: F401
 from gemmlib.spec import KernelSpec, cdiv
 
 AUTO = "auto"
@@ -628,94 +630,6 @@ def cache_key(module: str, kernel_name: str, params: dict, cc, signature: str) -
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-class CudaError(RuntimeError):
-    """A CUDA driver call failed (the message names the call and the error)."""
-
-
-class _ClusterDim(ctypes.Structure):
-    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
-
-
-class _AttrValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_char * 64), ("cluster", _ClusterDim)]
-
-
-class _LaunchAttr(ctypes.Structure):
-    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value."""
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _AttrValue)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig (cuda.h): grid, block, dynamic shared bytes, stream, attributes."""
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
-
-
-#: CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-_CLUSTER_ATTR = 4
-
-
-def _cluster_config(grid, block, shared: int, stream: int, cluster: int) -> _LaunchConfig:
-    """A launch configuration whose blocks form clusters of ``cluster`` along x (the
-    attribute array is kept alive by the returned object)."""
-    attr = _LaunchAttr(id=_CLUSTER_ATTR)
-    attr.value.cluster = _ClusterDim(cluster, 1, 1)
-    cfg = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(*block),
-                        shared=shared, stream=stream or None, attrs=ctypes.pointer(attr),
-                        num_attrs=1)
-    cfg._attr = attr
-    return cfg
-
-
-class _Driver:
-    """The few driver entry points the launch path needs, called through ctypes."""
-
-    FUNC_ATTR = {"max_threads": 0, "shared_bytes": 1, "const_bytes": 2, "local_bytes": 3,
-                 "registers": 4}
-    MAX_DYNAMIC_SHARED = 8
-
-    def __init__(self):
-        name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
-        lib = ctypes.CDLL(name)
-        P, vp, ci, cu = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
-
-        def fn(symbol, *argtypes):
-            f = getattr(lib, symbol)
-            f.argtypes, f.restype = list(argtypes), ci
-            return f
-
-        self.ctx_get_current = fn("cuCtxGetCurrent", P(vp))
-        self.module_load_data = fn("cuModuleLoadData", P(vp), ctypes.c_char_p)
-        self.module_get_function = fn("cuModuleGetFunction", P(vp), vp, ctypes.c_char_p)
-        self.func_get_attribute = fn("cuFuncGetAttribute", P(ci), ci, vp)
-        self.func_set_attribute = fn("cuFuncSetAttribute", vp, ci, ci)
-        self.launch_kernel = fn("cuLaunchKernel", vp, cu, cu, cu, cu, cu, cu, cu, vp, vp, vp)
-        self.launch_kernel_ex = fn("cuLaunchKernelEx", P(_LaunchConfig), vp, vp, vp)
-        self.max_active_clusters = fn("cuOccupancyMaxActiveClusters", P(ci), vp,
-                                      P(_LaunchConfig))
-        self._error_name = fn("cuGetErrorName", ci, P(ctypes.c_char_p))
-
-    def check(self, rc: int, what: str) -> None:
-        if rc:
-            name = ctypes.c_char_p()
-            self._error_name(rc, ctypes.byref(name))
-            raise CudaError(f"{what} failed: {(name.value or b'?').decode()} ({rc})")
-
-    def current_context(self) -> int:
-        ctx = ctypes.c_void_p()
-        self.check(self.ctx_get_current(ctypes.byref(ctx)), "cuCtxGetCurrent")
-        if not ctx.value:  # a thread that has not touched CUDA yet: use the primary context
-            cuda.current_context()
-            self.check(self.ctx_get_current(ctypes.byref(ctx)), "cuCtxGetCurrent")
-        return ctx.value
-
-
-@lru_cache(maxsize=None)
-def driver() -> _Driver:
-    return _Driver()
-
-
 class Compiled:
     """One kernel's machine code and its loaded function per CUDA context."""
 
@@ -941,7 +855,7 @@ class _Bound:
         #: the word after the arrays: TMA rungs' address of the tensor maps
         self.maps_word = len(self.words)
         self.words += [0] * len(spec.scalar_args)
-        self.scratch = {}  # stream -> the workspace arrays, kept (see _scratch)
+        self.scratch = {}  # (stream, graph) -> the workspace buffers, kept (_scratch)
         self.red = self.red_words = None
         self.maps = None  # (a_ptr, b_ptr, tma generation, address, scales, c_ptr): _maps_of
         self._local = threading.local()
@@ -961,6 +875,10 @@ class _Bound:
         self.finish = {}
         self.finish_words = {}
         self.reduce_grid = p.reduce_grid   # computed once, not per launch
+        #: whether a launch uses buffers or maps of its own (what a CUDA-graph capture
+        #: must give the graph: see run)
+        self.needs_buffers = bool(p.splits > 1 or p.workspace or spec.tma_boxes
+                                  or spec.b_prep is not None)
 
 
     def parameters(self, which: str = "words"):
@@ -1021,7 +939,7 @@ def _bound(p: Plan) -> _Bound:
 
 
 def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None,
-        scales: tuple = (), bias: tuple = ()) -> None:
+        scales: tuple = (), bias: tuple = (), graph: bool | None = None) -> None:
     """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
 
     B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
@@ -1029,31 +947,36 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     for the current context (:func:`bound`), when the caller keeps it.  ``bias``:
     ``(address, type)`` of a row of N values ("fp32", "fp16", "bf16") added to every row
     of C -- by the rung's own epilogue (``spec.bias_arg``), else by one more kernel
-    (:func:`_finish_bias`).
+    (:func:`_run_then_bias`).  ``graph``: whether ``stream`` is being captured, when the
+    caller knows (else the driver is asked, for plans that keep buffers or maps).
     """
     b = bound or _bound(p)
+    # Under a CUDA-graph capture the call's buffers and maps are the graph's own
+    # (gemmlib.runtime.memory); a plan that needs none launches as it would eagerly.
+    if graph is None:
+        graph = b.needs_buffers and memory.capturing(stream)
     if bias and not p.spec.bias_arg:
-        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32")
+        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32", graph)
         return
     if p.spec.tma_boxes and p.K == 0:   # no map of an empty matrix: C = 0 without the kernel
         if bias:
-            _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32")
+            _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32", graph)
             return
         isz = np.dtype(p.spec.out_dtype).itemsize   # float32, or bf16 bits (FP8 rungs)
-        backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, isz * p.M * p.N, stream)
+        memory.zero_async(c_ptr, isz * p.M * p.N, stream)
         return
     if p.splits <= 1:   # the common case: one launch
-        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias)
+        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph)
         return
     # The slices' sums: one buffer per bound plan and stream, kept (launches on one stream
     # run in order: the next call's slices are written after this call's sum has read them).
-    w_ptr = _partials(b, p, stream)
-    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales)
+    w_ptr = _partials(b, p, stream, graph)
+    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales, (), graph)
     _launch_reduce(b.red, b, p, w_ptr, c_ptr, stream, "red_words")
 
 
 def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: int = 0,
-                bound=None, bias: tuple = ()) -> None:
+                bound=None, bias: tuple = (), graph: bool | None = None) -> None:
     """Plan ``p`` of a rung that writes float32, for a C of 16-bit ``out`` ("fp16" /
     "bf16") at ``c_ptr`` (GPU only).  The rung writes its result -- or its K slices'
     partial products -- into a float32 buffer kept per bound plan and stream, and one
@@ -1061,14 +984,16 @@ def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: i
     nearest even: two launches, as split-K's float32 call, instead of a float32 C and a
     cast of it by the array library."""
     b = bound or _bound(p)
+    if graph is None:   # (a float32 buffer: always one to keep right)
+        graph = memory.capturing(stream)
     if bias:   # the sum, the bias and the rounding in one more kernel
-        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, (), bias, out)
+        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, (), bias, out, graph)
         return
     if p.spec.tma_boxes and p.K == 0:   # C = +0.0 (zero bits), as run's float32 C
-        backend.array_module().cuda.runtime.memsetAsync(c_ptr, 0, 2 * p.M * p.N, stream)
+        memory.zero_async(c_ptr, 2 * p.M * p.N, stream)
         return
-    w_ptr = _partials(b, p, stream)
-    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, ())
+    w_ptr = _partials(b, p, stream, graph)
+    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, (), (), graph)
     fn = b.round16.get(out)
     if fn is None:
         fn = b.round16[out] = _compiled_round16(out).function(driver().current_context())
@@ -1076,17 +1001,17 @@ def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: i
 
 
 def _run_then_bias(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
-                   scales: tuple, bias: tuple, out: str) -> None:
+                   scales: tuple, bias: tuple, out: str, graph: bool) -> None:
     """A rung without a bias epilogue (or a float32 build of one, for a 16-bit ``out``):
     it writes float32 -- into C itself when C is float32 and K is not sliced, else into
     this plan's float32 buffer -- and ``split_k.BIAS_FINISH`` adds the slices and the bias
     in fp32 and rounds once into C."""
     in_place = out == "fp32" and p.splits <= 1
-    w_ptr = c_ptr if in_place else _partials(b, p, stream)
+    w_ptr = c_ptr if in_place else _partials(b, p, stream, graph)
     if p.spec.tma_boxes and p.K == 0:
-        backend.array_module().cuda.runtime.memsetAsync(w_ptr, 0, 4 * p.M * p.N, stream)
+        memory.zero_async(w_ptr, 4 * p.M * p.N, stream)
     else:
-        _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales)
+        _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales, (), graph)
     key = (out, bias[1])
     fn = b.finish.get(key)
     if fn is None:
@@ -1100,22 +1025,25 @@ def _run_then_bias(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
     _launch(fn, b.reduce_grid, p.spec.reduce_block, 0, stream, words)
 
 
-def _partials(b: "_Bound", p: Plan, stream: int) -> int:
-    """The address of this bound plan's float32 (splits * M) x N buffer on ``stream``."""
-    kept = b.scratch.get(("w", stream))
+def _partials(b: "_Bound", p: Plan, stream: int, graph: bool = False) -> int:
+    """The address of this bound plan's float32 (splits * M) x N buffer on ``stream``
+    (``graph``: the one calls captured on ``stream`` use)."""
+    key = ("w", stream, graph)
+    kept = b.scratch.get(key)
     if kept is None:
-        W = _workspace(p.splits * p.M, p.N, "float32", stream)
-        kept = _keep(b, ("w", stream), (W, int(W.data.ptr)), W.nbytes)
+        W = memory.allocate(4 * p.splits * p.M * p.N, stream)
+        kept = _keep(b, key, (W, W.ptr), W.nbytes, graph)
     return kept[1]
 
 
 def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
-                 scales: tuple, bias: tuple = ()) -> None:
+                 scales: tuple, bias: tuple = (), graph: bool = False) -> None:
     """The main kernel of bound plan ``b`` writing ``c_ptr`` (C, or the slices' buffer):
     the pointers into its parameter block, packed once (then its workspace arrays and the
-    address of its tensor maps where it takes them)."""
+    address of its tensor maps where it takes them).  ``graph``: ``stream`` is being
+    captured (the workspace and maps are the graph's own)."""
     if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
-        b_ptr = _prepared_b(b, p, b_ptr, stream)
+        b_ptr = _prepared_b(b, p, b_ptr, stream, graph)
     values, pointers = b.parameters()
     values[_A_WORD] = a_ptr
     values[_B_WORD] = b_ptr
@@ -1126,11 +1054,14 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
         values[w + 1] = 1 if bias else 0                # shape[0]
         values[w - 2] = p.N if bias else 0              # size
     if p.workspace:   # the words after C (and the bias): this stream's workspace arrays
-        ws = b.scratch.get(stream) or _scratch(b, p, stream)
+        ws = b.scratch.get((stream, graph)) or _scratch(b, p, stream, graph)
+        if graph:   # a replay must find the counters zero whichever graph ran before
+            for ptr, nbytes in ws[2]:
+                memory.zero_async(ptr, nbytes, stream)
         for w, ptr in zip(b.work_words, ws[1]):
             values[w] = ptr
     if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
-        values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr)
+        values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr, graph)
     drv = driver()
     if p.spec.cluster > 1:
         cfg = _cluster_config(b.grid, p.block, p.shared_bytes, stream, p.spec.cluster)
@@ -1160,21 +1091,31 @@ SCRATCH_BYTES = 512 * 2**20
 _SCRATCH: OrderedDict = OrderedDict()   # (id(bound), key) -> (bound, bytes); key: stream, ("bt", stream)
 
 
-def _scratch(b: "_Bound", p: Plan, stream: int):
+def _scratch(b: "_Bound", p: Plan, stream: int, graph: bool = False):
     """Plan ``p``'s workspace arrays for ``stream``, allocated once (counters zeroed) and
-    kept with the bound plan: (arrays, pointers).  Launches on one stream run in order,
-    so they share them; each kernel leaves its counters zero for the next."""
+    kept with the bound plan: (buffers, pointers, the counters' (pointer, bytes)).
+    Launches on one stream run in order, so they share them; each kernel leaves its
+    counters zero for the next."""
     # counters are zeroed on ``stream`` itself, so before any launch that uses them
-    arrays = [_workspace(rows, cols, dt, stream, zero=np.dtype(dt).kind in "iu")
-              for rows, cols, dt in p.workspace]
-    return _keep(b, stream, (arrays, [a.data.ptr for a in arrays]),
-                 sum(a.nbytes for a in arrays))
+    bufs, counters = [], []
+    for rows, cols, dt in p.workspace:
+        nbytes = rows * cols * np.dtype(dt).itemsize
+        counter = np.dtype(dt).kind in "iu"
+        bufs.append(memory.allocate(nbytes, stream, zero=counter and not graph))
+        if counter:
+            counters.append((bufs[-1].ptr, nbytes))
+    return _keep(b, (stream, graph), (bufs, [x.ptr for x in bufs], counters),
+                 sum(x.nbytes for x in bufs), graph)
 
 
-def _keep(b: "_Bound", key, value, nbytes: int):
-    """Keep ``value`` (scratch arrays and their addresses) as ``b.scratch[key]``, within
-    SCRATCH_BYTES for all plans and streams together: past it the oldest go."""
+def _keep(b: "_Bound", key, value, nbytes: int, graph: bool = False):
+    """Keep ``value`` (scratch buffers and their addresses) as ``b.scratch[key]``, within
+    SCRATCH_BYTES for all plans and streams together: past it the oldest go.  A captured
+    graph's buffers (``graph``) are kept for good: the graph may replay at any time."""
     b.scratch[key] = value
+    if graph:
+        memory.keep_for_graphs(value)
+        return value
     with _LOCK:
         _SCRATCH[(id(b), key)] = (b, nbytes)
         while sum(n for _, n in _SCRATCH.values()) > SCRATCH_BYTES and len(_SCRATCH) > 1:
@@ -1183,14 +1124,14 @@ def _keep(b: "_Bound", key, value, nbytes: int):
     return value
 
 
-def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int) -> int:
+def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int, graph: bool = False) -> int:
     """Launch ``p.spec.b_prep`` on ``stream``: B (K x N at ``b_ptr``) transposed into this
     stream's (N, K) buffer, allocated once per bound plan and stream; its address."""
-    key = ("bt", stream)
+    key = ("bt", stream, graph)
     kept = b.scratch.get(key)
     if kept is None:
-        bt = _workspace(p.N, p.K, p.spec.kernel_dtypes[1], stream)
-        kept = _keep(b, key, (bt, int(bt.data.ptr)), bt.nbytes)
+        bt = memory.allocate(p.N * p.K * np.dtype(p.spec.kernel_dtypes[1]).itemsize, stream)
+        kept = _keep(b, key, (bt, bt.ptr), bt.nbytes, graph)
     words = b.prep_words.copy()
     words[_DATA[0]], words[_DATA[1]] = b_ptr, kept[1]
     _launch(b.prep, p.spec.b_prep_grid(p.K, p.N), p.spec.b_prep_block, 0, stream, words)
@@ -1198,10 +1139,14 @@ def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int) -> int:
 
 
 def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
-             scales: tuple = (), c_ptr: int = 0) -> int:
+             scales: tuple = (), c_ptr: int = 0, graph: bool = False) -> int:
     """The maps' address, remembered for the last operands of this bound plan: a loop over
-    the same A and B (and C, for a rung that stores C by TMA) skips building the lookup key."""
+    the same A and B (and C, for a rung that stores C by TMA) skips building the lookup key.
+    ``graph``: maps of the capture's own, written in the captured stream (tma.operand_maps)."""
     c_key = c_ptr if p.spec.tma_store_box else 0   # C matters only to a TMA-store rung
+    if graph:
+        return _tensor_maps(p, a_ptr, b_ptr, stream, scales,
+                            c_key if p.spec.c_map_ok(p.N, c_key) else 0, graph=True)
     last = b.maps
     if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == tma.GENERATION
             and last[4] == scales and last[5] == c_key):
@@ -1213,7 +1158,7 @@ def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
 
 
 def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (),
-                 c_ptr: int = 0) -> int:
+                 c_ptr: int = 0, graph: bool = False) -> int:
     """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``, then C's
     (M x N) when ``c_ptr`` is given (a spec that stores C by TMA, and a C that can take it:
     ``KernelSpec.c_map_ok``, decided by :func:`_maps_of`)."""
@@ -1233,23 +1178,13 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
     if c_ptr:
         ops.append((c_ptr, (M, N), N * np.dtype(ic).itemsize, np.dtype(ic).name,
                     spec.tma_store_box, 128))
-    return tma.operand_maps(tuple(ops), stream, tuple(scales) if spec.scale_words else ())
+    return tma.operand_maps(tuple(ops), stream, tuple(scales) if spec.scale_words else (),
+                            graph=graph)
 
 
 #: the element type a tensor map of each precision's operands names
 TMA_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "3xtf32": "float32",
              "e4m3": "uint8", "e5m2": "uint8"}
-
-
-def _workspace(rows: int, cols: int, dtype, stream: int, zero: bool = False):
-    """A (rows, cols) scratch array allocated on ``stream`` (CuPy's pool is stream-ordered),
-    zero-filled there when ``zero``."""
-    from contextlib import nullcontext
-
-    cp = backend.array_module()
-    current = stream == cp.cuda.get_current_stream().ptr
-    with nullcontext() if current else cp.cuda.ExternalStream(stream):
-        return (cp.zeros if zero else cp.empty)((rows, cols), dtype=dtype)
 
 
 # --------------------------------------------------------------------------
@@ -1349,9 +1284,10 @@ def _simulated_device_copy(C):
 
 
 def stream_handle(stream=None) -> int:
-    """The raw CUstream of a CuPy, numba or torch stream (None: CuPy's current stream)."""
+    """The raw CUstream of a CuPy, numba or torch stream (None: the framework's current
+    stream, :func:`gemmlib.runtime.memory.current_stream`)."""
     if stream is None:
-        return backend.array_module().cuda.get_current_stream().ptr
+        return memory.current_stream()
     if hasattr(stream, "ptr"):  # CuPy
         return int(stream.ptr)
     if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream

@@ -33,7 +33,17 @@ def steps(A, B, label):
     rows["reference matmul"] = ((lambda: torch.matmul(A, B)) if isinstance(A, torch.Tensor)
                                 else (lambda: backend.array_module().matmul(A, B)))
     if isinstance(A, torch.Tensor):
-        rows["torch.empty"] = lambda: torch.empty((64, 64), dtype=torch.float32, device=A.device)
+        shape, dt, dev = (A.shape[0], B.shape[1]), A.dtype, A.device
+        rows["torch.empty"] = lambda: torch.empty(shape, dtype=dt, device=dev)
+        rows["A.new_empty"] = lambda: A.new_empty(shape)
+        rows["torch.empty_strided"] = lambda: torch.empty_strided(shape, (shape[1], 1), dtype=dt,
+                                                                  device=dev)
+        rows["torch.cuda.current_device"] = torch.cuda.current_device
+        rows["torch._C._cuda_getDevice"] = torch._C._cuda_getDevice
+        rows["torch.is_grad_enabled"] = torch.is_grad_enabled
+        rows["A.get_device"] = A.get_device
+        rows["A.data_ptr"] = A.data_ptr
+        rows["A.stride"] = A.stride
     res = {k: med(f) for k, f in rows.items()}
     print(f"--- {label}: {name}")
     for k, v in res.items():
@@ -48,12 +58,13 @@ for (M, N, K) in ((64, 64, 64), (1, 6144, 4096)):
         A = torch.rand(M, K, device="cuda", generator=g).to(dt)
         B = torch.rand(K, N, device="cuda", generator=g).to(dt)
         out[f"torch {dt} {M}x{N}x{K}"] = steps(A, B, f"torch {dt} {M}x{N}x{K}")
-    if M != 64:   # where the decode call's time goes, function by function
+    if True:   # where the call's time goes, function by function
         import cProfile
         import pstats
 
         A = torch.rand(M, K, device="cuda", generator=g).to(torch.float16)
         B = torch.rand(K, N, device="cuda", generator=g).to(torch.float16)
+        print(f"--- cProfile: torch float16 {M}x{N}x{K}, 2000 calls")
         for _ in range(50):
             gemmlib.matmul(A, B)
         prof = cProfile.Profile()

@@ -95,9 +95,13 @@ def as_read(spec, X):
 
 
 def run(spec, A, B, **kw):
-    """gemmlib.matmul with ``spec``, passing transpose_b as the spec requires."""
+    """gemmlib.matmul with ``spec``, passing transpose_b as the spec requires, into a
+    float32 C unless the spec writes 16 bits or ``out`` is given (the tolerances are the
+    accumulators')."""
     import gemmlib
 
+    if "out" not in kw and spec.out_dtype != "uint16":   # the rung's fp32 accumulators
+        kw.setdefault("out_dtype", "float32")
     return gemmlib.matmul(A, B, kernel=spec, transpose_b=nk(spec), **kw)
 
 

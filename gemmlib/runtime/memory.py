@@ -1,0 +1,126 @@
+"""Device memory for the runtime's own buffers (split-K partial sums, counters, a
+transposed B, tensor maps), from the caller's framework, safe under CUDA graphs.
+
+Where it comes from.  torch's caching allocator once torch has initialised CUDA (a
+torch caller then never needs CuPy, and memory asked for during a graph capture comes
+from the graph's private pool), else CuPy's pool.  Both are stream-ordered: a buffer
+allocated on a stream and freed is handed out again only in order on that stream,
+which is the only stream its kernels use.
+
+CUDA graphs.  A graph bakes in the addresses its kernels were captured with and
+replays them for as long as it lives, with no way for gemmlib to learn when it dies.
+So a call made while its stream is being captured (:func:`capturing`) gets buffers of
+its own -- allocated (and zeroed) inside the capture, never shared with eager calls,
+never freed -- and eager calls never hand the graph's buffers out again.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from gemmlib.runtime.driver import driver
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory at ``ptr``; freed (to its allocator, in order on the
+    stream it was allocated on) when the object goes."""
+
+    __slots__ = ("ptr", "nbytes", "_owner", "_free")
+
+    def __init__(self, ptr: int, nbytes: int, owner=None, free=None):
+        self.ptr, self.nbytes, self._owner, self._free = ptr, nbytes, owner, free
+
+    def __del__(self):
+        if self._free is not None:
+            try:
+                self._free(self.ptr)
+            except Exception:   # interpreter shutdown: the allocator may be gone
+                pass
+
+
+def _torch_ready():
+    """torch, when it has initialised CUDA in this process (else None)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch if torch.cuda.is_initialized() else None
+    except Exception:
+        return None
+
+
+def allocate(nbytes: int, stream: int, zero: bool = False) -> DeviceBuffer:
+    """``nbytes`` (rounded up to 256) on the current device, usable in order on
+    ``stream``; zeroed there when ``zero``."""
+    nbytes = max(256, -(-nbytes // 256) * 256)
+    torch = _torch_ready()
+    if torch is not None:
+        device = driver().current_device()
+        ptr = torch.cuda.caching_allocator_alloc(nbytes, device, stream)
+        buf = DeviceBuffer(ptr, nbytes, None, torch.cuda.caching_allocator_delete)
+    else:
+        import cupy as cp
+
+        current = stream == cp.cuda.get_current_stream().ptr
+        with cp.cuda.ExternalStream(stream) if not current else _nothing():
+            arr = cp.empty(nbytes, dtype=np.uint8)
+        buf = DeviceBuffer(int(arr.data.ptr), nbytes, arr)
+    if zero:
+        driver().memset_async(buf.ptr, nbytes, stream)
+    return buf
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def capturing(stream: int) -> bool:
+    """Whether ``stream`` is being captured into a CUDA graph.  A stream the driver
+    cannot answer for (the legacy stream while another one captures) counts as
+    capturing: the graph's own buffers are right for an eager call too."""
+    try:
+        return driver().capturing(stream)
+    except Exception:
+        return True
+
+
+#: buffers made for calls under capture: kept for the life of the process (see above)
+GRAPH_OWNED: list = []
+
+
+def keep_for_graphs(buf):
+    """Keep ``buf`` (anything holding device memory a captured graph uses) for good."""
+    GRAPH_OWNED.append(buf)
+    return buf
+
+
+def zero_async(ptr: int, nbytes: int, stream: int) -> None:
+    """Zero ``nbytes`` at ``ptr`` in order on ``stream``."""
+    driver().memset_async(ptr, nbytes, stream)
+
+
+def synchronize() -> None:
+    """Wait for all work on the current device."""
+    driver().synchronize()
+
+
+def current_device() -> int:
+    return driver().current_device()
+
+
+def current_stream() -> int:
+    """The stream a call with no stream named runs on: CuPy's current stream where the
+    caller uses CuPy, else torch's current stream, else the legacy default stream."""
+    cp = sys.modules.get("cupy")
+    if cp is not None:
+        return cp.cuda.get_current_stream().ptr
+    torch = _torch_ready()
+    if torch is not None:
+        return torch.cuda.current_stream().cuda_stream
+    return 0
