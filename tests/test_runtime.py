@@ -1,0 +1,119 @@
+"""gemmlib.runtime and the tensor maps' slots, without a GPU: the store kernel's PTX
+assembles, slots never overlap, a captured call's maps and buffers are the graph's own
+(never reused, never freed), and importing the torch front end leaves CuPy out."""
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gemmlib import dispatch, tma
+from gemmlib.runtime import memory
+
+
+class _FakeBuffer:
+    def __init__(self, base, nbytes):
+        self.ptr, self.nbytes = base, nbytes
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """Allocations from a counter and stores recorded, instead of a GPU."""
+    state = {"next": 1 << 20, "stores": []}
+
+    def allocate(nbytes, stream, zero=False):
+        buf = _FakeBuffer(state["next"], nbytes)
+        state["next"] += nbytes + 4096
+        return buf
+
+    monkeypatch.setattr(memory, "allocate", allocate)
+    monkeypatch.setattr(memory, "synchronize", lambda: None)
+    monkeypatch.setattr(tma, "_store", lambda addr, raw, stream:
+                        state["stores"].append((addr, raw.nbytes, stream)))
+    monkeypatch.setattr(tma, "encode_2d", lambda ptr, *rest: np.full(16, ptr, np.uint64))
+    monkeypatch.setattr(tma, "_KEPT", {})
+    monkeypatch.setattr(tma, "_GRAPH_KEPT", {})
+    monkeypatch.setattr(tma, "_EAGER_SLOTS", tma._Slots())
+    monkeypatch.setattr(tma, "_GRAPH_SLOTS", tma._Slots())
+    return state
+
+
+def _op(ptr):
+    return (ptr, (64, 64), 128, "float16", (64, 64), 128)
+
+
+def test_the_store_kernel_assembles():
+    ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
+    if not shutil.which(ptxas):
+        pytest.skip("no ptxas here")
+    import tempfile, os
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "s.ptx")
+        with open(src, "wb") as f:
+            f.write(tma._store_ptx().rstrip(b"\0"))
+        for arch in ("sm_75", "sm_90"):
+            r = subprocess.run([ptxas, f"-arch={arch}", src, "-o", os.path.join(d, "s.cubin")],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+
+
+def test_eager_maps_are_kept_and_reused(fake_device):
+    a = tma.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7)
+    assert tma.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7) == a
+    assert len(fake_device["stores"]) == 1   # written once, then found
+    b = tma.operand_maps((_op(3 << 30), _op(2 << 30)), stream=7)
+    assert abs(b - a) >= tma.SLOT_BYTES
+
+
+def test_slots_never_overlap_across_slabs(fake_device):
+    slots = tma._Slots()
+    got = [slots.take(0) for _ in range(3 * tma._SLAB_SLOTS + 5)]
+    assert len(set(got)) == len(got)
+    got.sort()
+    assert all(b - a >= tma.SLOT_BYTES for a, b in zip(got, got[1:]))
+
+
+def test_captured_maps_are_the_graphs_own(fake_device, monkeypatch):
+    ops = (_op(1 << 30), _op(2 << 30))
+    eager = tma.operand_maps(ops, stream=7)
+    g1 = tma.operand_maps(ops, stream=9, graph=True)
+    g2 = tma.operand_maps(ops, stream=9, graph=True)
+    assert g1 == g2 and g1 != eager
+    # every captured call records its own write (a replay does not rely on an earlier one)
+    assert [s[0] for s in fake_device["stores"]].count(g1) == 2
+    # eager maps filling up free the eager slots only
+    monkeypatch.setattr(tma, "MAX_KEPT", 4)
+    for i in range(12):
+        tma.operand_maps((_op((10 + i) << 30), _op(2 << 30)), stream=7)
+    assert tma.operand_maps(ops, stream=11, graph=True) == g1
+    eager_slots = set(tma._EAGER_SLOTS.free)
+    assert g1 not in eager_slots
+
+
+def test_a_graphs_workspace_is_kept_for_good(fake_device, monkeypatch):
+    class Bound:
+        scratch = {}
+
+    b = Bound()
+    before = len(memory.GRAPH_OWNED)
+    monkeypatch.setattr(dispatch, "SCRATCH_BYTES", 1)   # anything eager is evicted at once
+    dispatch._keep(b, ("w", 9, True), ("graph buffer", 123), 10**9, graph=True)
+    dispatch._keep(b, ("w", 7, False), ("eager buffer", 456), 10**9)
+    dispatch._keep(b, ("w", 8, False), ("eager buffer", 789), 10**9)
+    assert b.scratch[("w", 9, True)] == ("graph buffer", 123)
+    assert ("w", 7, False) not in b.scratch
+    assert len(memory.GRAPH_OWNED) == before + 1
+    memory.GRAPH_OWNED.pop()
+
+
+def test_the_torch_front_end_does_not_import_cupy():
+    pytest.importorskip("torch")
+    code = ("import sys, torch, gemmlib, gemmlib.torch_op as g;"
+            "x = torch.randn(3, 8); w = torch.randn(4, 8);"
+            "y = g.linear(x, w); assert 'cupy' not in sys.modules, 'cupy imported'")
+    env = {**__import__("os").environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
