@@ -4,6 +4,7 @@
 >>> C = gemmlib.matmul(A, B, kernel="shared")      # CuPy / numba / NumPy arrays
 >>> gemmlib.verify("shared", [(37, 29, 53)])        # against a float64 oracle
 >>> gemmlib.list_kernels()                          # the ladder, in course order
+>>> model = gemmlib.patch(model)                    # a torch model's nn.Linear layers
 """
 
 from gemmlib import _compat  # noqa: F401  (before numba)
@@ -14,6 +15,16 @@ from gemmlib.dispatch import get_spec as get_kernel
 from gemmlib.kernels import LADDER, all_specs
 from gemmlib.spec import ConstraintError, KernelSpec
 from gemmlib.verify import Report, verify
+
+
+def __getattr__(name: str):
+    # the torch-backed parts load on first use: `import gemmlib` never imports torch
+    if name in ("nn", "patch", "unpatch"):
+        import importlib
+
+        nn = importlib.import_module("gemmlib.nn")
+        return nn if name == "nn" else getattr(nn, name)
+    raise AttributeError(f"module 'gemmlib' has no attribute {name!r}")
 
 
 def list_kernels() -> list[str]:

@@ -16,6 +16,7 @@ examples:
   python -m gemmlib bench --kernels shared coalesced --shape 4096
   python -m gemmlib bench --out results            # full sweep, written as JSON + CSV
   python -m gemmlib bench --suite models --out results   # model projections, torch inputs
+  python -m gemmlib bench --suite e2e --out results      # a Llama model, patched vs torch
 
 Figures from result files: python -m gemmcourse plot results/bench-*.json --out figures
 
@@ -140,6 +141,10 @@ def cmd_bench(args) -> int:
         return cmd_models(args)
     if args.suite == "layouts":
         return cmd_layouts(args)
+    if args.suite == "e2e":
+        from gemmlib import bench_e2e
+
+        return bench_e2e.cli(args)
     if args.host_cost:
         from gemmlib import backend
         from gemmlib.bench import first_call, host_costs, save_host_costs
@@ -211,12 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kernel: events around the launch alone (default); call: around "
                    "gemmlib.matmul(A, B, out=C) as users call it, with host us per call "
                    "(file stem gets -call); both")
-    s.add_argument("--suite", choices=("sweep", "models", "layouts"), default="sweep",
+    s.add_argument("--suite", choices=("sweep", "models", "layouts", "e2e"), default="sweep",
                    help="sweep: the ladder over squares and odd shapes (default); models: the "
                    "projections of Llama 3.1 8B and Qwen2.5 72B at 1..16384 tokens, timed as a "
                    "loop of calls against torch.matmul/cupy.matmul -> models-<gpu>-<date>.json; "
                    "layouts: NN/NT/TN/TT views and batched products against torch "
-                   "-> layouts-<gpu>-<date>.json")
+                   "-> layouts-<gpu>-<date>.json; e2e: transformers' LlamaForCausalLM at "
+                   "Llama 3.1 8B sizes, gemmlib.patch against torch: prefill, decode, a "
+                   "training step -> e2e-<gpu>-<date>.json")
     s.add_argument("--precisions", nargs="*", help="models suite: fp16 bf16 3xtf32 (default)")
     s.add_argument("--inputs", nargs="*", choices=("torch", "cupy"),
                    help="models suite: torch (default) and/or cupy operands")
@@ -227,7 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layouts suite: square sizes (default 4096 8192)")
     s.add_argument("--linear-tokens", nargs="*", type=int,
                    help="layouts suite: token counts timed in NN and NT only (default 1 16 128)")
-    s.add_argument("--tokens", nargs="*", type=int, help="models suite: token counts (M)")
+    s.add_argument("--tokens", nargs="*", type=int,
+                   help="models suite: token counts (M); e2e: prefill lengths (512 2048)")
+    s.add_argument("--phases", nargs="*", choices=("prefill", "decode", "train"),
+                   help="e2e suite: the phases (default all three)")
+    s.add_argument("--batches", nargs="*", type=int, help="e2e suite: decode batches (1 16 64)")
+    s.add_argument("--layers", type=int, help="e2e suite: decoder layers (default 4)")
+    s.add_argument("--dtype", choices=("bf16", "fp16"), help="e2e suite: weights (bf16)")
+    s.add_argument("--new-tokens", type=int, help="e2e suite: tokens decoded per run (32)")
+    s.add_argument("--quick", action="store_true",
+                   help="e2e suite: a fast smoke run (1 layer, short prompts, fewer repeats)")
     s.add_argument("--host-cost", action="store_true",
                    help="instead: where one call's host time goes (64^3, step by step) and "
                    "the first call in a fresh process -> host-cost-<gpu>-<date>.json")

@@ -1,0 +1,615 @@
+"""A whole model on gemmlib, against the same model on torch: ``python -m gemmlib bench
+--suite e2e --out results`` writes ``results/e2e-<gpu>-<date>.json``.
+
+The model is Hugging Face transformers' ``LlamaForCausalLM`` built from a ``LlamaConfig``
+at Llama 3.1 8B's sizes (hidden 4096, intermediate 14336, 32 query heads and 8 key/value
+heads of 128, vocabulary 128256, RoPE theta 500000), with ``--layers`` decoder layers
+(default 4) and random weights in bf16 (``--dtype``): nothing is downloaded.  Every row
+measures the same model object twice in one run: as built (``torch``: cuBLAS behind
+``nn.Linear``) and after :func:`gemmlib.patch` (``gemmlib``: every ``nn.Linear``, the
+output head included, on :func:`gemmlib.torch_op.linear`), with :func:`gemmlib.unpatch`
+between.  Attention, norms, RoPE and sampling are torch's in both.
+
+Phases (``--phases``):
+
+* ``prefill``: one forward pass of a batch-1 prompt of 512 and 2048 tokens
+  (``use_cache=False``, logits of every position); tokens/s = prompt tokens / time.
+* ``decode``: greedy decoding of 32 new tokens after a 16-token prompt, at batch 1, 16
+  and 64; tokens/s = batch x new tokens / time of the decoding loop (the prompt's forward
+  pass is outside the timed region).  The first new token is fixed (the same random
+  tokens for both sides), so the first step's logits compare like for like; the others
+  follow each side's own argmax.
+* ``train``: one training step, ``loss.backward()`` of the causal-LM loss on a batch of
+  2 x 256 random tokens; tokens/s of the step, and the gradient of every linear weight
+  against torch's.
+
+Modes (``mode``, said in each row's ``how``):
+
+* ``eager``: the model called from Python as a user does (decode: transformers' default
+  ``DynamicCache``);
+* ``graphs``: ``torch.cuda.graph`` by hand, no ``torch.compile``.  Prefill: the forward of
+  the prompt captured once and replayed.  Decode: one decoding step captured once with a
+  preallocated ``transformers.StaticCache`` -- the model's forward on a static (batch, 1)
+  token buffer, the argmax written back into that buffer and the cache position advanced
+  on the GPU -- so each new token is one replay and no Python runs per layer.  The
+  cache position and position ids are passed explicitly (a model that derived them on the
+  host would bake one position into the graph); each graphs row also records the first
+  step's logits against the eager path's (``*_graph_vs_eager``), which a wrong capture
+  would show.  A capture that fails is recorded in the row (``gemmlib_error`` /
+  ``torch_error``), and the suite goes on.  While a stream is captured, transformers
+  versions whose ``is_tracing`` counts stream capture (5.x) build the causal mask as a
+  tensor instead of leaving it to SDPA's ``is_causal``: a graphs prefill's attention then
+  runs with an explicit mask, on both sides alike.
+
+Timing: CUDA events around the timed region, after an untimed warm-up run (which also
+compiles gemmlib's kernels), the median of ``repeats`` runs (5).  ``logits_rel_diff`` is
+``||logits_gemmlib - logits_torch|| / ||logits_torch||`` in float32 (prefill: every
+position; decode: the first step; train: the training forward).  The file's ``meta`` has
+the GPU, its clocks, the driver and the versions of torch, transformers and numba-cuda;
+it is written after every row, so a run cut short keeps what it measured.
+
+transformers and torch are imported only when the suite runs: this module imports without
+them, and the row arithmetic (:func:`make_row`, :func:`plan`) needs neither.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+#: LlamaConfig fields of Llama 3.1 8B (meta-llama/Llama-3.1-8B's config.json), no RoPE scaling
+LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                   num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                   rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
+                   tie_word_embeddings=False, hidden_act="silu")
+PHASES = ("prefill", "decode", "train")
+MODES = ("eager", "graphs")
+PREFILL_TOKENS = (512, 2048)
+DECODE_BATCHES = (1, 16, 64)
+NEW_TOKENS = 32
+PROMPT_TOKENS = 16
+TRAIN_BATCH, TRAIN_TOKENS = 2, 256
+LAYERS = 4
+REPEATS = 5
+DTYPES = ("bf16", "fp16")
+#: where the model and its inputs live (torch.cuda's events and graphs time it there)
+DEVICE = "cuda"
+
+HOW = {
+    ("prefill", "eager"): "eager: model(input_ids, use_cache=False)",
+    ("prefill", "graphs"): "torch.cuda.graph: the prompt's forward captured once, replayed",
+    ("decode", "eager"): "eager: model(token, past_key_values=DynamicCache) per step",
+    ("decode", "graphs"): "torch.cuda.graph: one decode step captured by hand (StaticCache, "
+                          "argmax and cache position updated inside the graph), replayed",
+    ("train", "eager"): "eager: loss.backward() of the causal-LM loss",
+}
+
+
+@dataclass
+class Plan:
+    """What one run measures (see :func:`plan`)."""
+    phases: tuple = PHASES
+    modes: tuple = MODES
+    prefill_tokens: tuple = PREFILL_TOKENS
+    batches: tuple = DECODE_BATCHES
+    new_tokens: int = NEW_TOKENS
+    prompt_tokens: int = PROMPT_TOKENS
+    train_batch: int = TRAIN_BATCH
+    train_tokens: int = TRAIN_TOKENS
+    layers: int = LAYERS
+    dtype: str = "bf16"
+    repeats: int = REPEATS
+    quick: bool = False
+    config: dict = field(default_factory=lambda: dict(LLAMA_31_8B))
+
+    def cases(self) -> list[tuple[str, int, int, str]]:
+        """(phase, batch, tokens, mode) of every row, in the order they are measured."""
+        out = []
+        for phase in self.phases:
+            if phase == "prefill":
+                out += [(phase, 1, t, m) for t in self.prefill_tokens for m in self.modes]
+            elif phase == "decode":
+                out += [(phase, b, self.new_tokens, m) for b in self.batches for m in self.modes]
+            elif phase == "train":
+                out.append((phase, self.train_batch, self.train_tokens, "eager"))
+        return out
+
+
+def plan(phases=None, batches=None, tokens=None, layers=None, dtype=None, quick=False,
+         modes=None, new_tokens=None, repeats=None) -> Plan:
+    """The run's :class:`Plan`: the defaults above, or a fast smoke variant (``quick``: one
+    layer, a 128-token prefill, decode at batch 1 and 16 for 8 tokens, 3 repeats, a 1 x 64
+    training step; the layer shapes stay Llama 3.1 8B's), then any option given."""
+    p = Plan()
+    if quick:
+        p = Plan(prefill_tokens=(128,), batches=(1, 16), new_tokens=8, prompt_tokens=8,
+                 train_batch=1, train_tokens=64, layers=1, repeats=3, quick=True)
+    for name, value in (("phases", phases), ("batches", batches), ("prefill_tokens", tokens),
+                        ("modes", modes)):
+        if value:
+            setattr(p, name, tuple(value))
+    for name, value in (("layers", layers), ("dtype", dtype), ("new_tokens", new_tokens),
+                        ("repeats", repeats)):
+        if value is not None:
+            setattr(p, name, value)
+    bad = [x for x in p.phases if x not in PHASES] + [x for x in p.modes if x not in MODES]
+    if bad or p.dtype not in DTYPES:
+        raise ValueError(f"unknown phase/mode/dtype: {bad or p.dtype} (phases {PHASES}, "
+                         f"modes {MODES}, dtypes {DTYPES})")
+    return p
+
+
+# --------------------------------------------------------------------------
+# Rows (pure arithmetic: no torch, no GPU)
+
+
+def tok_per_s(batch: int, tokens: int, ms) -> float | None:
+    """Tokens per second of ``batch`` x ``tokens`` tokens in ``ms`` milliseconds."""
+    return None if not ms or ms <= 0 else batch * tokens / (ms * 1e-3)
+
+
+def make_row(phase: str, batch: int, tokens: int, mode: str, *, torch_ms=None,
+             gemmlib_ms=None, logits_rel_diff=None, gpu=None, how=None, **extra) -> dict:
+    """One result row from the two sides' median milliseconds per run (``None``: that side
+    failed; its ``<side>_error`` goes in ``extra``).  ``pct`` is gemmlib's tokens/s in % of
+    torch's; a row with either side missing carries ``error``."""
+    t, g = tok_per_s(batch, tokens, torch_ms), tok_per_s(batch, tokens, gemmlib_ms)
+    row = dict(suite="e2e", phase=phase, batch=batch, tokens=tokens, mode=mode,
+               how=how or HOW.get((phase, mode), mode), torch_tok_s=t, gemmlib_tok_s=g,
+               pct=None if t is None or g is None else 100.0 * g / t,
+               logits_rel_diff=logits_rel_diff, torch_ms=torch_ms, gemmlib_ms=gemmlib_ms,
+               gpu=gpu)
+    row.update(extra)
+    errors = [f"{side}: {extra[side + '_error']}" for side in ("torch", "gemmlib")
+              if extra.get(side + "_error")]
+    if errors or t is None or g is None:
+        row["error"] = "; ".join(errors) or "no timing"
+    return row
+
+
+def line(r: dict) -> str:
+    """The progress line of a row."""
+    head = f"{r['phase']:<8}{r['mode']:<7}b={r['batch']:<3}T={r['tokens']:<5}"
+
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    out = (head + f" torch {f(r.get('torch_tok_s'), '9.0f')} tok/s  gemmlib "
+           f"{f(r.get('gemmlib_tok_s'), '9.0f')} tok/s  {f(r.get('pct'), '6.1f')}%"
+           f"  logits {f(r.get('logits_rel_diff'), '.1e')}")
+    if r.get("grad_rel_diff_max") is not None:
+        out += f"  grads {r['grad_rel_diff_max']:.1e} ({r.get('grad_worst', '?')})"
+    if "error" in r:
+        out += "  ERROR " + r["error"][:300]
+    return out
+
+
+def summary(data: dict) -> list[str]:
+    """A line per row and the rows that failed."""
+    out = [line(r) for r in data["rows"]]
+    errs = [r for r in data["rows"] if "error" in r]
+    if errs:
+        out.append(f"{len(errs)} rows with an error (see their 'error')")
+    return out
+
+
+def save(data: dict, directory="results") -> str:
+    """``data`` as ``<directory>/e2e-<gpu>-<date>.json``; its path."""
+    from gemmlib import bench_models
+
+    return bench_models.save(data, directory, "e2e")
+
+
+def rel_diff(got, want) -> float:
+    """``||got - want|| / ||want||`` in float32."""
+    want = want.float()
+    return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+# --------------------------------------------------------------------------
+# The model (GPU, transformers)
+
+_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def build_model(torch, p: Plan, seed: int = 0):
+    """``LlamaForCausalLM`` of ``p.config`` with ``p.layers`` layers, random weights made on
+    the GPU in ``p.dtype`` (the default dtype set while it is built, so RoPE's float32
+    buffers stay float32), in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dt = getattr(torch, _DTYPE[p.dtype])
+    cfg = LlamaConfig(**p.config, num_hidden_layers=p.layers, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dt)
+    try:
+        with torch.device(DEVICE):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(before)
+    model.to(DEVICE).eval()
+    return model
+
+
+def _version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def header(torch, p: Plan, model=None) -> dict:
+    """The file's ``meta``: GPU, clocks, driver and versions (gemmlib.bench.environment where
+    it can run, torch's own device query otherwise) and the plan."""
+    import datetime as dt
+    import re
+
+    from gemmlib import __version__
+    from gemmlib.bench import _nvidia_smi, environment
+
+    try:
+        meta = environment()
+    except Exception as e:   # recorded: the suite itself needs only torch
+        meta = {"environment_error": f"{type(e).__name__}: {e}"}
+    name = torch.cuda.get_device_name()
+    meta.setdefault("date", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    meta.setdefault("gpu", name)
+    meta.setdefault("gpu_slug", re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
+    if not any(k.startswith("smi_") for k in meta):
+        meta.update({f"smi_{k.replace('.', '_')}": v for k, v in _nvidia_smi(
+            "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,"
+            "temperature.gpu").items()})
+    meta.update(suite="e2e", gemmlib=__version__, torch=torch.__version__,
+                torch_cuda=torch.version.cuda, transformers=_version("transformers"),
+                numba_cuda=_version("numba-cuda"), plan=asdict(p),
+                model="transformers LlamaForCausalLM, Llama 3.1 8B sizes, random weights",
+                timing="CUDA events around the timed region after an untimed warm-up run; "
+                       "median of the repeats")
+    if model is not None:
+        meta["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+        meta["parameters"] = sum(q.numel() for q in model.parameters())
+    return meta
+
+
+def _set_state(model, side: str):
+    import gemmlib
+
+    if side == "gemmlib":
+        gemmlib.patch(model)
+    else:
+        gemmlib.unpatch(model)
+
+
+def _timed(torch, run, setup=None, repeats: int = REPEATS) -> list[float]:
+    """Milliseconds of ``run(state)`` per repeat, ``state = setup()`` made untimed first."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(repeats):
+        state = setup() if setup else None
+        torch.cuda.synchronize()
+        e0.record()
+        run(state)
+        e1.record()
+        e1.synchronize()
+        out.append(e0.elapsed_time(e1))
+    return out
+
+
+def _capture(torch, fn, warmup: int = 2):
+    """``fn`` captured in a CUDA graph after ``warmup`` calls on a side stream (as torch
+    asks); the graph and what ``fn`` returned during capture (its static output)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+def _accepts(fn, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# --------------------------------------------------------------------------
+# Prefill
+
+
+def measure_prefill(torch, model, ids, mode: str, repeats: int, target_ms: float = 100.0):
+    """(median ms per forward, its runs, the logits of the warm-up call)."""
+    def forward():
+        return model(input_ids=ids, use_cache=False).logits
+
+    if mode == "graphs":
+        g, static = _capture(torch, forward)
+
+        def call():
+            g.replay()
+            return static
+    else:
+        g, call = None, forward
+    logits = call().clone()               # warm-up (and gemmlib's compiles)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    call()
+    torch.cuda.synchronize()
+    probe = (time.perf_counter() - t0) * 1e3
+    n = int(min(20, max(1, round(target_ms / max(probe, 1e-3)))))
+
+    def run(_):
+        for _ in range(n):
+            call()
+
+    runs = [t / n for t in _timed(torch, run, repeats=repeats)]
+    del g
+    return statistics.median(runs), runs, logits
+
+
+# --------------------------------------------------------------------------
+# Decode
+
+
+class _GraphDecoder:
+    """Greedy decoding with one CUDA graph per step (see the module's docstring)."""
+
+    def __init__(self, torch, model, prompt, first, new_tokens: int):
+        from transformers import StaticCache
+
+        self.torch, self.model, self.prompt, self.first = torch, model, prompt, first
+        b, P = prompt.shape
+        length = P + new_tokens + 1
+        try:                       # transformers >= 4.56 / 5.x: lazily allocated layers
+            self.cache = StaticCache(config=model.config, max_cache_len=length)
+        except Exception:          # older: every size up front
+            self.cache = StaticCache(config=model.config, max_batch_size=b,
+                                     max_cache_len=length, device=prompt.device,
+                                     dtype=model.dtype)
+        self.cache_position = _accepts(model.forward, "cache_position")
+        self.P = P
+        self.tok = first.clone()
+        self.pos = torch.full((1,), P, dtype=torch.long, device=prompt.device)
+        self.refill()              # the cache's tensors exist before the capture
+        self.graph, self.logits = _capture(torch, self._step)
+        self.refill()              # the warm-up steps wrote into the cache: start again
+
+    def _kw(self, positions):
+        kw = dict(past_key_values=self.cache, use_cache=True, position_ids=positions[None])
+        if self.cache_position:
+            kw["cache_position"] = positions
+        return kw
+
+    def _step(self):
+        logits = self.model(input_ids=self.tok, **self._kw(self.pos)).logits
+        self.tok.copy_(logits[:, -1:].argmax(-1))
+        self.pos.add_(1)
+        return logits
+
+    def refill(self):
+        """Empty the cache (in place: the graph holds its addresses), run the prompt into
+        it eagerly, and set the step's inputs to the first token."""
+        t = self.torch
+        self.cache.reset()
+        positions = t.arange(self.P, device=self.prompt.device)
+        self.model(input_ids=self.prompt, **self._kw(positions))
+        self.tok.copy_(self.first)
+        self.pos.fill_(self.P)
+
+    def run(self, steps: int, record: bool = False):
+        logits0, toks = None, []
+        for i in range(steps):
+            self.graph.replay()
+            if record:
+                if i == 0:
+                    logits0 = self.logits[:, -1].float().clone()
+                toks.append(self.tok.clone())
+        return logits0, toks
+
+
+def _eager_decode(model, prompt, first, steps: int, record: bool = False, cache=None):
+    """Greedy steps after the prompt (``cache``: its prefilled DynamicCache); the first
+    step's logits and the tokens, when ``record``."""
+    if cache is None:
+        cache = model(input_ids=prompt, use_cache=True).past_key_values
+    tok, logits0, toks = first, None, []
+    for i in range(steps):
+        out = model(input_ids=tok, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        if record:
+            if i == 0:
+                logits0 = out.logits[:, -1].float().clone()
+            toks.append(tok)
+    return logits0, toks
+
+
+def measure_decode(torch, model, prompt, first, new_tokens: int, mode: str, repeats: int):
+    """(median ms of ``new_tokens`` steps, the runs, the first step's logits, the tokens,
+    and for graphs the first step's logits against the eager path's)."""
+    extra = {}
+    if mode == "graphs":
+        dec = _GraphDecoder(torch, model, prompt, first, new_tokens)
+        logits0, toks = dec.run(new_tokens, record=True)        # warm-up
+        eager0, _ = _eager_decode(model, prompt, first, 1, record=True)
+        extra["graph_vs_eager"] = rel_diff(logits0, eager0)
+        runs = _timed(torch, lambda _: dec.run(new_tokens), setup=dec.refill, repeats=repeats)
+        del dec
+    else:
+        logits0, toks = _eager_decode(model, prompt, first, new_tokens, record=True)
+        runs = _timed(torch, lambda cache: _eager_decode(model, prompt, first, new_tokens,
+                                                         cache=cache),
+                      setup=lambda: model(input_ids=prompt, use_cache=True).past_key_values,
+                      repeats=repeats)
+    return statistics.median(runs), runs, logits0, torch.cat(toks, dim=1), extra
+
+
+# --------------------------------------------------------------------------
+# Training
+
+
+def _linear_weights(model) -> dict:
+    import torch
+
+    return {f"{n}.weight": m.weight for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear)}
+
+
+def measure_train(torch, model, ids, repeats: int):
+    """(median ms of a step, the runs, the logits, the loss, {linear weight: its gradient})."""
+    model.train()
+
+    def step(_=None):
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        return out
+
+    out = step()                          # warm-up; its gradients are the ones compared
+    grads = {n: w.grad.detach().clone() for n, w in _linear_weights(model).items()}
+    logits, loss = out.logits.detach().clone(), float(out.loss)
+    del out
+    runs = _timed(torch, step, repeats=repeats)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return statistics.median(runs), runs, logits, loss, grads
+
+
+# --------------------------------------------------------------------------
+# The suite
+
+
+def _measure_case(torch, model, p: Plan, phase: str, batch: int, tokens: int, mode: str,
+                  gpu: str, seed: int) -> dict:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    vocab = model.config.vocab_size
+    ms, extra, outs = {}, {}, {}
+    for side in ("torch", "gemmlib"):
+        _set_state(model, side)
+        try:
+            if phase == "prefill":
+                ids = torch.randint(0, vocab, (batch, tokens), device=DEVICE, generator=g)
+                g.manual_seed(seed)       # the same tokens for both sides
+                with torch.inference_mode():
+                    ms[side], runs, outs[side] = measure_prefill(torch, model, ids, mode,
+                                                                 p.repeats)
+            elif phase == "decode":
+                prompt = torch.randint(0, vocab, (batch, p.prompt_tokens), device=DEVICE,
+                                       generator=g)
+                first = torch.randint(0, vocab, (batch, 1), device=DEVICE, generator=g)
+                g.manual_seed(seed)
+                with torch.inference_mode():
+                    ms[side], runs, outs[side], toks, more = measure_decode(
+                        torch, model, prompt, first, tokens, mode, p.repeats)
+                extra[f"{side}_tokens"] = toks
+                for k, v in more.items():
+                    extra[f"{side}_{k}"] = v
+            else:
+                ids = torch.randint(0, vocab, (batch, tokens), device=DEVICE, generator=g)
+                g.manual_seed(seed)
+                ms[side], runs, outs[side], loss, grads = measure_train(torch, model, ids,
+                                                                        p.repeats)
+                extra[f"{side}_loss"] = loss
+                extra[f"{side}_grads"] = grads
+            extra[f"{side}_runs_ms"] = runs
+        except Exception as e:   # recorded in the row; the suite goes on
+            extra[f"{side}_error"] = f"{type(e).__name__}: {e}"
+        finally:
+            torch.cuda.synchronize()
+    _set_state(model, "torch")
+    diff = rel_diff(outs["gemmlib"], outs["torch"]) if len(outs) == 2 else None
+    if "torch_tokens" in extra and "gemmlib_tokens" in extra:
+        a, b = extra.pop("torch_tokens"), extra.pop("gemmlib_tokens")
+        extra["tokens_agree"] = float((a == b).float().mean())
+    extra.pop("torch_tokens", None)
+    extra.pop("gemmlib_tokens", None)
+    if "torch_grads" in extra and "gemmlib_grads" in extra:
+        tg, gg = extra.pop("torch_grads"), extra.pop("gemmlib_grads")
+        per = {n: rel_diff(gg[n], tg[n]) for n in tg if n in gg}
+        worst = max(per, key=per.get) if per else None
+        extra.update(grad_rel_diff=per, grad_rel_diff_max=per.get(worst), grad_worst=worst,
+                     loss_rel_diff=abs(extra["gemmlib_loss"] - extra["torch_loss"])
+                     / max(abs(extra["torch_loss"]), 1e-30))
+    extra.pop("torch_grads", None)
+    extra.pop("gemmlib_grads", None)
+    del outs
+    return make_row(phase, batch, tokens, mode, torch_ms=ms.get("torch"),
+                    gemmlib_ms=ms.get("gemmlib"), logits_rel_diff=diff, gpu=gpu,
+                    repeats=p.repeats, **extra)
+
+
+def run_suite(p: Plan | None = None, on_row=None, progress: bool = True) -> dict:
+    """Every case of ``p`` (GPU, transformers); ``on_row(data)`` after each row (e.g. to
+    save what is measured so far)."""
+    import torch
+
+    p = p or plan()
+    model = build_model(torch, p)
+    data = {"meta": header(torch, p, model), "rows": []}
+    gpu = data["meta"]["gpu"]
+    for i, (phase, batch, tokens, mode) in enumerate(p.cases()):
+        try:
+            row = _measure_case(torch, model, p, phase, batch, tokens, mode, gpu, seed=i + 1)
+        except Exception as e:   # outside both sides (e.g. out of memory making inputs)
+            row = make_row(phase, batch, tokens, mode, gpu=gpu,
+                           error_in_case=f"{type(e).__name__}: {e}")
+            row["error"] = row["error_in_case"]
+        data["rows"].append(row)
+        torch.cuda.empty_cache()
+        if progress:
+            print(line(row), flush=True)
+        if on_row:
+            on_row(data)
+    return data
+
+
+def describe(p: Plan) -> list[str]:
+    """What ``p`` would measure, a line per row (no GPU needed)."""
+    out = [f"e2e: LlamaForCausalLM at Llama 3.1 8B sizes, {p.layers} layers, {p.dtype}, "
+           f"random weights; torch against gemmlib.patch, {len(p.cases())} rows"]
+    for phase, batch, tokens, mode in p.cases():
+        out.append(f"  {phase:<8}{mode:<7}batch {batch:<3} tokens {tokens:<5} "
+                   f"{HOW.get((phase, mode), '')}")
+    return out
+
+
+def cli(args) -> int:
+    """``python -m gemmlib bench --suite e2e``: the options of :func:`plan` from ``args``."""
+    p = plan(phases=args.phases, batches=args.batches, tokens=args.tokens, layers=args.layers,
+             dtype=args.dtype, quick=args.quick, new_tokens=args.new_tokens)
+    from gemmlib import backend
+
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if backend.SIMULATOR or not cuda:
+        for s in describe(p):
+            print(s)
+        print("the e2e suite times a model on a GPU (torch with CUDA, and transformers): "
+              "nothing measured here")
+        return 0
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("the e2e suite needs Hugging Face transformers: pip install transformers")
+        return 2
+    on_row = (lambda data: save(data, args.out)) if args.out else None
+    t0 = time.time()
+    data = run_suite(p, on_row=on_row, progress=not args.quiet)
+    print(f"e2e: {len(data['rows'])} rows in {time.time() - t0:.0f} s")
+    if args.out:
+        print(f"wrote {save(data, args.out)}")
+    return 1 if any("error" in r for r in data["rows"]) else 0
