@@ -11,7 +11,9 @@
 :class:`Linear` is ``torch.nn.Linear`` with another forward: the same constructor, the same
 Parameters (``weight`` (out_features, in_features), ``bias``), the same state dict; its
 forward is :func:`gemmlib.torch_op.linear` (the weight read where it lies, differentiable,
-one op under ``torch.compile``).  It subclasses ``nn.Linear``, so code that asks
+one op under ``torch.compile``), or under ``no_grad`` / ``inference_mode`` outside
+``torch.compile`` :func:`gemmlib.linear` itself (the same kernels, without the operator's
+dispatch: a decode step's host time is mostly calls).  It subclasses ``nn.Linear``, so code that asks
 ``isinstance(m, nn.Linear)`` (weight initialisation, parameter grouping) treats it as one.
 
 :func:`patch` swaps layers in place, as torchao's ``quantize_`` does: each swapped layer is
@@ -29,7 +31,7 @@ from typing import Callable, Iterable, Optional, Union
 
 import torch
 
-from gemmlib import torch_op
+from gemmlib import api, torch_op
 
 Selector = Union[None, str, Iterable[str], Callable[[str, torch.nn.Module], bool]]
 
@@ -55,6 +57,10 @@ class Linear(torch.nn.Linear):
             dt = torch.get_autocast_dtype(device)
             x, w = x.to(dt), w.to(dt)
             b = None if b is None else b.to(dt)
+        if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            # inference: the call itself (its lean path), no operator dispatch on the way;
+            # autograd and torch.compile go through the registered op
+            return api.linear(x, w, b)
         if x.dim() == 2:
             return torch_op.linear(x, w, b)
         # one product of (tokens, in) rows, however many leading dimensions x has
