@@ -562,8 +562,7 @@ def _remember_torch(A, B, out, bias, transpose_b, out_dtype, C) -> None:
     """The checked call just launched its plan on these tensors as they lie (``_RECORD``):
     remember the description for the lean path, when a repeat can launch the same way --
     2-D operands, or an A of (..., M, K) whose rows are one contiguous (M, K) matrix."""
-    k = _RECORD.known
-    _RECORD.known = None
+    k = _RECORD.known   # (left set: an outer call of a flattened stack remembers it too)
     p = k.plan
     if not A.is_cuda or B.dim() != 2 or (A.dim() != 2 and not A.is_contiguous()):
         return
