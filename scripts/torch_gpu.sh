@@ -5,7 +5,7 @@
 #   profile   scripts/host_profile.py: each step of the short path timed alone
 #   e2e       python -m gemmlib bench --suite e2e (E2E_ARGS)
 # Logs and result files go to $OUT (default /tmp/torch-out).  Environment: STEPS,
-# T_TESTS, T_E2E (seconds per step), TEST_FILES, E2E_ARGS.
+# T_TESTS, T_E2E (seconds per step), TEST_FILES, PYTEST_ARGS, E2E_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1 CUPY_TF32=0
@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit \
 for step in $STEPS; do
   t0=$SECONDS
   case $step in
-    tests) timeout "${T_TESTS:-400}" python3 -m pytest $TEST_FILES -m gpu -q -rfE -x \
+    tests) timeout "${T_TESTS:-400}" python3 -m pytest $TEST_FILES -m gpu -q -rfE ${PYTEST_ARGS:-} \
              -p no:cacheprovider -W ignore::DeprecationWarning > "$OUT/tests.log" 2>&1
            echo "=== tests rc=$? after $((SECONDS - t0)) s"; tail -n 30 "$OUT/tests.log" ;;
     hostcost) timeout 300 python3 -m gemmlib bench --host-cost --out "$OUT" > "$OUT/hostcost.log" 2>&1
