@@ -262,7 +262,9 @@ def test_misaligned_device_views_every_kernel_gpu(name, rng):
 @pytest.mark.parametrize("view", ["A.T", "Fortran", "step slice", "column slice", "negative stride",
                                   "broadcast"])
 @pytest.mark.parametrize("who", ["A", "B"])
-def test_non_contiguous_device_views_are_refused_with_the_fix_gpu(view, who, rng):
+def test_non_contiguous_device_views_are_computed_right_gpu(view, who, rng):
+    """Views of every layout are read in place or copied by the caller's framework: the
+    product is right either way."""
     cp = _cp()
     M = N = K = 6
     make = {
@@ -275,9 +277,8 @@ def test_non_contiguous_device_views_are_refused_with_the_fix_gpu(view, who, rng
     }
     A = make[view]() if who == "A" else cp.asarray(f32(rng, M, K))
     B = make[view]() if who == "B" else cp.asarray(f32(rng, K, N))
-    with pytest.raises(ValueError, match=rf"{who} is not C-contiguous.*"
-                                         rf"cupy.ascontiguousarray\({who}\)"):
-        gemmlib.matmul(A, B, kernel=FAST)
+    C = gemmlib.matmul(A, B, kernel=FAST)
+    close(C, cp.asnumpy(A).astype(np.float64) @ cp.asnumpy(B), K)
 
 
 @pytest.mark.gpu
@@ -369,8 +370,9 @@ def test_torch_tensors_gpu(rng):
     # DLPack only (no __cuda_array_interface__): goes through cupy.from_dlpack, zero-copy
     C = gemmlib.matmul(_DLPackOnly(tA), _DLPackOnly(tB), kernel=FAST)
     close(C, ref, 29)
-    with pytest.raises(ValueError, match=r"A is not C-contiguous"):
-        gemmlib.matmul(torch.from_numpy(f32(rng, 29, 37)).cuda().T, tB, kernel=FAST)
+    At = torch.from_numpy(f32(rng, 29, 37)).cuda().T   # column-major: read or copied
+    close(gemmlib.matmul(At, tB, kernel=FAST).cpu().numpy(),
+          At.cpu().double().numpy() @ B.astype(np.float64), 29)
     with pytest.raises(TypeError, match=r"A has dtype float64"):
         gemmlib.matmul(tA.double(), tB, kernel=FAST)
     # a tensor that requires grad is refused, saying to detach (as torch's exporters do)
