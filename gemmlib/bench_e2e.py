@@ -213,14 +213,49 @@ def rel_diff(got, want) -> float:
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
 
+def llama_config(p: Plan):
+    """``LlamaConfig`` of ``p.config`` and ``p.layers``, SDPA attention.  RoPE's theta goes in
+    as ``rope_theta`` where the config takes it, else as ``rope_parameters`` (transformers
+    5.x configs are strict dataclasses, whose fields changed)."""
+    from transformers import LlamaConfig
+
+    kw = dict(p.config, num_hidden_layers=p.layers)
+    theta = kw.pop("rope_theta", None)
+    rope = {} if theta is None else {"rope_type": "default", "rope_theta": theta}
+    last = None
+    for extra in (dict(rope_theta=theta, attn_implementation="sdpa"),
+                  dict(rope_parameters=rope, attn_implementation="sdpa"),
+                  dict(rope_parameters=rope)):
+        if theta is None:
+            extra = {k: v for k, v in extra.items() if not k.startswith("rope")}
+        try:
+            cfg = LlamaConfig(**kw, **extra)
+        except (TypeError, ValueError) as e:
+            last = e
+            continue
+        if theta is None or config_theta(cfg) == theta:
+            return cfg
+        last = ValueError(f"LlamaConfig kept RoPE theta {config_theta(cfg)}, not {theta}")
+    raise last
+
+
+def config_theta(cfg):
+    """The RoPE theta a config holds, wherever its version keeps it."""
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is None:
+        params = getattr(cfg, "rope_parameters", None) or {}
+        theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return theta
+
+
 def build_model(torch, p: Plan, seed: int = 0):
     """``LlamaForCausalLM`` of ``p.config`` with ``p.layers`` layers, random weights made on
     the GPU in ``p.dtype`` (the default dtype set while it is built, so RoPE's float32
     buffers stay float32), in eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     dt = getattr(torch, _DTYPE[p.dtype])
-    cfg = LlamaConfig(**p.config, num_hidden_layers=p.layers, attn_implementation="sdpa")
+    cfg = llama_config(p)
     torch.manual_seed(seed)
     before = torch.get_default_dtype()
     torch.set_default_dtype(dt)
@@ -243,35 +278,37 @@ def _version(name: str) -> str:
 
 
 def header(torch, p: Plan, model=None) -> dict:
-    """The file's ``meta``: GPU, clocks, driver and versions (gemmlib.bench.environment where
-    it can run, torch's own device query otherwise) and the plan."""
+    """The file's ``meta``: the GPU as torch and nvidia-smi see it (name, capability, SMs,
+    clocks, driver), the versions of the software, and the plan.  Nothing here imports CuPy:
+    the suite measures a torch user's process."""
     import datetime as dt
+    import platform
     import re
 
     from gemmlib import __version__
-    from gemmlib.bench import _nvidia_smi, environment
+    from gemmlib.bench import _nvidia_smi
 
-    try:
-        meta = environment()
-    except Exception as e:   # recorded: the suite itself needs only torch
-        meta = {"environment_error": f"{type(e).__name__}: {e}"}
-    name = torch.cuda.get_device_name()
-    meta.setdefault("date", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    meta.setdefault("gpu", name)
-    meta.setdefault("gpu_slug", re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
-    if not any(k.startswith("smi_") for k in meta):
-        meta.update({f"smi_{k.replace('.', '_')}": v for k, v in _nvidia_smi(
-            "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,"
-            "temperature.gpu").items()})
-    meta.update(suite="e2e", gemmlib=__version__, torch=torch.__version__,
-                torch_cuda=torch.version.cuda, transformers=_version("transformers"),
-                numba_cuda=_version("numba-cuda"), plan=asdict(p),
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    meta = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                simulated=False, suite="e2e", gpu=props.name,
+                gpu_slug=re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-"),
+                compute_capability=f"{props.major}.{props.minor}",
+                sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
+                l2_bytes=getattr(props, "L2_cache_size", None), python=platform.python_version(),
+                gemmlib=__version__, torch=torch.__version__, cuda_runtime=torch.version.cuda,
+                transformers=_version("transformers"), numba=_version("numba"),
+                numba_cuda=_version("numba-cuda"), numpy=_version("numpy"), plan=asdict(p),
                 model="transformers LlamaForCausalLM, Llama 3.1 8B sizes, random weights",
                 timing="CUDA events around the timed region after an untimed warm-up run; "
                        "median of the repeats")
+    meta.update({f"smi_{k.replace('.', '_')}": v for k, v in _nvidia_smi(
+        "driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,"
+        "temperature.gpu").items()})
     if model is not None:
         meta["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+        meta["rope_theta"] = config_theta(model.config)
         meta["parameters"] = sum(q.numel() for q in model.parameters())
+        meta["model_dtype"] = str(next(model.parameters()).dtype)
     return meta
 
 
@@ -476,7 +513,8 @@ def measure_train(torch, model, ids, repeats: int):
         return out
 
     out = step()                          # warm-up; its gradients are the ones compared
-    grads = {n: w.grad.detach().clone() for n, w in _linear_weights(model).items()}
+    grads = {n: w.grad.detach().clone() for n, w in _linear_weights(model).items()
+             if w.grad is not None}
     logits, loss = out.logits.detach().clone(), float(out.loss)
     del out
     runs = _timed(torch, step, repeats=repeats)
