@@ -46,7 +46,9 @@ compiles gemmlib's kernels), the median of ``repeats`` runs (5).  ``logits_rel_d
 ``||logits_gemmlib - logits_torch|| / ||logits_torch||`` in float32 (prefill: every
 position; decode: the first step; train: the training forward).  The file's ``meta`` has
 the GPU, its clocks, the driver and the versions of torch, transformers and numba-cuda;
-it is written after every row, so a run cut short keeps what it measured.
+it is written after every row, so a run cut short keeps what it measured, and runs of one
+day that build the same model share the file (a row per case, the newest; rows of an
+earlier run say ``carried_from``), so the suite can run one ``--phases`` at a time.
 
 transformers and torch are imported only when the suite runs: this module imports without
 them, and the row arithmetic (:func:`make_row`, :func:`plan`) needs neither.
@@ -194,11 +196,57 @@ def summary(data: dict) -> list[str]:
     return out
 
 
-def save(data: dict, directory="results") -> str:
-    """``data`` as ``<directory>/e2e-<gpu>-<date>.json``; its path."""
-    from gemmlib import bench_models
+#: what must match for rows of two runs to share a file
+_SAME_MODEL = ("layers", "dtype", "config", "quick")
 
-    return bench_models.save(data, directory, "e2e")
+
+def case_key(r: dict) -> tuple:
+    return (r.get("phase"), r.get("batch"), r.get("tokens"), r.get("mode"))
+
+
+def _order(r: dict) -> tuple:
+    phase = r.get("phase")
+    return (PHASES.index(phase) if phase in PHASES else len(PHASES),
+            r.get("tokens") if phase == "prefill" else 0, r.get("batch") or 0,
+            MODES.index(r["mode"]) if r.get("mode") in MODES else len(MODES))
+
+
+def merged(data: dict, earlier: dict | None) -> dict:
+    """``data`` with the rows of ``earlier`` (the same GPU's file of the same day) whose case
+    this run did not measure, each marked ``carried_from`` (the date of the run that
+    measured it), provided both runs built the same model; rows in suite order.  So a suite
+    run phase by phase (``--phases``) fills one file."""
+    rows = list(data["rows"])
+    carried = []
+    if earlier and isinstance(earlier.get("rows"), list):
+        a, b = data["meta"].get("plan", {}), earlier.get("meta", {}).get("plan", {})
+        if all(a.get(k) == b.get(k) for k in _SAME_MODEL):
+            mine = {case_key(r) for r in rows}
+            when = earlier.get("meta", {}).get("date")
+            carried = [dict(r, carried_from=r.get("carried_from", when))
+                       for r in earlier["rows"] if case_key(r) not in mine]
+    meta = dict(data["meta"], carried_rows=len(carried))
+    return {"meta": meta, "rows": sorted(carried + rows, key=_order)}
+
+
+def save(data: dict, directory="results") -> str:
+    """``data`` as ``<directory>/e2e-<gpu>-<date>.json``, with the rows an earlier run of the
+    same day wrote there for other cases (:func:`merged`); its path."""
+    import json
+    from pathlib import Path
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    m = data["meta"]
+    path = d / f"e2e-{m['gpu_slug']}-{m['date'][:10]}.json"
+    earlier = None
+    if path.exists():
+        try:
+            earlier = json.loads(path.read_text())
+        except ValueError:
+            earlier = None
+    path.write_text(json.dumps(merged(data, earlier), indent=1) + "\n")
+    return str(path)
 
 
 def rel_diff(got, want) -> float:
