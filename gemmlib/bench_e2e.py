@@ -46,7 +46,9 @@ compiles gemmlib's kernels), the median of ``repeats`` runs (5).  ``logits_rel_d
 ``||logits_gemmlib - logits_torch|| / ||logits_torch||`` in float32 (prefill: every
 position; decode: the first step; train: the training forward).  The file's ``meta`` has
 the GPU, its clocks, the driver and the versions of torch, transformers and numba-cuda;
-it is written after every row, so a run cut short keeps what it measured.
+it is written after every row, so a run cut short keeps what it measured, and runs of one
+day that build the same model share the file (a row per case, the newest; rows of an
+earlier run say ``carried_from``), so the suite can run one ``--phases`` at a time.
 
 transformers and torch are imported only when the suite runs: this module imports without
 them, and the row arithmetic (:func:`make_row`, :func:`plan`) needs neither.
@@ -194,11 +196,57 @@ def summary(data: dict) -> list[str]:
     return out
 
 
-def save(data: dict, directory="results") -> str:
-    """``data`` as ``<directory>/e2e-<gpu>-<date>.json``; its path."""
-    from gemmlib import bench_models
+#: what must match for rows of two runs to share a file
+_SAME_MODEL = ("layers", "dtype", "config", "quick")
 
-    return bench_models.save(data, directory, "e2e")
+
+def case_key(r: dict) -> tuple:
+    return (r.get("phase"), r.get("batch"), r.get("tokens"), r.get("mode"))
+
+
+def _order(r: dict) -> tuple:
+    phase = r.get("phase")
+    return (PHASES.index(phase) if phase in PHASES else len(PHASES),
+            r.get("tokens") if phase == "prefill" else 0, r.get("batch") or 0,
+            MODES.index(r["mode"]) if r.get("mode") in MODES else len(MODES))
+
+
+def merged(data: dict, earlier: dict | None) -> dict:
+    """``data`` with the rows of ``earlier`` (the same GPU's file of the same day) whose case
+    this run did not measure, each marked ``carried_from`` (the date of the run that
+    measured it), provided both runs built the same model; rows in suite order.  So a suite
+    run phase by phase (``--phases``) fills one file."""
+    rows = list(data["rows"])
+    carried = []
+    if earlier and isinstance(earlier.get("rows"), list):
+        a, b = data["meta"].get("plan", {}), earlier.get("meta", {}).get("plan", {})
+        if all(a.get(k) == b.get(k) for k in _SAME_MODEL):
+            mine = {case_key(r) for r in rows}
+            when = earlier.get("meta", {}).get("date")
+            carried = [dict(r, carried_from=r.get("carried_from", when))
+                       for r in earlier["rows"] if case_key(r) not in mine]
+    meta = dict(data["meta"], carried_rows=len(carried))
+    return {"meta": meta, "rows": sorted(carried + rows, key=_order)}
+
+
+def save(data: dict, directory="results") -> str:
+    """``data`` as ``<directory>/e2e-<gpu>-<date>.json``, with the rows an earlier run of the
+    same day wrote there for other cases (:func:`merged`); its path."""
+    import json
+    from pathlib import Path
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    m = data["meta"]
+    path = d / f"e2e-{m['gpu_slug']}-{m['date'][:10]}.json"
+    earlier = None
+    if path.exists():
+        try:
+            earlier = json.loads(path.read_text())
+        except ValueError:
+            earlier = None
+    path.write_text(json.dumps(merged(data, earlier), indent=1) + "\n")
+    return str(path)
 
 
 def rel_diff(got, want) -> float:
@@ -213,14 +261,49 @@ def rel_diff(got, want) -> float:
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 
 
+def llama_config(p: Plan):
+    """``LlamaConfig`` of ``p.config`` and ``p.layers``, SDPA attention.  RoPE's theta goes in
+    as ``rope_theta`` where the config takes it, else as ``rope_parameters`` (transformers
+    5.x configs are strict dataclasses, whose fields changed)."""
+    from transformers import LlamaConfig
+
+    kw = dict(p.config, num_hidden_layers=p.layers)
+    theta = kw.pop("rope_theta", None)
+    rope = {} if theta is None else {"rope_type": "default", "rope_theta": theta}
+    last = None
+    for extra in (dict(rope_theta=theta, attn_implementation="sdpa"),
+                  dict(rope_parameters=rope, attn_implementation="sdpa"),
+                  dict(rope_parameters=rope)):
+        if theta is None:
+            extra = {k: v for k, v in extra.items() if not k.startswith("rope")}
+        try:
+            cfg = LlamaConfig(**kw, **extra)
+        except (TypeError, ValueError) as e:
+            last = e
+            continue
+        if theta is None or config_theta(cfg) == theta:
+            return cfg
+        last = ValueError(f"LlamaConfig kept RoPE theta {config_theta(cfg)}, not {theta}")
+    raise last
+
+
+def config_theta(cfg):
+    """The RoPE theta a config holds, wherever its version keeps it."""
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is None:
+        params = getattr(cfg, "rope_parameters", None) or {}
+        theta = params.get("rope_theta") if isinstance(params, dict) else None
+    return theta
+
+
 def build_model(torch, p: Plan, seed: int = 0):
     """``LlamaForCausalLM`` of ``p.config`` with ``p.layers`` layers, random weights made on
     the GPU in ``p.dtype`` (the default dtype set while it is built, so RoPE's float32
     buffers stay float32), in eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     dt = getattr(torch, _DTYPE[p.dtype])
-    cfg = LlamaConfig(**p.config, num_hidden_layers=p.layers, attn_implementation="sdpa")
+    cfg = llama_config(p)
     torch.manual_seed(seed)
     before = torch.get_default_dtype()
     torch.set_default_dtype(dt)
@@ -243,35 +326,37 @@ def _version(name: str) -> str:
 
 
 def header(torch, p: Plan, model=None) -> dict:
-    """The file's ``meta``: GPU, clocks, driver and versions (gemmlib.bench.environment where
-    it can run, torch's own device query otherwise) and the plan."""
+    """The file's ``meta``: the GPU as torch and nvidia-smi see it (name, capability, SMs,
+    clocks, driver), the versions of the software, and the plan.  Nothing here imports CuPy:
+    the suite measures a torch user's process."""
     import datetime as dt
+    import platform
     import re
 
     from gemmlib import __version__
-    from gemmlib.bench import _nvidia_smi, environment
+    from gemmlib.bench import _nvidia_smi
 
-    try:
-        meta = environment()
-    except Exception as e:   # recorded: the suite itself needs only torch
-        meta = {"environment_error": f"{type(e).__name__}: {e}"}
-    name = torch.cuda.get_device_name()
-    meta.setdefault("date", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    meta.setdefault("gpu", name)
-    meta.setdefault("gpu_slug", re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
-    if not any(k.startswith("smi_") for k in meta):
-        meta.update({f"smi_{k.replace('.', '_')}": v for k, v in _nvidia_smi(
-            "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,"
-            "temperature.gpu").items()})
-    meta.update(suite="e2e", gemmlib=__version__, torch=torch.__version__,
-                torch_cuda=torch.version.cuda, transformers=_version("transformers"),
-                numba_cuda=_version("numba-cuda"), plan=asdict(p),
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    meta = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                simulated=False, suite="e2e", gpu=props.name,
+                gpu_slug=re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-"),
+                compute_capability=f"{props.major}.{props.minor}",
+                sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
+                l2_bytes=getattr(props, "L2_cache_size", None), python=platform.python_version(),
+                gemmlib=__version__, torch=torch.__version__, cuda_runtime=torch.version.cuda,
+                transformers=_version("transformers"), numba=_version("numba"),
+                numba_cuda=_version("numba-cuda"), numpy=_version("numpy"), plan=asdict(p),
                 model="transformers LlamaForCausalLM, Llama 3.1 8B sizes, random weights",
                 timing="CUDA events around the timed region after an untimed warm-up run; "
                        "median of the repeats")
+    meta.update({f"smi_{k.replace('.', '_')}": v for k, v in _nvidia_smi(
+        "driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,"
+        "temperature.gpu").items()})
     if model is not None:
         meta["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+        meta["rope_theta"] = config_theta(model.config)
         meta["parameters"] = sum(q.numel() for q in model.parameters())
+        meta["model_dtype"] = str(next(model.parameters()).dtype)
     return meta
 
 
@@ -476,7 +561,8 @@ def measure_train(torch, model, ids, repeats: int):
         return out
 
     out = step()                          # warm-up; its gradients are the ones compared
-    grads = {n: w.grad.detach().clone() for n, w in _linear_weights(model).items()}
+    grads = {n: w.grad.detach().clone() for n, w in _linear_weights(model).items()
+             if w.grad is not None}
     logits, loss = out.logits.detach().clone(), float(out.loss)
     del out
     runs = _timed(torch, step, repeats=repeats)

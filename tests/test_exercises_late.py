@@ -148,6 +148,16 @@ def test_ch18_reference_functions():
             assert ch18.workspace_bytes(*case) == vm.split_k_workspace_bytes(*case)
 
 
+def test_ch18_step_us():
+    """Chapter 18.7: eagerly a step waits for the slower of host and GPU; a graph's host
+    part is one replay."""
+    kw = dict(products=29, others=171, product_host_us=16.0, other_host_us=7.0,
+              replay_us=15.0)
+    assert ch18.step_us(gpu_us=900.0, graphs=False, **kw) == 29 * 16 + 171 * 7 == 1661
+    assert ch18.step_us(gpu_us=2000.0, graphs=False, **kw) == 2000.0
+    assert ex.expected("ch18.step_us", gpu_us=900.0, graphs=True, **kw) == 915.0
+
+
 # --------------------------------------------------------------------------
 # The pages
 

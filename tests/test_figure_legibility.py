@@ -91,6 +91,31 @@ def _measured_timelines():
                                       reference_ms=vd.single_ms(data))
 
 
+def _e2e():
+    """Chapter 18.7's figure, from rows made as the e2e suite makes them (one side failed)."""
+    from gemmlib.bench_e2e import make_row
+
+    rows = [make_row(phase, b, t, mode, torch_ms=ms, gemmlib_ms=ms * 1.1, gpu="NVIDIA H200")
+            for phase, b, t, ms in (("prefill", 1, 512, 10.0), ("prefill", 1, 2048, 40.0),
+                                    ("decode", 1, 32, 30.0), ("decode", 16, 32, 35.0))
+            for mode in ("eager", "graphs")]
+    rows.append(make_row("decode", 64, 32, "graphs", torch_ms=40.0, gpu="NVIDIA H200",
+                         gemmlib_error="RuntimeError: capture failed"))
+    from gemmcourse import viz_e2e
+
+    return viz_e2e.plot_e2e({"meta": {"gpu": "NVIDIA H200", "plan": {"layers": 4,
+                                                                      "dtype": "bf16"}},
+                             "rows": rows})
+
+
+def _launches():
+    from gemmcourse import viz_e2e
+
+    step = [("norm", 4), ("qkv", 12), ("rope", 5), ("attn", 9), ("o", 8), ("norm", 4),
+            ("up", 14), ("act", 4), ("down", 12)]
+    return viz_e2e.plot_launches(step, launch_us=16, replay_us=10)
+
+
 #: name -> a function drawing the figure(s) the book shows
 HELPERS = {
     "viz.plot_thread_map": lambda: viz.plot_thread_map(gemmlib.get_kernel("naive"), 64, 64),
@@ -142,6 +167,8 @@ HELPERS = {
     "vd.plot_model_efficiency": lambda: _vd().plot_model_efficiency(P=4, busbw_gbs=251.0),
     "vd.plot_measured_timelines": lambda: _measured_timelines(),
     "vh.plot_b_landing": lambda: _vh().plot_b_landing(n=16, k=16, BN=128),
+    "viz_e2e.plot_e2e": _e2e,
+    "viz_e2e.plot_launches": _launches,
 }
 
 

@@ -240,7 +240,8 @@ def test_layering():
 COURSE_DIR = ROOT / "gemmcourse"
 #: the modules that are the course, not the library (issue 20: library and course apart)
 COURSE_MODULES = {"viz", "viz_tc", "viz_precision", "viz_hopper", "viz_models",
-                  "viz_distributed", "notebook", "colab", "plot", "hopper_probe", "mma_roof"}
+                  "viz_distributed", "notebook", "colab", "plot", "hopper_probe", "mma_roof",
+                  "viz_e2e"}
 
 
 def _mentions_course(path: Path) -> list[str]:

@@ -218,3 +218,29 @@ def test_e2e_plan_and_options(capsys):
     assert main(["bench", "--suite", "e2e", "--batches", "2", "--phases", "decode"]) == 0
     out = capsys.readouterr().out
     assert "batch 2" in out and "nothing measured here" in out
+
+
+def test_e2e_runs_phase_by_phase_fill_one_file(tmp_path):
+    def run(phases, date, layers=4, ms=4.0):
+        p = bench_e2e.plan(phases=phases, layers=layers)
+        rows = [bench_e2e.make_row(*case, torch_ms=ms, gemmlib_ms=ms, gpu="G")
+                for case in p.cases()]
+        meta = {"gpu": "G", "gpu_slug": "g", "date": date, "plan": __import__(
+            "dataclasses").asdict(p)}
+        return {"meta": meta, "rows": rows}
+
+    import json
+
+    path = bench_e2e.save(run(["decode"], "2026-01-01T01:00:00"), tmp_path)
+    bench_e2e.save(run(["prefill", "train"], "2026-01-01T02:00:00"), tmp_path)
+    rows = json.loads(open(path).read())["rows"]
+    assert [r["phase"] for r in rows] == ["prefill"] * 4 + ["decode"] * 6 + ["train"]
+    assert {r.get("carried_from") for r in rows if r["phase"] == "decode"} == {
+        "2026-01-01T01:00:00"}
+    assert not any("carried_from" in r for r in rows if r["phase"] != "decode")
+    again = run(["decode"], "2026-01-01T03:00:00", ms=2.0)     # a rerun replaces its rows
+    bench_e2e.save(again, tmp_path)
+    rows = json.loads(open(path).read())["rows"]
+    assert len(rows) == 11 and all(r["torch_ms"] == 2.0 for r in rows if r["phase"] == "decode")
+    bench_e2e.save(run(["train"], "2026-01-01T04:00:00", layers=1), tmp_path)  # another model
+    assert [r["phase"] for r in json.loads(open(path).read())["rows"]] == ["train"]

@@ -54,3 +54,13 @@ def workspace_bytes(M: int, N: int, K: int, S: int, BM: int) -> int:
     from gemmcourse import viz_models as vm
 
     return vm.split_k_workspace_bytes(M, N, K, S, BM)
+
+
+def step_us(products: int, others: int, product_host_us: float, other_host_us: float,
+            gpu_us: float, replay_us: float, graphs: bool) -> float:
+    """Microseconds of one decode step in chapter 18.7's simple model: eagerly, the larger
+    of the host's launches and the GPU's work; as a graph, one replay and then the GPU's
+    work."""
+    if graphs:
+        return replay_us + gpu_us
+    return max(products * product_host_us + others * other_host_us, gpu_us)
