@@ -1151,7 +1151,7 @@ def plot_steady_pair(files, key: str = "auto"):
     from gemmcourse.viz import BOOK_DPI, BOOK_WIDTH_PX, legible
 
     plt = _plt()
-    fig, axes = plt.subplots(2, 1, figsize=(BOOK_WIDTH_PX / BOOK_DPI, 7.0))
+    fig, axes = plt.subplots(2, 1, figsize=(BOOK_WIDTH_PX / BOOK_DPI, 5.8))
     for ax, prec in zip(axes, ("fp16", "bf16")):
         plot_steady(files, prec, ax=ax, key=key, legend=False)
     # above the first panel's title: part of its axes, so the layout keeps room for it

@@ -20,8 +20,8 @@ JS = """
 // The text column: the article's content box (its padding excluded), the width a cell's
 // output and a table have before they overflow -- not <main>, which holds the page's
 // table of contents too.
-const col = document.querySelector('article.bd-article, .bd-article, article, main')
-    || document.body;
+const col = ['article.bd-article', '.bd-article', 'article', 'main']
+    .map(s => document.querySelector(s)).find(e => e) || document.body;
 const pad = getComputedStyle(col);
 const colW = col.clientWidth - parseFloat(pad.paddingLeft) - parseFloat(pad.paddingRight);
 const shown = e => e.offsetParent !== null && e.getBoundingClientRect().width > 0
