@@ -47,8 +47,8 @@ SAVE_PAD_IN = 0.1
 
 
 def saved_width_px(fig, dpi: float = BOOK_DPI) -> float:
-    """The width of the PNG a notebook stores for ``fig`` (cropped to its drawn extent)."""
-    fig.canvas.draw()
+    """The width of the PNG a notebook stores for ``fig`` (cropped to its drawn extent;
+    measured from the artists' extents, without drawing the figure)."""
     box = fig.get_tightbbox(fig.canvas.get_renderer())
     return (box.width + 2 * SAVE_PAD_IN) * dpi
 
@@ -56,6 +56,7 @@ def saved_width_px(fig, dpi: float = BOOK_DPI) -> float:
 def shown_scale(fig, dpi: float = BOOK_DPI) -> float:
     """How much the book scales ``fig`` down: its column is BOOK_WIDTH_PX wide, and the
     notebook stores the figure cropped to what it draws (:func:`saved_width_px`)."""
+    fig.canvas.draw()
     return min(1.0, BOOK_WIDTH_PX / saved_width_px(fig, dpi))
 
 

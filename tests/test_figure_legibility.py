@@ -156,7 +156,7 @@ HELPERS = {
 def shown_sizes(fig):
     """(text, points at the size the book shows the figure) for every visible text."""
     fig.canvas.draw()
-    scale = viz.shown_scale(fig)
+    scale = min(1.0, viz.BOOK_WIDTH_PX / viz.saved_width_px(fig))   # viz.shown_scale, drawn
     return [(t.get_text(), t.get_fontsize() * scale) for t in fig.findobj(Text)
             if t.get_visible() and t.get_text().strip()]
 
