@@ -41,9 +41,23 @@ BOOK_DPI = 100
 MIN_FONT_PT = 9.0
 
 
+#: Jupyter's inline backend saves a figure cropped to what it draws (``bbox_inches="tight"``)
+#: plus this margin on each side, in inches: a legend or label outside the figure widens it.
+SAVE_PAD_IN = 0.1
+
+
+def saved_width_px(fig, dpi: float = BOOK_DPI) -> float:
+    """The width of the PNG a notebook stores for ``fig`` (cropped to its drawn extent;
+    measured from the artists' extents, without drawing the figure)."""
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    return (box.width + 2 * SAVE_PAD_IN) * dpi
+
+
 def shown_scale(fig, dpi: float = BOOK_DPI) -> float:
-    """How much the book scales ``fig`` down: its column is BOOK_WIDTH_PX wide."""
-    return min(1.0, BOOK_WIDTH_PX / (fig.get_figwidth() * dpi))
+    """How much the book scales ``fig`` down: its column is BOOK_WIDTH_PX wide, and the
+    notebook stores the figure cropped to what it draws (:func:`saved_width_px`)."""
+    fig.canvas.draw()
+    return min(1.0, BOOK_WIDTH_PX / saved_width_px(fig, dpi))
 
 
 def legible(fig):
@@ -53,8 +67,6 @@ def legible(fig):
     shrink (which would shrink its text with it); the layout is then redone around the
     larger text.  Every figure helper of the course ends with this.
     """
-    import warnings
-
     from matplotlib.text import Text
 
     width = BOOK_WIDTH_PX / BOOK_DPI
@@ -65,11 +77,48 @@ def legible(fig):
     for t in fig.findobj(Text):
         if t.get_visible() and t.get_text() and t.get_fontsize() < MIN_FONT_PT:
             t.set_fontsize(MIN_FONT_PT)
+    _wrap_titles(fig)
+    _relayout(fig)
+    # Text placed outside the axes (a legend beside them, a label past the edge) widens the
+    # stored PNG past the figure: narrow the figure by the excess until the PNG fits.
+    for _ in range(4):
+        over = saved_width_px(fig) - BOOK_WIDTH_PX
+        if over <= 0:
+            break
+        w, h = fig.get_size_inches()
+        narrower = w - (over + 1) / BOOK_DPI
+        if narrower < 0.5 * width:
+            break
+        fig.set_size_inches(narrower, h)
+        _relayout(fig)
+    return fig
+
+
+def _wrap_titles(fig):
+    """Break a title wider than its axes (or a figure title wider than the figure) into
+    lines that fit, so it neither runs off the page nor widens the stored PNG."""
+    import textwrap
+
+    renderer = fig.canvas.get_renderer()
+    titles = [(ax.title, ax.get_window_extent(renderer).width) for ax in fig.axes]
+    if getattr(fig, "_suptitle", None) is not None:
+        titles.append((fig._suptitle, fig.bbox.width))
+    for text, room in titles:
+        words = text.get_text()
+        wide = text.get_window_extent(renderer).width
+        if not words or wide <= room or "$" in words:
+            continue
+        chars = max(20, int(len(words) * room / wide))
+        text.set_text("\n".join(textwrap.fill(line, chars) for line in words.split("\n")))
+
+
+def _relayout(fig):
+    import warnings
+
     if not fig.get_constrained_layout():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fig.tight_layout()
-    return fig
 
 
 def series_style(i: int) -> dict:
@@ -761,50 +810,49 @@ def plot_split_k(M: int, N: int, K: int, BM: int, BN: int, BK: int, S: int,
 def plot_host_costs(data: dict, title=None):
     """Host microseconds per call, from a ``results/host-cost-*.json`` record.
 
-    Left: whole calls (``data["rows"]``: name, host_us), one bar each.  Right: the
-    steps of one ``gemmlib.matmul(A, B, out=C)`` (``data["steps"]``: step, host_us)
-    stacked in the order the call runs them.
+    Top: whole calls (``data["rows"]``: name, host_us), one bar each.  Below it: the steps
+    of one ``gemmlib.matmul(A, B, out=C)`` (``data["steps"]``: step, host_us), one bar each
+    in the order the call runs them, and the whole call as a dashed line.  Stacked, not
+    side by side, so both panels have the page's width and their labels room.
     """
     plt = _plt()
     rows = list(data.get("rows", []))
     steps = list(data.get("steps", []))
-    fig, (ax, axs) = plt.subplots(1, 2, figsize=(11, 0.42 * max(len(rows), 4) + 1.6),
-                                  gridspec_kw={"width_ratios": [3, 1.3]})
+    n_rows, n_steps = max(len(rows), 1), max(len(steps), 1)
+    fig, (ax, axs) = plt.subplots(
+        2, 1, figsize=(BOOK_WIDTH_PX / BOOK_DPI, 0.34 * (n_rows + n_steps) + 2.6),
+        gridspec_kw={"height_ratios": [n_rows, n_steps]})
     names = [r["name"] for r in rows][::-1]
     us = [float(r["host_us"]) for r in rows][::-1]
     colours = ["#4a7fb5" if n.startswith("gemmlib") or n.startswith("dispatch")
                else "#999999" for n in names]
-    bars = ax.barh(names, us, color=colours)
-    top = max(us, default=1.0)
-    for b, v in zip(bars, us):
-        ax.text(b.get_width() + top * 0.01, b.get_y() + b.get_height() / 2, f"{v:.1f} us",
-                va="center", fontsize=8)
-    ax.set_xlim(0, top * 1.25 if top > 0 else 1)
-    ax.set_xlabel("host microseconds per call (median, back-to-back calls)")
-    ax.tick_params(labelsize=8)
-    ax.set_title("whole calls", fontsize=9)
-    bottom = 0.0
-    cmap = plt.get_cmap("Set2")
-    for i, s in enumerate(steps):
-        v = float(s["host_us"])
-        axs.bar([0], [v], bottom=bottom, color=cmap(i % 8), edgecolor="k", lw=0.5, width=0.6)
-        axs.text(0.35, bottom + v / 2, f"{s['step']}: {v:.1f} us", va="center", fontsize=8)
-        bottom += v
     whole = next((float(r["host_us"]) for r in rows
                   if r["name"] == "gemmlib.matmul(A, B, out=C)"), None)
+    step_us = [float(s["host_us"]) for s in steps][::-1]
+    top = max(us + step_us + [whole or 0.0], default=1.0) or 1.0
+
+    def label_bars(axis, bars, values):
+        for b, v in zip(bars, values):
+            axis.text(b.get_width() + top * 0.01, b.get_y() + b.get_height() / 2,
+                      f"{v:.1f} us", va="center")
+
+    label_bars(ax, ax.barh(names, us, color=colours), us)
+    ax.set_title("whole calls (median host microseconds, back-to-back calls)")
+    cmap = plt.get_cmap("Set2")
+    bars = axs.barh([s["step"] for s in steps][::-1], step_us,
+                    color=[cmap(i % 8) for i in range(len(steps))][::-1])
+    label_bars(axs, bars, step_us)
     if whole is not None:
-        axs.axhline(whole, color="k", ls="--", lw=1)
-        axs.text(-0.3, whole, "whole call", va="bottom", fontsize=7)
-    axs.set_xlim(-0.35, 1.6)
-    axs.set_ylim(0, max(bottom, whole or 0) * 1.1 or 1)
-    axs.set_xticks([])
-    axs.set_ylabel("host microseconds", fontsize=8)
-    axs.tick_params(labelsize=8)
-    axs.set_title("one gemmlib.matmul(A, B, out=C),\nstep by step", fontsize=9)
+        axs.axvline(whole, color="k", ls="--", lw=1)
+    axs.set_title("one gemmlib.matmul(A, B, out=C), step by step"
+                  + (f" (dashed: the whole call, {whole:.1f} us)" if whole is not None else ""))
+    for axis in (ax, axs):
+        axis.set_xlim(0, top * 1.22)
+    axs.set_xlabel("host microseconds")
     meta = data.get("meta", {})
     shape = "x".join(str(v) for v in data.get("shape", []))
     fig.suptitle(title or f"host time per call on {meta.get('gpu', '?')}"
-                 + (f", {shape}" if shape else ""), fontsize=10)
+                 + (f", {shape}" if shape else ""))
     fig.tight_layout()
     return legible(fig)
 

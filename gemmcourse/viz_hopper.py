@@ -1107,11 +1107,12 @@ def steady_table(data: dict, name: str = ""):
                          f"the power cap: {_gpu_named(data, name)}")
 
 
-def plot_steady(files, precision: str = "fp16", ax=None, key: str = "auto"):
+def plot_steady(files, precision: str = "fp16", ax=None, key: str = "auto",
+                legend: bool = True):
     """Bars: ``auto``'s % of torch.matmul per shape, one bar per file (``key="auto16"``:
     ``auto`` with C in the inputs' 16-bit type, torch.matmul's own convention). Each file
     is named by its GPU, and by the file too where several come from one GPU; the legend
-    sits to the right of the bars."""
+    sits to the right of the bars (``legend=False``: none, for a figure that has one)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -1139,8 +1140,25 @@ def plot_steady(files, precision: str = "fp16", ax=None, key: str = "auto"):
     ax.set_title(f"{precision}: gemmlib.matmul (auto"
                  + (", 16-bit out" if key == "auto16" else "") + ") at the power cap",
                  fontsize=FONT + 1)
-    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if legend:
+        ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
+
+
+def plot_steady_pair(files, key: str = "auto"):
+    """:func:`plot_steady` for fp16 above bf16, at the page's width, with one legend for
+    both above the panels (the files' colours are the same in both)."""
+    from gemmcourse.viz import BOOK_DPI, BOOK_WIDTH_PX, legible
+
+    plt = _plt()
+    fig, axes = plt.subplots(2, 1, figsize=(BOOK_WIDTH_PX / BOOK_DPI, 5.8))
+    for ax, prec in zip(axes, ("fp16", "bf16")):
+        plot_steady(files, prec, ax=ax, key=key, legend=False)
+    # above the first panel's title: part of its axes, so the layout keeps room for it
+    axes[0].legend(loc="lower center", bbox_to_anchor=(0.5, 1.1), ncol=3, fontsize=FONT,
+                   frameon=False)
+    fig.tight_layout()
+    return legible(fig)
 
 
 def final_files(directory=None):

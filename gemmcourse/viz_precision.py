@@ -369,7 +369,7 @@ def plot_roofline_tc(dev, data=None, title=None, roof=None):
     import numpy as np
 
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(7.5, 7.4))
     bw = getattr(dev, "peak_bandwidth_gbs", 0.0) or 0.0
     fp32 = getattr(dev, "fp32_peak_tflops", 0.0) or 0.0
     simulated = getattr(dev, "simulated", True)
@@ -395,17 +395,18 @@ def plot_roofline_tc(dev, data=None, title=None, roof=None):
                   label=f"memory roof: {bw:.0f} GB/s (driver)")
     recs = [d for d in precision_records(data or {}) if d["timing"] == "kernel"
             and d["tflops"]]
-    for d in recs:
-        ai = intensity(*d["shape"], d["precision"])
-        ax.loglog([ai], [d["tflops"]], "o", color=COLOURS.get(d["precision"], "C0"), ms=6)
-        ax.annotate(f"{d['precision']} {_short(d['shape'])}",
-                    (ai, d["tflops"]), fontsize=7,
-                    xytext=(4, -10), textcoords="offset points")
+    # One legend entry per precision's points (fp16 and bf16 land on top of each other, so
+    # labels beside the points would overlap); the legend sits under the axes, off the lines.
+    for prec in dict.fromkeys(d["precision"] for d in recs):
+        mine = [d for d in recs if d["precision"] == prec]
+        ax.loglog([intensity(*d["shape"], prec) for d in mine], [d["tflops"] for d in mine],
+                  "o", color=COLOURS.get(prec, "C0"), ms=6, ls="none",
+                  label=f"gemmlib {prec}: " + ", ".join(_short(d["shape"]) for d in mine))
     ax.set_xlabel("arithmetic intensity (FLOP per byte: A, B read once, fp32 C written once)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
     if roofs or recs:
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     ys = [p for _, p, _, _ in roofs] + [d["tflops"] for d in recs]
     if ys:
         ax.set_ylim(min(ys) / 20, max(ys) * 2)
@@ -418,6 +419,14 @@ def plot_roofline_tc(dev, data=None, title=None, roof=None):
                  fontsize=10)
     fig.tight_layout()
     return legible(fig)
+
+
+def _mma_shape(instruction: str) -> str:
+    """``m16n8k16`` from ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``."""
+    import re
+
+    m = re.search(r"m\d+n\d+k\d+", instruction)
+    return m.group(0) if m else instruction
 
 
 def roof_table(roof: dict, bench: dict | None = None, n: int = 8192):
@@ -437,18 +446,18 @@ def roof_table(roof: dict, bench: dict | None = None, n: int = 8192):
         top = max(rows, key=lambda r: r["tflops"])
         cub = _num(top.get("cublas_8192_tflops"))
         mine = ours.get(prec)
-        body.append((prec, top.get("instruction", "?"), f"{best[prec]:.1f}",
+        body.append((prec, _mma_shape(top.get("instruction", "?")), f"{best[prec]:.1f}",
                      "-" if cub is None else f"{cub:.1f}",
                      "-" if cub is None else f"{100 * best[prec] / cub:.1f}%",
                      "-" if mine is None else f"{mine['tflops']:.1f}",
                      "-" if mine is None else f"{100 * mine['tflops'] / best[prec]:.1f}%"))
     meta = roof.get("meta", {}) if isinstance(roof, dict) else {}
-    return Table(("precision", "instruction", "mma.sync ceiling TFLOP/s",
-                  f"cuBLAS {n}^3 TFLOP/s", "ceiling / cuBLAS", f"mma_pipeline {n}^3",
-                  "mma_pipeline / ceiling"), body,
-                 caption=f"register-only mma.sync (gemmcourse.mma_roof) on {meta.get('gpu', '?')}, "
-                         f"{str(meta.get('date', ''))[:10]}; mma_pipeline from the precision "
-                         f"benchmark of the same GPU")
+    # Short headers and the instruction's shape only, so the table fits the text column
+    return Table(("precision", "mma shape", "ceiling TFLOP/s", "cuBLAS TFLOP/s",
+                  "ceiling / cuBLAS", "mma_pipeline TFLOP/s", "mma_pipeline / ceiling"), body,
+                 caption=f"{meta.get('gpu', '?')}: register-only mma.sync (gemmcourse.mma_roof); "
+                         f"cuBLAS and mma_pipeline at {n}^3 (mma_pipeline from the precision "
+                         f"benchmark of the same GPU)")
 
 
 def show_mma_roof(directory=None) -> int:

@@ -823,10 +823,19 @@ def plot_banks(layout: Layout, *, part: Partition | None = None, idx=None, warp:
 
 
 def plot_tiling(tiling: Tiling, *, title=None, ax=None):
-    """Which thread block owns each element of the matrix (@tile)."""
+    """Which thread block owns each element of the matrix (@tile): one colour per tile,
+    and each tile's number once, at its centre (a label per element would not fit)."""
     own = tiling.owner()
-    return _grid_figure(own, own, title or f"{tiling.shape} in tiles of {tiling.tile}",
-                        "tab20", ax=ax)
+    fig = _grid_figure(own, None, title or f"{tiling.shape} in tiles of {tiling.tile}",
+                       "tab20", ax=ax)
+    ax = ax or fig.axes[0]
+    ax.set_yticks(range(0, own.shape[0], tiling.tile[0]))   # where each tile starts
+    ax.set_xticks(range(0, own.shape[1], tiling.tile[1]))
+    for t in np.unique(own[own >= 0]):
+        rows, cols = np.nonzero(own == t)
+        ax.text((cols.min() + cols.max()) / 2, (rows.min() + rows.max()) / 2, str(t),
+                ha="center", va="center", fontsize=11, fontweight="bold")
+    return fig
 
 
 __all__ = [

@@ -17,19 +17,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 JS = """
-const col = document.querySelector('main, .bd-article, article') || document.body;
-const colW = col.getBoundingClientRect().width;
+// The text column: the article's content box (its padding excluded), the width a cell's
+// output and a table have before they overflow -- not <main>, which holds the page's
+// table of contents too.
+const col = ['article.bd-article', '.bd-article', 'article', 'main']
+    .map(s => document.querySelector(s)).find(e => e) || document.body;
+const pad = getComputedStyle(col);
+const colW = col.clientWidth - parseFloat(pad.paddingLeft) - parseFloat(pad.paddingRight);
 const shown = e => e.offsetParent !== null && e.getBoundingClientRect().width > 0
     && !e.closest('details:not([open])');
 const scrollers = [...document.querySelectorAll('pre, div.output, .cell_output')]
     .filter(e => shown(e) && e.scrollWidth > e.clientWidth + 2).length;
-const wide = [...document.querySelectorAll('table')]
-    .filter(t => shown(t) && t.getBoundingClientRect().width > colW + 2).length;
+const tables = [...document.querySelectorAll('table')].filter(shown)
+    .map(t => Math.max(t.scrollWidth, t.getBoundingClientRect().width));
+const wide = tables.filter(w => w > colW + 2).length;
+const widest = Math.round(Math.max(0, ...tables));
 const imgs = [...document.querySelectorAll('img')].filter(i => i.naturalWidth > 0 && shown(i))
     .map(i => ({src: i.getAttribute('src').slice(0, 60), natural: i.naturalWidth,
                 shown: Math.round(i.getBoundingClientRect().width)}));
 return {height: document.documentElement.scrollHeight, column: Math.round(colW),
-        scrolling_blocks: scrollers, wide_tables: wide, images: imgs};
+        scrolling_blocks: scrollers, wide_tables: wide, widest_table: widest, images: imgs};
 """
 
 
@@ -62,7 +69,8 @@ def main() -> int:
     for name, r in sorted(pages.items(), key=lambda kv: -kv[1]["height"]):
         small = min((im["scale"] for im in r["images"]), default=None)
         print(f"{name:45} {r['height']:7d} px  sideways {r['scrolling_blocks']:3d}  "
-              f"wide tables {r['wide_tables']:2d}  images {len(r['images']):3d}  "
+              f"wide tables {r['wide_tables']:2d} (widest {r['widest_table']:4d} of "
+              f"{r['column']})  images {len(r['images']):3d}  "
               f"smallest scale {small if small is not None else '-'}")
     if args.json:
         Path(args.json).write_text(json.dumps(pages, indent=1))

@@ -2,11 +2,16 @@
 shows it: the page's column is gemmcourse.viz.BOOK_WIDTH_PX wide, a wider figure is scaled
 down to it, and no text may end up under gemmcourse.viz.MIN_FONT_PT points.
 
-Each helper is rendered (Agg, the book's 100 dpi) from committed data or small inputs."""
+Each helper is rendered (Agg, the book's 100 dpi) from committed data or small inputs; the
+figure cells of chapter 10 (drawn with gemmlib.layout's plots) run as the page has them; and
+every figure a page stores is checked for the width its PNG has, since the browser scales a
+wider one down, text and all."""
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
 from pathlib import Path
 
 import matplotlib
@@ -169,13 +174,16 @@ HELPERS = {
     "vh.plot_b_landing": lambda: _vh().plot_b_landing(n=16, k=16, BN=128),
     "viz_e2e.plot_e2e": _e2e,
     "viz_e2e.plot_launches": _launches,
+    "vh.plot_steady_pair": lambda: _vh().plot_steady_pair(_vh().steady_files()),
+    "vh.plot_steady_pair auto16": lambda: _vh().plot_steady_pair(_vh().final_files(),
+                                                                  key="auto16"),
 }
 
 
 def shown_sizes(fig):
     """(text, points at the size the book shows the figure) for every visible text."""
     fig.canvas.draw()
-    scale = viz.shown_scale(fig)
+    scale = min(1.0, viz.BOOK_WIDTH_PX / viz.saved_width_px(fig))   # viz.shown_scale, drawn
     return [(t.get_text(), t.get_fontsize() * scale) for t in fig.findobj(Text)
             if t.get_visible() and t.get_text().strip()]
 
@@ -222,3 +230,69 @@ def test_a_too_wide_figure_is_fitted_to_the_column():
     viz.legible(fig)
     assert fig.get_figwidth() * fig.dpi <= viz.BOOK_WIDTH_PX
     assert min(pt for _, pt in shown_sizes(fig)) >= viz.MIN_FONT_PT
+
+
+# --------------------------------------------------------------------------
+# What the pages store and draw themselves
+
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+
+
+def _png_width(b64) -> int:
+    data = base64.b64decode("".join(b64))
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">I", data[16:20])[0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_figures_are_no_wider_than_the_column(path):
+    """A stored PNG wider than the column is shown scaled down, text and all: the figure
+    was drawn without the helpers' legible() (or with text sticking out past its edge)."""
+    cells = json.loads(path.read_text())["cells"]
+    wide = [(i, _png_width(o["data"]["image/png"])) for i, c in enumerate(cells)
+            if c["cell_type"] == "code" for o in c.get("outputs", [])
+            if "image/png" in o.get("data", {})]
+    wide = [(i, w) for i, w in wide if w > viz.BOOK_WIDTH_PX]
+    assert not wide, f"{path.name}: (cell, PNG width) over {viz.BOOK_WIDTH_PX} px: {wide}"
+
+
+def _figure_cells(path, marker):
+    """The set-up cell and every code cell up to the last one containing ``marker``."""
+    code = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    last = max(i for i, c in enumerate(code) if marker in "".join(c["source"]))
+    return ["".join(c["source"]) for c in code[:last + 1]]
+
+
+@pytest.mark.parametrize("page, marker", [("10-layouts.ipynb", "L.plot_")])
+def test_a_pages_own_figure_cells_are_legible(page, marker, monkeypatch):
+    """Figures a page draws in its own cells (subplots of gemmlib.layout's plots), run as
+    the page has them: every figure fits the column and its text is 9 pt or more."""
+    import IPython.display
+
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: None)
+    figs = []
+    monkeypatch.setattr(plt, "show", lambda *a, **k: figs.extend(
+        plt.figure(n) for n in plt.get_fignums() if plt.figure(n) not in figs))
+    ns = {"display": lambda *a, **k: None}
+    for src in _figure_cells(ROOT / "chapters" / page, marker):
+        exec(compile(src, page, "exec"), ns)
+    assert figs
+    for fig in figs:
+        assert viz.saved_width_px(fig) <= viz.BOOK_WIDTH_PX
+        small = [(t, round(pt, 1)) for t, pt in shown_sizes(fig) if pt < viz.MIN_FONT_PT - 1e-6]
+        assert not small, f"{page}: text under {viz.MIN_FONT_PT} pt as shown: {small[:8]}"
+
+
+def _min_table_px(table) -> float:
+    """The narrowest a helper's table can be drawn: each column as wide as its longest
+    unbreakable word (a header wraps at its spaces), at the book's ~7.2 px a character of
+    the table's 0.9 em text, plus each cell's 20 px of padding."""
+    cols = zip(*([table.header] + [list(r) for r in table.rows]))
+    return sum(20 + 7.2 * max(len(w) for cell in col for w in str(cell).split() or [""])
+               for col in cols)
+
+
+def test_the_mma_roof_table_fits_the_text_column():
+    roof = _json("mma-roof-nvidia-h200.json")
+    table = vp.roof_table(roof, _json("bench-nvidia-h200-2026-11-23-precision.json"))
+    assert _min_table_px(table) <= viz.BOOK_WIDTH_PX

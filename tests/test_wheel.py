@@ -75,9 +75,11 @@ def test_wheel_ships_the_tuning_tables_and_auto_reads_them(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
+    # without PYTHONPATH: a checkout on it (with its gemmlib.egg-info) reads as installed
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     run = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
                           "--no-deps", "--no-index", str(wheel)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           capture_output=True, text=True, check=True).stdout.strip()
@@ -88,7 +90,6 @@ def test_wheel_ships_the_tuning_tables_and_auto_reads_them(tmp_path):
             if not pth.name.startswith("__editable__"):
                 shutil.copy(pth, Path(site, pth.name))
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(NUMBA_ENABLE_CUDASIM="1", GEMMLIB_CACHE=str(tmp_path / "cache"))
     run = subprocess.run([str(py), "-c", _CHOOSE], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)

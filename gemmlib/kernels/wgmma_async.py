@@ -138,8 +138,8 @@ def store_source(BN: int, halves: int, convert: str = "", pair: str = "store2",
     is a constant again and ``acc`` stays in registers (the compile gate checks the PTX
     for local memory).  A loop per row, not one over all the pairs: NVVM unrolls only
     loops below a size, and with ``bf16`` conversions one loop over the whole slice is
-    above it.  (Written out pair by pair, as it once was, the function cost numba
-    thousands of typed operations: most of a rung's cold compile.)"""
+    above it.  (Written out pair by pair instead, the function costs numba thousands of
+    typed operations: most of a rung's cold compile.)"""
     R = BN // 2
 
     def val(k):   # accumulator k + 4j: column pair j of the row
