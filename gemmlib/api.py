@@ -1,4 +1,4 @@
-"""``gemmlib.matmul``: checks the operands, then hands them to the dispatch layer.
+"""``gemmlib.matmul``: checks the operands, then hands them to the runtime.
 
 What a call costs the caller is mostly host time for small and medium
 problems, so the common cases -- CuPy arrays or torch CUDA tensors in, the
@@ -9,11 +9,11 @@ same type out (or ``out=``) -- take a short path:
   ``__cuda_array_interface__`` dict, no pointer queries;
 * a call whose operands are described like an earlier call's (type, dtype,
   shape, layout, kernel, precision) reuses what the checks concluded then
-  (:data:`gemmlib.dispatch.CALLS`): the plan and the output type.  The checks
+  (:data:`gemmlib.CALLS`): the plan and the output type.  The checks
   that depend on the pointers themselves (aliasing of ``out``, 16-byte
   alignment, the current device) run every time; anything unusual takes the
   long path, which runs every check with the same messages;
-* the launch is one driver call (:func:`gemmlib.dispatch.run`) on the
+* the launch is one driver call (:func:`gemmlib.runtime.launch.run`) on the
   framework's own current stream (torch's for torch tensors).
 """
 
@@ -27,7 +27,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from gemmlib import backend, dispatch
+from gemmlib import backend
+from gemmlib.runtime import launch as runtime_launch
+from gemmlib.runtime.caches import LRU
+from gemmlib.runtime.calls import CALLS, Call
+from gemmlib.runtime.driver import driver
+from gemmlib.runtime.memory import stream_handle
+from gemmlib.runtime import plans
+from gemmlib.runtime.select import (AUTO, AUTO_RUNG, TC_AUTO, get_spec, select, select_batched,
+                                    select_tc, with_a_layout, with_bias, with_layout, with_out)
 from gemmlib.backend import SIMULATOR, cuda
 from gemmlib.kernels import SCALED
 from gemmlib.spec import KernelSpec
@@ -369,7 +377,7 @@ def _staging_stream(stream):
     if sys.modules.get("cupy") is None:   # a torch caller: copies are torch's (_torch_stream)
         return nullcontext()
     if isinstance(stream, _RawStream) or hasattr(stream, "cuda_stream"):  # torch's
-        return backend.array_module().cuda.ExternalStream(dispatch.stream_handle(stream))
+        return backend.array_module().cuda.ExternalStream(stream_handle(stream))
     if hasattr(stream, "ptr"):
         return stream
     return backend.array_module().cuda.ExternalStream(int(stream))  # a numba stream
@@ -396,7 +404,7 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         Shapes follow ``torch.matmul``: ``(..., M, K) @ (K, N)`` flattens the leading
         dimensions into one product; ``(b, M, K) @ (b, K, N)`` and broadcast batch
         dimensions give ``(b, M, N)``: one launch for 16-bit stacks on Hopper
-        (``dispatch.select_batched``), else one product per batch entry.
+        (``select_batched``), else one product per batch entry.
         1-D operands are refused (reshape them to (1, K) or (K, 1)).  A torch tensor
         that requires grad is accepted under ``torch.no_grad()`` /
         ``torch.inference_mode()`` (autograd does not see these kernels).  Arrays on a
@@ -416,8 +424,8 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     kernel : rung name (see ``gemmlib.list_kernels()``), a KernelSpec, or
         ``"auto"`` (the default): the configuration measured fastest for this GPU and
         shape class, with K split into slices when the output alone cannot fill the
-        GPU (see ``gemmlib.dispatch.select``).  Each configuration is compiled once per
-        process and its machine code cached on disk (``gemmlib.dispatch``).
+        GPU (see ``gemmlib.runtime.select``).  Each configuration is compiled once per
+        process and its machine code cached on disk (``gemmlib.runtime.compile``).
     stream : CuPy, numba or torch stream to launch on.  Default: the inputs'
         framework's current stream -- ``torch.cuda.current_stream()`` for torch
         tensors, CuPy's current stream otherwise.  Anything else is refused with a
@@ -508,7 +516,7 @@ def _matmul_checked(A, B, out, kernel, stream, transpose_b, precision, scale_a, 
     z = _describe_bias(bias, a, b.shape[1]) if bias is not None else None
     key = _call_key(a, b, c, kernel, precision, o16, z)
     if key is not None:
-        known = dispatch.CALLS.get(key)
+        known = CALLS.get(key)
         if known is not None and _still_holds(known, a, b, c):
             _RECORD.known = known   # (a torch caller's lean path may remember it)
             return _run_known(known, a, b, c, out, stream, z)
@@ -516,7 +524,7 @@ def _matmul_checked(A, B, out, kernel, stream, transpose_b, precision, scale_a, 
     C = _matmul(a, b, c, out, kernel, stream, precision, o16, z)
     if key is not None and _RECORD.known is not None:
         _RECORD.known.kernel = kernel
-        dispatch.CALLS.put(key, _RECORD.known)
+        CALLS.put(key, _RECORD.known)
     if out is None and a.kind in ("numpy", "dlpack") and not isinstance(A, np.ndarray):
         C = _like_input(C, A)
     return C
@@ -542,7 +550,7 @@ class _TorchCall:
 
 
 #: torch call descriptions -> _TorchCall
-_TORCH_CALLS = dispatch._LRU(4096)
+_TORCH_CALLS = LRU(4096)
 
 
 def _torch_key(A, B, out, bias, transpose_b, out_dtype):
@@ -616,15 +624,15 @@ def _torch_repeat(A, B, out, bias, transpose_b, out_dtype):
         C = out
     bound = k.bound.get(dev)
     if bound is None:
-        bound = k.bound[dev] = dispatch.bound(k.plan)
+        bound = k.bound[dev] = runtime_launch.bound(k.plan)
     stream = _RAW_STREAM(dev)
     # torch knows whether its current stream is being captured (one C call)
     graph = ((bound.needs_buffers or k.out16 is not None)
              and torch._C._cuda_isCurrentStreamCapturing())
     if k.out16 is None:
-        dispatch.run(k.plan, a_ptr, b_ptr, c_ptr, stream, bound=bound, bias=z, graph=graph)
+        runtime_launch.run(k.plan, a_ptr, b_ptr, c_ptr, stream, bound=bound, bias=z, graph=graph)
     else:
-        dispatch.run_rounded(k.plan, a_ptr, b_ptr, c_ptr, k.out16, stream, bound=bound,
+        runtime_launch.run_rounded(k.plan, a_ptr, b_ptr, c_ptr, k.out16, stream, bound=bound,
                              bias=z, graph=graph)
     return C
 
@@ -713,11 +721,11 @@ def _strides(op: _Operand) -> tuple:
 
 def _one_launch(A, B, a: _Operand, b: _Operand, batch: tuple, out, bias, kw):
     """A batch of 16-bit products as one launch of a batched rung (``wgmma_ws`` on
-    Hopper, ``dispatch.select_batched``), where the operands allow it: the same batch
+    Hopper, ``select_batched``), where the operands allow it: the same batch
     shape (no broadcast), A a contiguous stack, B a contiguous stack of row-major
     matrices or of column-major ones (``K.transpose(-1, -2)``), 16-byte rows, and no
     ``out``, kernel or precision named.  None where not: the caller loops."""
-    if (out is not None or kw.get("kernel") not in (None, dispatch.AUTO)
+    if (out is not None or kw.get("kernel") not in (None, AUTO)
             or kw.get("precision") is not None or a.dname not in _SIXTEEN
             or b.dname != a.dname or (a.on_host and not SIMULATOR) or a.kind != b.kind
             or tuple(a.shape[:-2]) != batch or tuple(b.shape[:-2]) != batch):
@@ -742,7 +750,7 @@ def _one_launch(A, B, a: _Operand, b: _Operand, batch: tuple, out, bias, kw):
              np.empty(batch + (M, N), np.float32))
         C2 = (C.view(np.uint16) if o16 else C).reshape(nb * M, N)
         Z = None if z is None else _kernel_array(z, np).reshape(1, N)
-        dispatch.launch(p, A2, B2, C2, nb * M, N, K, stream=stream, bias=Z,
+        runtime_launch.launch(p, A2, B2, C2, nb * M, N, K, stream=stream, bias=Z,
                         bias_type=_BIAS_TYPE[a.dname])
         return C
     if a.kind == "torch" and stream is None:
@@ -751,12 +759,12 @@ def _one_launch(A, B, a: _Operand, b: _Operand, batch: tuple, out, bias, kw):
         return None
     C = _allocate_stack(batch + (M, N), o16 or "float32", a)
     bias_arg = () if z is None else (z.ptr, _BIAS_TYPE[z.dname])
-    dispatch.run(p, a.ptr, b.ptr, _out_ptr(C), dispatch.stream_handle(stream), bias=bias_arg)
+    runtime_launch.run(p, a.ptr, b.ptr, _out_ptr(C), stream_handle(stream), bias=bias_arg)
     return C
 
 
 #: what _batched_plan concluded for operands described alike
-_BATCHED = dispatch._LRU(1024)
+_BATCHED = LRU(1024)
 
 
 def _batched_plan(a: _Operand, b: _Operand, batch: tuple, out_dtype, bias: bool):
@@ -776,11 +784,11 @@ def _batched_plan(a: _Operand, b: _Operand, batch: tuple, out_dtype, bias: bool)
     else:
         return ()
     o16 = _out_type(out_dtype, a, None)
-    spec = dispatch.select_batched(_PRECISION_OF[a.dname], M, N, K,
+    spec = select_batched(_PRECISION_OF[a.dname], M, N, K,
                                    _OUT_KIND.get(o16, "fp32"), b_layout, bias)
     if spec is None:
         return ()
-    return dispatch.plan(spec, M, N, K, batch=nb), o16, b_layout
+    return plans.plan(spec, M, N, K, batch=nb), o16, b_layout
 
 
 #: the tensor-core precision of 16-bit inputs
@@ -907,19 +915,8 @@ def _like_input(C, A):
 # Calls already checked: the short path
 
 
-class _Known:
-    """What the checks of an earlier call concluded, valid for operands described alike."""
-
-    __slots__ = ("plan", "out_dtype", "align", "bound", "devices", "kernel", "out16")
-
-    def __init__(self, plan, out_dtype, align: int, out16: str | None = None):
-        self.plan = plan            # for a column-major B, a plan of a K-major ("NK") build
-        self.out16 = out16          # "fp16"/"bf16": the plan writes float32, rounded into C
-        self.kernel = None          # a KernelSpec the call named (its key holds only its id)
-        self.out_dtype = out_dtype  # the output's dtype, in the inputs' framework
-        self.align = align          # the kernel's operand alignment (16-byte pointers)
-        self.bound = {}             # device -> the plan made ready there (dispatch.bound)
-        self.devices = {}           # device -> torch.device, for torch outputs
+#: what the checks of an earlier call concluded (gemmlib.runtime.calls.Call)
+_Known = Call
 
 
 _RECORD = threading.local()  # the long path leaves its conclusion here
@@ -957,7 +954,7 @@ def _still_holds(k: _Known, a: _Operand, b: _Operand, c: _Operand | None) -> boo
 
 
 def _current_device() -> int:
-    return dispatch.driver().current_device()
+    return driver().current_device()
 
 
 def _run_known(k: _Known, a, b, c, out, stream, z=None):
@@ -970,13 +967,13 @@ def _run_known(k: _Known, a, b, c, out, stream, z=None):
         C, c_ptr = out, c.ptr
     bound = k.bound.get(device)
     if bound is None:   # loaded in this device's context once; then no context query
-        bound = k.bound[device] = dispatch.bound(p)
+        bound = k.bound[device] = runtime_launch.bound(p)
     bias = () if z is None else (z.ptr, _BIAS_TYPE[z.dname])
     if k.out16 is None:
-        dispatch.run(p, a.ptr, b.ptr, c_ptr, dispatch.stream_handle(stream), bound=bound,
+        runtime_launch.run(p, a.ptr, b.ptr, c_ptr, stream_handle(stream), bound=bound,
                      bias=bias)
     else:
-        dispatch.run_rounded(p, a.ptr, b.ptr, c_ptr, k.out16, dispatch.stream_handle(stream),
+        runtime_launch.run_rounded(p, a.ptr, b.ptr, c_ptr, k.out16, stream_handle(stream),
                              bound=bound, bias=bias)
     return C
 
@@ -1026,7 +1023,7 @@ def _out_ptr(C) -> int:
 
 def _remember(plan, a: _Operand, C, align: int, out16: str | None = None) -> None:
     """The long path launched ``plan`` on these operands as they are (``out16``: through
-    dispatch.run_rounded): remember it."""
+    gemmlib.runtime.launch.run_rounded): remember it."""
     if a.kind in ("cupy", "torch"):
         _RECORD.known = _Known(plan, C.dtype, align, out16)
 
@@ -1036,8 +1033,8 @@ def _matmul(a, b, c, out, kernel, stream, precision, o16=None, z=None):
     ``z``: the bias, described."""
     if precision is None and isinstance(kernel, KernelSpec):
         precision = kernel.precision
-    elif precision is None and isinstance(kernel, str) and kernel != dispatch.AUTO:
-        named = dispatch.get_spec(kernel).precision   # a tf32-only rung (wgmma_tf32) by name
+    elif precision is None and isinstance(kernel, str) and kernel != AUTO:
+        named = get_spec(kernel).precision   # a tf32-only rung (wgmma_tf32) by name
         precision = named if named in ("tf32", "3xtf32") else None
     if precision not in (None, "fp32") or _sixteen_bit_default(a, kernel):
         from gemmlib.precision import check_precision
@@ -1046,16 +1043,16 @@ def _matmul(a, b, c, out, kernel, stream, precision, o16=None, z=None):
         if prec != "fp32":
             return _tensor_core_call(prec, a, b, c, out, kernel, stream, o16, z)
     kernel = kernel or DEFAULT_KERNEL
-    auto = isinstance(kernel, str) and kernel == dispatch.AUTO
+    auto = isinstance(kernel, str) and kernel == AUTO
     # The spec the operand checks read (dtype); "auto" resolves per shape below.
-    M, N, K = _check_operands(dispatch.get_spec(dispatch.AUTO_RUNG if auto else kernel),
+    M, N, K = _check_operands(get_spec(AUTO_RUNG if auto else kernel),
                               a, b, c)
     backend.require_device()
     if a.on_host and not SIMULATOR:  # host in, host out: stage through the GPU
         return _staged(a, b, c, out, z, stream, kernel=kernel)
-    spec = dispatch.select(M, N, K) if auto else dispatch.get_spec(kernel)
+    spec = select(M, N, K) if auto else get_spec(kernel)
     if z is not None:
-        spec = dispatch.with_bias(spec)
+        spec = with_bias(spec)
     return _launched(a, b, c, out, z, spec, stream, M, N, K, None, None)
 
 
@@ -1067,18 +1064,18 @@ def _sixteen_bit_default(a: _Operand, kernel) -> bool:
     """
     if a.dname not in ("float16", "bfloat16"):
         return False
-    if kernel is None or (isinstance(kernel, str) and kernel == dispatch.AUTO):
+    if kernel is None or (isinstance(kernel, str) and kernel == AUTO):
         return True
-    return dispatch.get_spec(kernel).precision != "fp32"
+    return get_spec(kernel).precision != "fp32"
 
 
 def _tensor_core_call(prec, a, b, c, out, kernel, stream, o16=None, z=None):
     """matmul in a tensor-core precision (operands described, precision checked).
     ``o16`` (see _out_type): "float16" / "bfloat16" for a C in the inputs' own type."""
-    kernel = kernel or dispatch.AUTO
-    auto = isinstance(kernel, str) and kernel == dispatch.AUTO
+    kernel = kernel or AUTO
+    auto = isinstance(kernel, str) and kernel == AUTO
     check_spec = (kernel if isinstance(kernel, KernelSpec) else
-                  dispatch.get_spec(dispatch.TC_AUTO if auto else kernel, prec))
+                  get_spec(TC_AUTO if auto else kernel, prec))
     if check_spec.precision != prec:
         raise ValueError(f"kernel {check_spec.name!r} computes in {check_spec.precision}, "
                          f"not {prec}")
@@ -1094,17 +1091,17 @@ def _tensor_core_call(prec, a, b, c, out, kernel, stream, o16=None, z=None):
                        out_dtype=o16 or "float32")
     okind = _OUT_KIND.get(o16, "fp32")
     if auto:
-        spec = dispatch.select_tc(prec, M, N, K, out=okind,
+        spec = select_tc(prec, M, N, K, out=okind,
                                   b_layout="NK" if b.layout == "F" else "KN")
     else:   # a rung by name: its 16-bit epilogue where it has one; a KernelSpec as given
-        spec = dispatch.with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
+        spec = with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
     if z is not None:
-        biased = dispatch.with_bias(spec)
+        biased = with_bias(spec)
         # a 16-bit epilogue without the bias: its float32 build, then the bias and the
         # rounding in one more kernel (one rounding, as with the bias in the epilogue)
-        spec = biased if biased.bias_arg else dispatch.with_out(spec, "fp32")
+        spec = biased if biased.bias_arg else with_out(spec, "fp32")
     #: a 16-bit C the kernel does not write itself ("fp16"/"bf16", else None): it writes
-    #: float32, which one more kernel rounds into C (dispatch.run_rounded)
+    #: float32, which one more kernel rounds into C (gemmlib.runtime.launch.run_rounded)
     out16 = okind if o16 is not None and spec.out_dtype != "uint16" else None
     return _launched(a, b, c, out, z, spec, stream, M, N, K, o16, out16)
 
@@ -1163,19 +1160,19 @@ def _launched(a, b, c, out, z, spec, stream, M, N, K, o16, out16):
         dst = C if o16 is None else _bits_of(C, a.on_host, xp)
         Ck = dst if Np == N else xp.empty((M, Np), dtype=np.float32 if o16 is None else np.uint16)
         if M != 0 and N != 0:
-            plan = dispatch.plan(spec, M, Np, Kp)  # ConstraintError here
+            plan = plans.plan(spec, M, Np, Kp)  # ConstraintError here
             btype = None if z is None else _BIAS_TYPE[z.dname]
             if a.on_host:  # simulator
-                dispatch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream, out16=out16,
+                runtime_launch.launch(plan, A_, B_, Ck, M, Np, Kp, stream=stream, out16=out16,
                                 bias=Z_, bias_type=btype or "fp32")
             else:
                 args = (plan, _ptr(A_), _ptr(B_), _ptr(Ck))
                 bias = () if z is None else (_ptr(Z_), btype)
                 if out16:
-                    dispatch.run_rounded(*args, out16, dispatch.stream_handle(stream),
+                    runtime_launch.run_rounded(*args, out16, stream_handle(stream),
                                          bias=bias)
                 else:
-                    dispatch.run(*args, dispatch.stream_handle(stream), bias=bias)
+                    runtime_launch.run(*args, stream_handle(stream), bias=bias)
                 if (Ck is dst and Kp == K and not misaligned and not copied
                         and not _is_bf16array(C)):
                     _remember(plan, a, C, al, out16)   # no staging: a repeat can skip it all
@@ -1196,14 +1193,14 @@ def _fit_layouts(a: _Operand, b: _Operand, spec: KernelSpec, stream):
     copied = False
     a_want = "KM" if a.layout == "F" else "MK"
     if spec.a_operand != a_want:   # the rung's build for A as it lies, where it has one
-        spec = dispatch.with_a_layout(spec, a_want, a.shape[0]) or spec
+        spec = with_a_layout(spec, a_want, a.shape[0]) or spec
     if spec.a_operand == "KM" and a.shape[0] % (spec.operand_align or 1):
-        spec = dispatch.with_a_layout(spec, "MK", a.shape[0]) or spec   # M short of a row
+        spec = with_a_layout(spec, "MK", a.shape[0]) or spec   # M short of a row
     want = "F" if spec.a_operand == "KM" else "C"
     if a.layout != want:
         a, copied = _copied(a, want, stream), True
     if b.layout == "F" and spec.b_operand == "KN":
-        nk = dispatch.with_layout(spec, "NK")
+        nk = with_layout(spec, "NK")
         if nk is not None:
             spec = nk
     want = "F" if spec.b_operand == "NK" else "C"
@@ -1243,7 +1240,7 @@ def _torch_stream(stream):
         return nullcontext()
     if hasattr(stream, "cuda_stream"):
         return torch.cuda.stream(stream)
-    return torch.cuda.stream(torch.cuda.ExternalStream(dispatch.stream_handle(stream)))
+    return torch.cuda.stream(torch.cuda.ExternalStream(stream_handle(stream)))
 
 
 def _is_bf16array(x) -> bool:
@@ -1386,7 +1383,7 @@ def _allocate_output(M: int, N: int, dtype, like: _Operand):
 
 def launch(spec: KernelSpec, A, B, C, M: int, N: int, K: int, stream=None) -> None:
     """Launch ``spec`` on arrays the kernel can take as they are (no operand checks)."""
-    dispatch.launch(spec, A, B, C, M, N, K, stream=stream)
+    runtime_launch.launch(spec, A, B, C, M, N, K, stream=stream)
 
 
 _torch()   # a process that imported torch first: its tensors take the lean path at once

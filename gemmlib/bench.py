@@ -539,6 +539,7 @@ def call_steps(A, B) -> tuple[str, dict]:
     ``(name of the kernel that runs, {step: fn})``. The call is made twice first, so
     the steps find what a loop of calls finds (plan, output type, compiled kernel)."""
     from gemmlib import api
+    from gemmlib.runtime import launch
 
     a, b = api._describe(A, "A"), api._describe(B, "B")
     o16 = api._out_type(None, a, None)
@@ -561,13 +562,13 @@ def call_steps(A, B) -> tuple[str, dict]:
         "new output": lambda: api._new_output(known, a, 0),
         "dispatch.run": lambda: dispatch.run(p, a.ptr, b.ptr, cptr, h),
         "dispatch.run bound": lambda: dispatch.run(p, a.ptr, b.ptr, cptr, h, bound=bd),
-        "_bound": lambda: dispatch._bound(p),
+        "_bound": lambda: launch._bound(p),
         "current context": lambda: dispatch.driver().current_context(),
     }
     if torch_stream:
         steps["torch stream"] = lambda: api._torch_current_stream(a.device)
     if p.spec.tma_boxes:
-        steps["tensor maps"] = lambda: dispatch._tensor_maps(p, a.ptr, b.ptr, h)
+        steps["tensor maps"] = lambda: launch._tensor_maps(p, a.ptr, b.ptr, h)
     return p.spec.name, steps
 
 

@@ -24,7 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemmlib import backend, dispatch
+from gemmlib import backend
+from gemmlib.runtime import launch
+from gemmlib.runtime.memory import stream_handle
+from gemmlib.runtime.plans import plan
+from gemmlib.runtime.select import build
 from gemmlib.spec import KernelSpec
 
 #: precision name of each torch FP8 dtype name
@@ -58,7 +62,7 @@ def _dtype_name_of(x) -> str:
 
 
 def spec_for(fmt: str, out: str, b_layout: str) -> KernelSpec:
-    return dispatch.build(RUNG, {"precision": fmt, "OUT": out, "B_LAYOUT": b_layout})
+    return build(RUNG, {"precision": fmt, "OUT": out, "B_LAYOUT": b_layout})
 
 
 def matmul_fp8(A, B, a, b, fmt: str, *, scale_a, scale_b, out_dtype, out, kernel, stream,
@@ -204,14 +208,14 @@ def _on_gpu(spec, A, Bk, a, M, N, K, scale_a, scale_b, okind, out, stream, torch
     spec, a_mem, b_mem, Kp = _k_aligned(spec, okind, A, Bk, M, N, K, tmod)
     ptr = (lambda x: x.data_ptr()) if tmod else (lambda x: x.data.ptr)
     # ``stream``: gemmlib.matmul passes torch's current stream for torch tensors
-    p = dispatch.plan(spec, M, N, Kp)
-    dispatch.run(p, ptr(a_mem), ptr(b_mem), cptr, dispatch.stream_handle(stream),
+    p = plan(spec, M, N, Kp)
+    launch.run(p, ptr(a_mem), ptr(b_mem), cptr, stream_handle(stream),
                  scales=scales)
     # The temporaries (padded copies, scales made from floats) were allocated on the
     # current stream, whose pool hands their memory out again only after this kernel; a
     # caller's other stream gets no such order, so wait for the kernel there.
     if (keep or Kp != K) and tmod is None and stream is not None:
-        backend.array_module().cuda.runtime.streamSynchronize(dispatch.stream_handle(stream))
+        backend.array_module().cuda.runtime.streamSynchronize(stream_handle(stream))
     return C
 
 
@@ -237,7 +241,7 @@ def _simulated(spec, A, Bk, M, N, K, scale_a, scale_b, okind, out):
         spec, a_mem, b_mem, Kp = _k_aligned(spec, okind, A, Bk, M, N, K, None)
         scales = tuple(tma.simulated_scalar(np.float32(1.0 if s is None else s))
                        for s in (scale_a, scale_b))
-        dispatch.launch(spec, np.ascontiguousarray(a_mem), np.ascontiguousarray(b_mem), raw,
+        launch.launch(spec, np.ascontiguousarray(a_mem), np.ascontiguousarray(b_mem), raw,
                         M, N, Kp, scales=scales)
     if out is not None:
         target = getattr(out, "bits", out)

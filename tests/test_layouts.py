@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import gemmlib
-from gemmlib import api, dispatch
+from gemmlib import api
+from gemmlib.runtime import launch
 from gemmlib.precision import BF16Array
 
 RNG = np.random.default_rng(32)
@@ -97,13 +98,13 @@ def test_leading_dimension_and_steps():
 def test_k_major_b_is_read_in_place(kernel, monkeypatch):
     """A column-major B (``W.T``) reaches a K-major rung as the caller's own memory."""
     seen = []
-    real = dispatch.launch
+    real = launch.launch
 
     def spy(plan, A, B, C, *args, **kw):
         seen.append(B)
         return real(plan, A, B, C, *args, **kw)
 
-    monkeypatch.setattr(dispatch, "launch", spy)
+    monkeypatch.setattr(launch, "launch", spy)
     M, N, K = 5, 8, 12
     A = RNG.standard_normal((M, K)).astype(np.float32)
     W = RNG.standard_normal((N, K)).astype(np.float32)
@@ -161,13 +162,13 @@ def test_a_batch_is_one_launch(b_layout, monkeypatch):
     """(b, M, K) @ (b, K, N): one launch of the batched rung, grid y the product; M not a
     whole tile (a box reads the next product's rows: never stored), a bias on top."""
     launches = []
-    real = dispatch.launch
+    real = launch.launch
 
     def spy(p, *args, **kw):
         launches.append((p.spec.name, p.batch))
         return real(p, *args, **kw)
 
-    monkeypatch.setattr(dispatch, "launch", spy)
+    monkeypatch.setattr(launch, "launch", spy)
     nb, M, N, K = 3, 70, 16, 64
     X = RNG.standard_normal((nb, M, K)).astype(np.float16)
     Y = (RNG.standard_normal((nb, K, N)) if b_layout == "KN" else
@@ -275,13 +276,13 @@ def test_the_weight_is_read_where_it_lies(dtype, monkeypatch):
     torch = pytest.importorskip("torch")
     seen = []
     for name in ("run", "run_rounded"):
-        real = getattr(dispatch, name)
+        real = getattr(launch, name)
 
         def spy(p, a_ptr, b_ptr, *args, _real=real, **kw):
             seen.append((p.spec, b_ptr))
             return _real(p, a_ptr, b_ptr, *args, **kw)
 
-        monkeypatch.setattr(dispatch, name, spy)
+        monkeypatch.setattr(launch, name, spy)
     dt = getattr(torch, dtype)
     W = torch.randn(4096, 4096, device="cuda", dtype=dt)
     for M in (1, 16, 512, 4096):

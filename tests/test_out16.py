@@ -26,6 +26,7 @@ from gemmlib import api, backend, dispatch
 from gemmlib import precision as P
 from gemmlib.intrinsics import convert
 from gemmlib.kernels import wgmma_async, wgmma_cluster, wgmma_pingpong, wgmma_ws
+from gemmlib.runtime import select
 
 sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins")
 #: unit roundoff of the final rounding to each 16-bit type
@@ -313,8 +314,8 @@ def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
 
     fake = dataclasses.replace(backend.device_info(), compute_capability=(9, 0), sm_count=132)
     monkeypatch.setattr(backend, "device_info", lambda *a: fake)
-    monkeypatch.setattr(dispatch, "SIMULATOR", False)
-    dispatch._CHOICES.clear()
+    monkeypatch.setattr(select, "SIMULATOR", False)
+    select._CHOICES.clear()
     try:
         for prec in ("fp16", "bf16"):
             big = dispatch.select_tc(prec, 4096, 4096, 4096, out=prec)
@@ -334,7 +335,7 @@ def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
             assert decode.name.startswith("skinny") and decode.out_dtype == "uint16"
             assert decode.name.endswith("_o16") and decode.params["OUT"] == prec
     finally:
-        dispatch._CHOICES.clear()
+        select._CHOICES.clear()
 
 
 @sim_only
