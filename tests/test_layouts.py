@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import gemmlib
-from gemmlib import api
+from gemmlib.frontends import checks
+from gemmlib.frontends.describe import describe
+from gemmlib.frontends.operand import Operand
 from gemmlib.runtime import launch
 from gemmlib.precision import BF16Array
 
@@ -86,7 +88,7 @@ def test_leading_dimension_and_steps():
     A = wide[:, 2:2 + K]
     Bw = RNG.standard_normal((2 * K, N)).astype(np.float32)
     B = Bw[::2]
-    assert api._describe(A, "A").layout == "" and api._describe(B, "B").layout == ""
+    assert describe(A, "A").layout == "" and describe(B, "B").layout == ""
     C = gemmlib.matmul(A, B)
     assert np.allclose(C, A.astype(np.float64) @ B.astype(np.float64), atol=1e-5)
     W = RNG.standard_normal((N, 3 * K)).astype(np.float32)[:, ::3]   # F.linear's W, strided
@@ -228,13 +230,13 @@ def test_sixteen_bit_inputs_give_sixteen_bit_results():
 
 
 def test_errors_in_the_callers_framework():
-    t = api._Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="torch")
-    c = api._Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="cupy")
-    assert api._contiguous_hint(t, "B") == "B.contiguous()"
-    assert api._contiguous_hint(c, "B") == "cupy.ascontiguousarray(B)"
-    assert api._astype_hint(t, "A", "float16") == "A.to(torch.float16)"
-    assert "torch.cuda.device(1)" in api._device_hint(t, 1)
-    assert "cupy.cuda.Device(1)" in api._device_hint(c, 1)
+    t = Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="torch")
+    c = Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="cupy")
+    assert checks.contiguous_hint(t, "B") == "B.contiguous()"
+    assert checks.contiguous_hint(c, "B") == "cupy.ascontiguousarray(B)"
+    assert checks.astype_hint(t, "A", "float16") == "A.to(torch.float16)"
+    assert "torch.cuda.device(1)" in checks.device_hint(t, 1)
+    assert "cupy.cuda.Device(1)" in checks.device_hint(c, 1)
 
 
 # -------------------------------------------------------------------------- on a GPU
