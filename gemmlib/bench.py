@@ -486,8 +486,9 @@ def host_costs(shape=(64, 64, 64), calls: int = 2000) -> dict:
     ``gemmlib.matmul(A, B, out=C)`` timed separately in the order the call
     runs them.  Each number is the median over ``calls`` back-to-back calls.
     """
-    from gemmlib import api
     from gemmlib.backend import cuda
+    from gemmlib.frontends.checks import check_operands
+    from gemmlib.frontends.describe import describe
 
     cp = backend.array_module()
     M, N, K = shape
@@ -515,13 +516,12 @@ def host_costs(shape=(64, 64, 64), calls: int = 2000) -> dict:
         ("dispatch.run", "pack the arguments + cuLaunchKernel (a planned call)",
          lambda: dispatch.run(p, *ptrs, 0)),
     ]
-    a, b, c = api._describe(A, "A"), api._describe(B, "B"), api._describe(C, "out")
+    a, b, c = describe(A, "A"), describe(B, "B"), describe(C, "out")
     base = dispatch.get_spec(dispatch.AUTO_RUNG)
     steps = [
         ("resolve kernel", lambda: dispatch.get_spec(dispatch.AUTO_RUNG)),
-        ("describe operands", lambda: (api._describe(A, "A"), api._describe(B, "B"),
-                                       api._describe(C, "out"))),
-        ("check operands", lambda: api._check_operands(base, a, b, c, False)),
+        ("describe operands", lambda: (describe(A, "A"), describe(B, "B"), describe(C, "out"))),
+        ("check operands", lambda: check_operands(base, a, b, c, False)),
         ("plan (memoised)", lambda: dispatch.plan("auto", M, N, K)),
         ("stream handle", lambda: dispatch.stream_handle(None)),
         ("driver launch", lambda: dispatch.run(p, *ptrs, 0)),
@@ -538,36 +538,41 @@ def call_steps(A, B) -> tuple[str, dict]:
     repeats it alone (GPU only; torch tensors or CuPy arrays), to time one by one:
     ``(name of the kernel that runs, {step: fn})``. The call is made twice first, so
     the steps find what a loop of calls finds (plan, output type, compiled kernel)."""
-    from gemmlib import api
+    from gemmlib.frontends.allocate import new_output, pointer
+    from gemmlib.frontends.checks import out_type
+    from gemmlib.frontends.describe import describe
+    from gemmlib.frontends.torch_tensors import current_stream
+    from gemmlib.paths.repeat import call_key, still_holds
+    from gemmlib.runtime import launch, memory
 
-    a, b = api._describe(A, "A"), api._describe(B, "B")
-    o16 = api._out_type(None, a, None)
-    key = api._call_key(a, b, None, None, None, o16)
+    a, b = describe(A, "A"), describe(B, "B")
+    o16 = out_type(None, a, None)
+    key = call_key(a, b, None, None, None, o16)
     matmul(A, B)
     matmul(A, B)
     known = dispatch.CALLS.get(key)
     p = known.plan
-    cptr = api._out_ptr(matmul(A, B))
+    cptr = pointer(matmul(A, B))
     bd = dispatch.bound(p)
     torch_stream = a.kind == "torch"
-    h = dispatch.stream_handle(api._torch_current_stream(a.device) if torch_stream else None)
+    h = dispatch.stream_handle(current_stream(a.device) if torch_stream else None)
     steps = {
         "whole call": lambda: matmul(A, B),
-        "describe A": lambda: api._describe(A, "A"),
-        "call key": lambda: api._call_key(a, b, None, None, None, o16),
+        "describe A": lambda: describe(A, "A"),
+        "call key": lambda: call_key(a, b, None, None, None, o16),
         "lookup": lambda: dispatch.CALLS.get(key),
-        "still holds": lambda: api._still_holds(known, a, b, None),
-        "current device": api._current_device,
-        "new output": lambda: api._new_output(known, a, 0),
+        "still holds": lambda: still_holds(known, a, b, None),
+        "current device": memory.current_device,
+        "new output": lambda: new_output(known, a, 0),
         "dispatch.run": lambda: dispatch.run(p, a.ptr, b.ptr, cptr, h),
         "dispatch.run bound": lambda: dispatch.run(p, a.ptr, b.ptr, cptr, h, bound=bd),
-        "_bound": lambda: dispatch._bound(p),
+        "_bound": lambda: launch._bound(p),
         "current context": lambda: dispatch.driver().current_context(),
     }
     if torch_stream:
-        steps["torch stream"] = lambda: api._torch_current_stream(a.device)
+        steps["torch stream"] = lambda: current_stream(a.device)
     if p.spec.tma_boxes:
-        steps["tensor maps"] = lambda: dispatch._tensor_maps(p, a.ptr, b.ptr, h)
+        steps["tensor maps"] = lambda: launch._tensor_maps(p, a.ptr, b.ptr, h)
     return p.spec.name, steps
 
 

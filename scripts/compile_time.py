@@ -1,6 +1,6 @@
 """Cold compile time of the Hopper rungs, offline (no GPU): one fresh process per rung.
 
-What a first ``gemmlib.matmul`` pays on an empty cache is ``dispatch._compile``:
+What a first ``gemmlib.matmul`` pays on an empty cache is ``gemmlib.runtime.compile._compile``:
 numba types the kernel and every device function it calls, lowers them to LLVM IR,
 NVVM turns that into PTX, and ptxas into machine code.  This script does the same
 steps for sm_90a with the signature dispatch uses (``ptx.signature``) and times them:

@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 
 import gemmlib
-from gemmlib import api, backend, dispatch
+from gemmlib import backend, dispatch
+from gemmlib.frontends import checks, torch_tensors
+from gemmlib.frontends.operand import Operand
+from gemmlib.paths import repeat
+from gemmlib.paths.repeat import call_key, still_holds
+from gemmlib.runtime.calls import Call
+from gemmlib.runtime.memory import RawStream
 
 torch = pytest.importorskip("torch")
 
@@ -72,9 +78,9 @@ def test_bad_torch_inputs_get_the_usual_messages():
 
 
 def test_torch_dtypes_are_named_as_torch_names_them():
-    assert api._torch_dtype(torch.float16) == (np.dtype(np.float16), "float16")
-    assert api._torch_dtype(torch.bfloat16) == (np.dtype(np.uint16), "bfloat16")
-    dt, name = api._torch_dtype(torch.float8_e4m3fn)
+    assert torch_tensors.torch_dtype(torch.float16) == (np.dtype(np.float16), "float16")
+    assert torch_tensors.torch_dtype(torch.bfloat16) == (np.dtype(np.uint16), "bfloat16")
+    dt, name = torch_tensors.torch_dtype(torch.float8_e4m3fn)
     assert name == "float8_e4m3fn" and dt.itemsize == 1
 
 
@@ -86,11 +92,11 @@ class _FakeTorchStream:
 
 
 def test_torch_streams_are_accepted_and_give_their_handle():
-    api._check_stream(_FakeTorchStream())  # no TypeError
+    checks.check_stream(_FakeTorchStream())  # no TypeError
     assert dispatch.stream_handle(_FakeTorchStream()) == 1234
-    assert dispatch.stream_handle(api._RawStream(99)) == 99
+    assert dispatch.stream_handle(RawStream(99)) == 99
     with pytest.raises(TypeError, match="CuPy, numba or torch stream"):
-        api._check_stream(object())
+        checks.check_stream(object())
 
 
 # --------------------------------------------------------------------------
@@ -99,40 +105,40 @@ def test_torch_streams_are_accepted_and_give_their_handle():
 
 def _op(shape, ptr, dtype=np.float32, kind="cupy", device=0):
     dt = np.dtype(dtype)
-    return api._Operand(object(), shape, dt, True, on_host=False, ptr=ptr,
-                        nbytes=int(np.prod(shape)) * dt.itemsize, device=device, kind=kind)
+    return Operand(object(), shape, dt, True, on_host=False, ptr=ptr,
+                   nbytes=int(np.prod(shape)) * dt.itemsize, device=device, kind=kind)
 
 
 def test_call_keys_cover_what_the_checks_read():
     a, b = _op((8, 16), 0x1000), _op((16, 24), 0x9000)
-    k = api._call_key(a, b, None, None, False, None)
-    assert k == api._call_key(_op((8, 16), 0x5000), _op((16, 24), 0x7000), None, None, False, None)
-    assert k != api._call_key(_op((8, 17), 0x1000), b, None, None, False, None)      # shape
-    assert k != api._call_key(_op((8, 16), 0x1000, np.float16), b, None, None, False, None)
-    assert k != api._call_key(a, b, None, "warptile", False, None)                    # kernel
-    assert k != api._call_key(a, b, None, None, False, "tf32")                        # precision
-    assert k != api._call_key(a, b, _op((8, 24), 0x20000), None, False, None)         # out
+    k = call_key(a, b, None, None, False, None)
+    assert k == call_key(_op((8, 16), 0x5000), _op((16, 24), 0x7000), None, None, False, None)
+    assert k != call_key(_op((8, 17), 0x1000), b, None, None, False, None)      # shape
+    assert k != call_key(_op((8, 16), 0x1000, np.float16), b, None, None, False, None)
+    assert k != call_key(a, b, None, "warptile", False, None)                    # kernel
+    assert k != call_key(a, b, None, None, False, "tf32")                        # precision
+    assert k != call_key(a, b, _op((8, 24), 0x20000), None, False, None)         # out
     # numpy, numba and other arrays always take the long path
-    assert api._call_key(_op((8, 16), 0, kind="numpy"), b, None, None, False, None) is None
+    assert call_key(_op((8, 16), 0, kind="numpy"), b, None, None, False, None) is None
     # a KernelSpec by identity: the same object gives the same key, another spec another
     spec = gemmlib.get_kernel("shared")
-    ks = api._call_key(a, b, None, spec, False, None)
-    assert ks == api._call_key(a, b, None, spec, False, None) and ks != k
-    assert ks != api._call_key(a, b, None, gemmlib.get_kernel("naive"), False, None)
-    assert api._call_key(a, b, None, object(), False, None) is None   # not a spec: long path
+    ks = call_key(a, b, None, spec, False, None)
+    assert ks == call_key(a, b, None, spec, False, None) and ks != k
+    assert ks != call_key(a, b, None, gemmlib.get_kernel("naive"), False, None)
+    assert call_key(a, b, None, object(), False, None) is None   # not a spec: long path
 
 
 def test_a_known_call_still_checks_pointers_and_device(monkeypatch):
-    monkeypatch.setattr(api, "_current_device", lambda: 0)
-    known = api._Known(plan=None, out_dtype=np.float32, align=8)
+    monkeypatch.setattr(repeat, "current_device", lambda: 0)
+    known = Call(plan=None, out_dtype=np.float32, align=8)
     a, b = _op((8, 16), 0x1000), _op((16, 24), 0x9000)
-    assert api._still_holds(known, a, b, None)
-    assert not api._still_holds(known, _op((8, 16), 0x1004), b, None)        # misaligned: pad
-    assert api._still_holds(api._Known(None, np.float32, 0), _op((8, 16), 0x1004), b, None)
-    assert not api._still_holds(known, a, b, _op((8, 24), 0x1000 + 64))     # out overlaps A
-    assert not api._still_holds(known, a, _op((16, 24), 0x9000, device=1), None)  # other GPU
-    monkeypatch.setattr(api, "_current_device", lambda: 1)
-    assert not api._still_holds(known, a, b, None)
+    assert still_holds(known, a, b, None)
+    assert not still_holds(known, _op((8, 16), 0x1004), b, None)        # misaligned: pad
+    assert still_holds(Call(None, np.float32, 0), _op((8, 16), 0x1004), b, None)
+    assert not still_holds(known, a, b, _op((8, 24), 0x1000 + 64))     # out overlaps A
+    assert not still_holds(known, a, _op((16, 24), 0x9000, device=1), None)  # other GPU
+    monkeypatch.setattr(repeat, "current_device", lambda: 1)
+    assert not still_holds(known, a, b, None)
 
 
 # --------------------------------------------------------------------------

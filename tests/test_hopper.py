@@ -217,9 +217,9 @@ def test_persistent_grid_is_one_block_per_sm_at_most():
 
 
 def test_launch_parameters_hold_a_fourth_word():
-    from gemmlib import dispatch
+    from gemmlib.runtime import launch
 
-    values, _, pointers, packer = dispatch._params(28)     # 3 arrays x 9 words + the maps
+    values, _, pointers, packer = launch._params(28)     # 3 arrays x 9 words + the maps
     assert packer.size == 28 * 8 and len(pointers) == 28
 
 

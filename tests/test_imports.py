@@ -5,8 +5,10 @@ The layers, bottom to top:
     backend, spec, layout, intrinsics
     -> kernels (the registry and the rung modules)
     -> tuning, diskcache
-    -> dispatch
-    -> api
+    -> runtime (select, plans, compile, launch, calls; driver and memory at its foot)
+    -> frontends (the caller's arrays: described, checked, made)
+    -> paths (product, batched, fp8, repeat)
+    -> api; dispatch (the runtime's names where the course knows them)
     -> verify, bench, autotune
     -> cli
 
@@ -198,9 +200,10 @@ def test_the_graph_sees_the_imports():
     """A sanity check on the parser itself: a few edges that must be there."""
     g = import_graph()
     assert "gemmlib.kernels.warptile" in g and "gemmlib.intrinsics.index" in g
-    assert "gemmlib.backend" in g["gemmlib.dispatch"]            # from gemmlib import backend
+    assert "gemmlib.backend" in g["gemmlib.runtime.select"]      # from gemmlib import backend
     assert "gemmlib.kernels.warptile" in g["gemmlib.kernels.split_k"]  # from gemmlib.kernels import warptile
-    assert "gemmlib.kernels" in g["gemmlib.dispatch"]            # from gemmlib.kernels import get
+    assert "gemmlib.kernels" in g["gemmlib.runtime.select"]      # from gemmlib.kernels import get
+    assert "gemmlib.runtime.launch" in g["gemmlib.runtime.calls"]  # import launch from runtime
     assert "gemmlib.verify" in g["gemmlib.cli"]                  # a lazy import inside a function
     assert "gemmlib.api" in g["gemmlib"]                         # the package's own imports count
     assert all("gemmlib" not in targets for mod, targets in g.items() if mod != "gemmlib")
@@ -214,10 +217,24 @@ def test_no_import_cycles():
 
 KERNEL_MODULES = sorted(m for m in MODULES if m == "gemmlib.kernels" or m.startswith("gemmlib.kernels."))
 
-FORBIDDEN = [(m, ["dispatch", "api", "autotune", "bench", "banks", "verify"]) for m in KERNEL_MODULES] + [
-    ("gemmlib.dispatch", ["api", "autotune", "bench", "verify"]),
+
+def _part(package: str) -> list[str]:
+    """The modules of ``gemmlib.<package>`` (its face left out), as names under gemmlib."""
+    return sorted(m[len(PKG) + 1:] for m in MODULES if m.startswith(f"{PKG}.{package}."))
+
+
+#: the runtime above its foot (driver, memory): what the kernels never reach
+RUNTIME_TOP = ["runtime.select", "runtime.plans", "runtime.compile", "runtime.launch",
+               "runtime.calls"]
+FORBIDDEN = [(m, ["dispatch", "api", "autotune", "bench", "banks", "verify"] + RUNTIME_TOP)
+             for m in KERNEL_MODULES] + [
+    ("gemmlib.dispatch", ["api", "autotune", "bench", "verify"] + _part("frontends")
+     + _part("paths")),
     ("gemmlib.api", ["autotune", "bench", "verify"]),
-]
+] + [(f"{PKG}.{m}", _part("frontends") + _part("paths") + ["api", "dispatch", "verify"])
+     for m in _part("runtime")] + [
+    (f"{PKG}.{m}", _part("paths") + ["api", "dispatch"]) for m in _part("frontends")] + [
+    (f"{PKG}.{m}", ["api", "dispatch"]) for m in _part("paths")]
 
 
 def test_layering():

@@ -22,7 +22,10 @@ import numpy as np
 import pytest
 
 import gemmlib
-from gemmlib import api, backend
+from gemmlib import backend
+from gemmlib.frontends import checks
+from gemmlib.frontends.checks import check_operands
+from gemmlib.frontends.operand import Operand
 
 from _reliability import (assert_close, host_operands, input_dtype, kernel_names, nk, ref64,
                           run, spec_or_skip)
@@ -216,21 +219,20 @@ def test_device_numba_arrays_in_the_simulator_are_refused_clearly(rng):
 
 @pytest.mark.parametrize("who", ["A", "out"])
 def test_operand_on_another_gpu_is_refused(who, monkeypatch):
-    """One GPU on the test machine: fake the device an operand lives on."""
-    fake_runtime = types.SimpleNamespace(getDevice=lambda: 0)
-    fake_xp = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=fake_runtime))
-    monkeypatch.setattr(backend, "array_module", lambda: fake_xp)
+    """One GPU on the test machine: fake the device an operand lives on (the current
+    device, the driver's, faked as 0: no GPU needed)."""
+    monkeypatch.setattr(checks, "current_device", lambda: 0)
 
     def op(shape, device, ptr):
-        return api._Operand(None, shape, np.dtype(np.float32), True, on_host=False,
-                            ptr=ptr, nbytes=4 * shape[0] * shape[1], device=device)
+        return Operand(None, shape, np.dtype(np.float32), True, on_host=False,
+                       ptr=ptr, nbytes=4 * shape[0] * shape[1], device=device)
 
     a = op((2, 3), 1 if who == "A" else 0, 1 << 20)
     b = op((3, 4), 0, 2 << 20)
     c = op((2, 4), 1 if who == "out" else 0, 3 << 20)
     with pytest.raises(ValueError, match=rf"{who} lives on GPU 1 but the current device is GPU 0: "
                                          r"call matmul inside `with cupy.cuda.Device\(1\):`"):
-        api._check_operands(gemmlib.kernels.get(FAST), a, b, c)
+        check_operands(gemmlib.kernels.get(FAST), a, b, c)
 
 
 # --------------------------------------------------------------------------- GPU arrays

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 import gemmlib
-from gemmlib import api, dispatch
+from gemmlib.frontends import checks
+from gemmlib.frontends.describe import describe
+from gemmlib.frontends.operand import Operand
+from gemmlib.runtime import launch
 from gemmlib.precision import BF16Array
 
 RNG = np.random.default_rng(32)
@@ -85,7 +88,7 @@ def test_leading_dimension_and_steps():
     A = wide[:, 2:2 + K]
     Bw = RNG.standard_normal((2 * K, N)).astype(np.float32)
     B = Bw[::2]
-    assert api._describe(A, "A").layout == "" and api._describe(B, "B").layout == ""
+    assert describe(A, "A").layout == "" and describe(B, "B").layout == ""
     C = gemmlib.matmul(A, B)
     assert np.allclose(C, A.astype(np.float64) @ B.astype(np.float64), atol=1e-5)
     W = RNG.standard_normal((N, 3 * K)).astype(np.float32)[:, ::3]   # F.linear's W, strided
@@ -97,13 +100,13 @@ def test_leading_dimension_and_steps():
 def test_k_major_b_is_read_in_place(kernel, monkeypatch):
     """A column-major B (``W.T``) reaches a K-major rung as the caller's own memory."""
     seen = []
-    real = dispatch.launch
+    real = launch.launch
 
     def spy(plan, A, B, C, *args, **kw):
         seen.append(B)
         return real(plan, A, B, C, *args, **kw)
 
-    monkeypatch.setattr(dispatch, "launch", spy)
+    monkeypatch.setattr(launch, "launch", spy)
     M, N, K = 5, 8, 12
     A = RNG.standard_normal((M, K)).astype(np.float32)
     W = RNG.standard_normal((N, K)).astype(np.float32)
@@ -161,13 +164,13 @@ def test_a_batch_is_one_launch(b_layout, monkeypatch):
     """(b, M, K) @ (b, K, N): one launch of the batched rung, grid y the product; M not a
     whole tile (a box reads the next product's rows: never stored), a bias on top."""
     launches = []
-    real = dispatch.launch
+    real = launch.launch
 
     def spy(p, *args, **kw):
         launches.append((p.spec.name, p.batch))
         return real(p, *args, **kw)
 
-    monkeypatch.setattr(dispatch, "launch", spy)
+    monkeypatch.setattr(launch, "launch", spy)
     nb, M, N, K = 3, 70, 16, 64
     X = RNG.standard_normal((nb, M, K)).astype(np.float16)
     Y = (RNG.standard_normal((nb, K, N)) if b_layout == "KN" else
@@ -227,13 +230,13 @@ def test_sixteen_bit_inputs_give_sixteen_bit_results():
 
 
 def test_errors_in_the_callers_framework():
-    t = api._Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="torch")
-    c = api._Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="cupy")
-    assert api._contiguous_hint(t, "B") == "B.contiguous()"
-    assert api._contiguous_hint(c, "B") == "cupy.ascontiguousarray(B)"
-    assert api._astype_hint(t, "A", "float16") == "A.to(torch.float16)"
-    assert "torch.cuda.device(1)" in api._device_hint(t, 1)
-    assert "cupy.cuda.Device(1)" in api._device_hint(c, 1)
+    t = Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="torch")
+    c = Operand(None, (2, 2), np.dtype(np.float16), False, False, kind="cupy")
+    assert checks.contiguous_hint(t, "B") == "B.contiguous()"
+    assert checks.contiguous_hint(c, "B") == "cupy.ascontiguousarray(B)"
+    assert checks.astype_hint(t, "A", "float16") == "A.to(torch.float16)"
+    assert "torch.cuda.device(1)" in checks.device_hint(t, 1)
+    assert "cupy.cuda.Device(1)" in checks.device_hint(c, 1)
 
 
 # -------------------------------------------------------------------------- on a GPU
@@ -275,13 +278,13 @@ def test_the_weight_is_read_where_it_lies(dtype, monkeypatch):
     torch = pytest.importorskip("torch")
     seen = []
     for name in ("run", "run_rounded"):
-        real = getattr(dispatch, name)
+        real = getattr(launch, name)
 
         def spy(p, a_ptr, b_ptr, *args, _real=real, **kw):
             seen.append((p.spec, b_ptr))
             return _real(p, a_ptr, b_ptr, *args, **kw)
 
-        monkeypatch.setattr(dispatch, name, spy)
+        monkeypatch.setattr(launch, name, spy)
     dt = getattr(torch, dtype)
     W = torch.randn(4096, 4096, device="cuda", dtype=dt)
     for M in (1, 16, 512, 4096):

@@ -22,10 +22,14 @@ import pytest
 
 import gemmlib
 from _reliability import EPS32, HOPPER, on_blocks, operands16
-from gemmlib import api, backend, dispatch
+from gemmlib import backend, dispatch
 from gemmlib import precision as P
 from gemmlib.intrinsics import convert
+from gemmlib.frontends.checks import out_name
+from gemmlib.frontends.operand import Operand
 from gemmlib.kernels import wgmma_async, wgmma_cluster, wgmma_pingpong, wgmma_ws
+from gemmlib.paths.repeat import call_key
+from gemmlib.runtime import select
 
 sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins")
 #: unit roundoff of the final rounding to each 16-bit type
@@ -289,19 +293,19 @@ def test_refusals_name_the_rule():
 
 
 def test_call_keys_and_choices_include_the_output_type():
-    a = api._Operand(object(), (8, 16), np.dtype(np.float16), True, on_host=False, ptr=0x1000,
-                     nbytes=256, device=0, kind="cupy")
-    b = api._Operand(object(), (16, 24), np.dtype(np.float16), True, on_host=False,
-                     ptr=0x9000, nbytes=768, device=0, kind="cupy")
-    k = api._call_key(a, b, None, None, None)
-    assert k == api._call_key(a, b, None, None, None, None)
-    assert k != api._call_key(a, b, None, None, None, "float16")
-    assert (api._call_key(a, b, None, None, None, "float16")
-            != api._call_key(a, b, None, None, None, "float32"))
+    a = Operand(object(), (8, 16), np.dtype(np.float16), True, on_host=False, ptr=0x1000,
+                nbytes=256, device=0, kind="cupy")
+    b = Operand(object(), (16, 24), np.dtype(np.float16), True, on_host=False,
+                ptr=0x9000, nbytes=768, device=0, kind="cupy")
+    k = call_key(a, b, None, None, None)
+    assert k == call_key(a, b, None, None, None, None)
+    assert k != call_key(a, b, None, None, None, "float16")
+    assert (call_key(a, b, None, None, None, "float16")
+            != call_key(a, b, None, None, None, "float32"))
     # names of the output type, one per element type (cached, cheap per call)
-    assert {api._out_name(x) for x in ("fp16", "float16", "half", np.float16,
-                                       np.dtype(np.float16))} == {"float16"}
-    assert {api._out_name(x) for x in ("bf16", "bfloat16")} == {"bfloat16"}
+    assert {out_name(x) for x in ("fp16", "float16", "half", np.float16,
+                                  np.dtype(np.float16))} == {"float16"}
+    assert {out_name(x) for x in ("bf16", "bfloat16")} == {"bfloat16"}
 
 
 def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
@@ -313,8 +317,8 @@ def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
 
     fake = dataclasses.replace(backend.device_info(), compute_capability=(9, 0), sm_count=132)
     monkeypatch.setattr(backend, "device_info", lambda *a: fake)
-    monkeypatch.setattr(dispatch, "SIMULATOR", False)
-    dispatch._CHOICES.clear()
+    monkeypatch.setattr(select, "SIMULATOR", False)
+    select._CHOICES.clear()
     try:
         for prec in ("fp16", "bf16"):
             big = dispatch.select_tc(prec, 4096, 4096, 4096, out=prec)
@@ -334,7 +338,7 @@ def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
             assert decode.name.startswith("skinny") and decode.out_dtype == "uint16"
             assert decode.name.endswith("_o16") and decode.params["OUT"] == prec
     finally:
-        dispatch._CHOICES.clear()
+        select._CHOICES.clear()
 
 
 @sim_only

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from gemmlib import dispatch, tma
-from gemmlib.runtime import memory
+from gemmlib import tma
+from gemmlib.runtime import launch, memory
 
 
 class _FakeBuffer:
@@ -99,10 +99,10 @@ def test_a_graphs_workspace_is_kept_for_good(fake_device, monkeypatch):
 
     b = Bound()
     before = len(memory.GRAPH_OWNED)
-    monkeypatch.setattr(dispatch, "SCRATCH_BYTES", 1)   # anything eager is evicted at once
-    dispatch._keep(b, ("w", 9, True), ("graph buffer", 123), 10**9, graph=True)
-    dispatch._keep(b, ("w", 7, False), ("eager buffer", 456), 10**9)
-    dispatch._keep(b, ("w", 8, False), ("eager buffer", 789), 10**9)
+    monkeypatch.setattr(launch, "SCRATCH_BYTES", 1)   # anything eager is evicted at once
+    launch._keep(b, ("w", 9, True), ("graph buffer", 123), 10**9, graph=True)
+    launch._keep(b, ("w", 7, False), ("eager buffer", 456), 10**9)
+    launch._keep(b, ("w", 8, False), ("eager buffer", 789), 10**9)
     assert b.scratch[("w", 9, True)] == ("graph buffer", 123)
     assert ("w", 7, False) not in b.scratch
     assert len(memory.GRAPH_OWNED) == before + 1

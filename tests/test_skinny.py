@@ -20,6 +20,7 @@ from gemmlib import precision as P
 from gemmlib.intrinsics import convert
 from gemmlib.intrinsics.vector import MisalignedAccess
 from gemmlib.kernels import skinny
+from gemmlib.runtime import launch, select
 
 from _reliability import count_load16, precision_operands
 
@@ -249,7 +250,7 @@ def test_dispatch_picks_skinny_for_decode_sizes():
 
 def test_fp32_threshold_zero_turns_the_fp32_rule_off(monkeypatch):
     dispatch.clear_memory_caches()
-    monkeypatch.setattr(dispatch, "SKINNY_FP32_MMAX", 0)
+    monkeypatch.setattr(select, "SKINNY_FP32_MMAX", 0)
     try:
         assert dispatch.select(1, 4096, 4096).module != skinny.__name__
         assert dispatch.select_tc("fp16", 1, 4096, 4096).module == skinny.__name__
@@ -261,13 +262,13 @@ def test_fp32_threshold_zero_turns_the_fp32_rule_off(monkeypatch):
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32", "3xtf32", None])
 def test_matmul_auto_runs_skinny_at_decode(monkeypatch, precision):
     ran = []
-    real = dispatch.launch
+    real = launch.launch
 
     def spy(p, *a, **k):
         ran.append(p if isinstance(p, gemmlib.KernelSpec) else p.spec)
         return real(p, *a, **k)
 
-    monkeypatch.setattr(dispatch, "launch", spy)
+    monkeypatch.setattr(launch, "launch", spy)
     rng = np.random.default_rng(4)
     dname = {"fp16": "fp16", "bf16": "bf16"}.get(precision, "fp32")
     A, B = precision_operands(dname, 3, 40, 50, rng)

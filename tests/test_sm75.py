@@ -24,6 +24,8 @@ from gemmlib import backend, dispatch
 from gemmlib.backend import cuda, uint32
 from gemmlib.intrinsics import mma as I
 from gemmlib.kernels import mma_atom, mma_swizzle
+from gemmlib.runtime import compile as runtime_compile
+from gemmlib.runtime import launch as runtime_launch
 from gemmlib.spec import ConstraintError
 
 sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="tests the simulator twins")
@@ -180,13 +182,13 @@ def test_sm80_forms_refuse_sm75_and_say_why(module, prec):
 @sim_only
 def test_matmul_on_a_t4_runs_the_sm75_form(on_t4, monkeypatch):
     ran = []
-    launch = dispatch.launch
+    launch = runtime_launch.launch
 
     def spy(p, *args, **kw):
         ran.append(p.spec)
         return launch(p, *args, **kw)
 
-    monkeypatch.setattr(dispatch, "launch", spy)
+    monkeypatch.setattr(runtime_launch, "launch", spy)
     rng = np.random.default_rng(7)
     A = rng.uniform(-1, 1, (33, 13)).astype(np.float16)   # M > 16: not a decode shape
     B = rng.uniform(-1, 1, (13, 9)).astype(np.float16)
@@ -297,8 +299,8 @@ def test_dispatch_loads_sass_it_assembled_never_ptx(on_t4, monkeypatch, tmp_path
         return b"\x7fELF sass for " + arch.encode()
 
     monkeypatch.setattr(ptx, "assemble", assemble)
-    monkeypatch.setattr(dispatch, "cache_dir", lambda: tmp_path)
-    c = dispatch._compile(Kernel(), "test_module", {}, "float16", 3)
+    monkeypatch.setattr(runtime_compile, "cache_dir", lambda: tmp_path)
+    c = runtime_compile._compile(Kernel(), "test_module", {}, "float16", 3)
     assert asked == [("ptx", (7, 5, "")), ("assemble", "sm_75", 96)]
     assert c.cubin == b"\x7fELF sass for sm_75" and c.entry == "k_sm75"
 

@@ -123,6 +123,7 @@ def test_dispatch_words_and_maps_of_a_km_a(monkeypatch):
     """A (K, M) A: its kernel-parameter words and its tensor map are over (K, M), with a row
     pitch of M elements (the GPU path, with the compile and the map encoding stubbed)."""
     from gemmlib import tma
+    from gemmlib.runtime import launch
 
     spec = wgmma_ws.build("fp16", A_LAYOUT="KM", B_LAYOUT="NK")
     M, N, K = 24, 19, 40
@@ -132,19 +133,19 @@ def test_dispatch_words_and_maps_of_a_km_a(monkeypatch):
         def function(self, ctx, shared):
             return 0
 
-    monkeypatch.setattr(dispatch, "compiled_spec", lambda s: _Compiled())
-    b = dispatch._Bound(p, 0)
-    assert b.words[:len(dispatch._array_words(0, K, M, 2))] == dispatch._array_words(0, K, M, 2)
+    monkeypatch.setattr(launch, "compiled_spec", lambda s: _Compiled())
+    b = launch._Bound(p, 0)
+    assert b.words[:len(launch._array_words(0, K, M, 2))] == launch._array_words(0, K, M, 2)
     seen = {}
     monkeypatch.setattr(tma, "operand_maps", lambda ops, stream, scales: seen.setdefault(
         "ops", ops) and 0)
-    dispatch._tensor_maps(p, 111, 222, 0)
+    launch._tensor_maps(p, 111, 222, 0)
     (a_ptr, a_shape, a_pitch, _, a_box, _), (_, b_shape, b_pitch, _, _, _) = seen["ops"]
     assert (a_ptr, a_shape, a_pitch, a_box) == (111, (K, M), M * 2, (64, 64))
     assert (b_shape, b_pitch) == ((N, K), K * 2)
     mk = dispatch.plan(wgmma_ws.build("fp16"), M, 24, K)
     seen.clear()
-    dispatch._tensor_maps(mk, 111, 222, 0)
+    launch._tensor_maps(mk, 111, 222, 0)
     assert seen["ops"][0][1:3] == ((M, K), K * 2)
 
 

@@ -43,12 +43,12 @@ def k_slice(K: int, BK: int, S: int, z: int) -> tuple[int, int]:
 
 
 def packed_words(ptr: int, rows: int, cols: int, itemsize: int = 4) -> tuple:
-    """The 9 parameter words ``dispatch._launch`` writes for one (rows, cols) array at
+    """The 9 parameter words ``gemmlib.runtime.launch._launch`` writes for one (rows, cols) array at
     ``ptr``, read back from the parameter block it hands the driver (nothing launches)."""
     import ctypes
     from unittest import mock
 
-    from gemmlib import dispatch
+    from gemmlib.runtime import launch
 
     class RecordingDriver:
         def check(self, rc, what):
@@ -59,8 +59,8 @@ def packed_words(ptr: int, rows: int, cols: int, itemsize: int = 4) -> tuple:
             return 0
 
     drv = RecordingDriver()
-    with mock.patch.object(dispatch, "driver", lambda: drv):
-        dispatch._launch(0, (1, 1, 1), (32, 1, 1), 0, 0,
-                         dispatch._array_words(ptr, rows, cols, itemsize))
+    with mock.patch.object(launch, "driver", lambda: drv):
+        launch._launch(0, (1, 1, 1), (32, 1, 1), 0, 0,
+                       launch._array_words(ptr, rows, cols, itemsize))
     slot = lambda i: ctypes.c_void_p.from_address(drv.params + 8 * i).value  # noqa: E731
     return tuple(ctypes.c_int64.from_address(slot(i)).value for i in range(9))

@@ -124,3 +124,23 @@ def current_stream() -> int:
     if torch is not None:
         return torch.cuda.current_stream().cuda_stream
     return 0
+
+
+class RawStream(int):
+    """A raw CUstream handle (a framework's current stream) handed down the call path."""
+
+    @property
+    def ptr(self) -> int:
+        return int(self)
+
+
+def stream_handle(stream=None) -> int:
+    """The raw CUstream of a CuPy, numba or torch stream, or of a :class:`RawStream` (None:
+    the framework's current stream, :func:`current_stream`)."""
+    if stream is None:
+        return current_stream()
+    if hasattr(stream, "ptr"):  # CuPy
+        return int(stream.ptr)
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        return int(stream.cuda_stream)
+    return int(stream)  # numba streams convert to their handle
