@@ -146,7 +146,7 @@ class KernelSpec:
     #: TMA rungs: the boxes (rows, cols) that the tensor maps of A and B copy, written
     #: into shared memory with a ``tma_swizzle``-byte swizzle.  The kernel then takes a
     #: fourth argument, a uint64: the device address of A's map, B's 128 bytes further
-    #: (``gemmlib.tma.operand_maps``; numba kernels have no by-value map parameters)
+    #: (``gemmlib.runtime.maps.operand_maps``; numba kernels have no by-value map parameters)
     tma_boxes: tuple = ()
     tma_swizzle: int = 128
     #: rungs that store C by TMA (``wgmma_store``): the box (rows, cols) of C's map, the

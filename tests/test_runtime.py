@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gemmlib import tma
-from gemmlib.runtime import launch, memory
+from gemmlib.runtime import launch, maps, memory
 
 
 class _FakeBuffer:
@@ -30,13 +30,13 @@ def fake_device(monkeypatch):
 
     monkeypatch.setattr(memory, "allocate", allocate)
     monkeypatch.setattr(memory, "synchronize", lambda: None)
-    monkeypatch.setattr(tma, "_store", lambda addr, raw, stream:
+    monkeypatch.setattr(maps, "_store", lambda addr, raw, stream:
                         state["stores"].append((addr, raw.nbytes, stream)))
     monkeypatch.setattr(tma, "encode_2d", lambda ptr, *rest: np.full(16, ptr, np.uint64))
-    monkeypatch.setattr(tma, "_KEPT", {})
-    monkeypatch.setattr(tma, "_GRAPH_KEPT", {})
-    monkeypatch.setattr(tma, "_EAGER_SLOTS", tma._Slots())
-    monkeypatch.setattr(tma, "_GRAPH_SLOTS", tma._Slots())
+    monkeypatch.setattr(maps, "_KEPT", {})
+    monkeypatch.setattr(maps, "_GRAPH_KEPT", {})
+    monkeypatch.setattr(maps, "_EAGER_SLOTS", maps._Slots())
+    monkeypatch.setattr(maps, "_GRAPH_SLOTS", maps._Slots())
     return state
 
 
@@ -53,7 +53,7 @@ def test_the_store_kernel_assembles():
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "s.ptx")
         with open(src, "wb") as f:
-            f.write(tma._store_ptx().rstrip(b"\0"))
+            f.write(maps._store_ptx().rstrip(b"\0"))
         for arch in ("sm_75", "sm_90"):
             r = subprocess.run([ptxas, f"-arch={arch}", src, "-o", os.path.join(d, "s.cubin")],
                                capture_output=True, text=True)
@@ -61,35 +61,35 @@ def test_the_store_kernel_assembles():
 
 
 def test_eager_maps_are_kept_and_reused(fake_device):
-    a = tma.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7)
-    assert tma.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7) == a
+    a = maps.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7)
+    assert maps.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7) == a
     assert len(fake_device["stores"]) == 1   # written once, then found
-    b = tma.operand_maps((_op(3 << 30), _op(2 << 30)), stream=7)
-    assert abs(b - a) >= tma.SLOT_BYTES
+    b = maps.operand_maps((_op(3 << 30), _op(2 << 30)), stream=7)
+    assert abs(b - a) >= maps.SLOT_BYTES
 
 
 def test_slots_never_overlap_across_slabs(fake_device):
-    slots = tma._Slots()
-    got = [slots.take(0) for _ in range(3 * tma._SLAB_SLOTS + 5)]
+    slots = maps._Slots()
+    got = [slots.take(0) for _ in range(3 * maps._SLAB_SLOTS + 5)]
     assert len(set(got)) == len(got)
     got.sort()
-    assert all(b - a >= tma.SLOT_BYTES for a, b in zip(got, got[1:]))
+    assert all(b - a >= maps.SLOT_BYTES for a, b in zip(got, got[1:]))
 
 
 def test_captured_maps_are_the_graphs_own(fake_device, monkeypatch):
     ops = (_op(1 << 30), _op(2 << 30))
-    eager = tma.operand_maps(ops, stream=7)
-    g1 = tma.operand_maps(ops, stream=9, graph=True)
-    g2 = tma.operand_maps(ops, stream=9, graph=True)
+    eager = maps.operand_maps(ops, stream=7)
+    g1 = maps.operand_maps(ops, stream=9, graph=True)
+    g2 = maps.operand_maps(ops, stream=9, graph=True)
     assert g1 == g2 and g1 != eager
     # every captured call records its own write (a replay does not rely on an earlier one)
     assert [s[0] for s in fake_device["stores"]].count(g1) == 2
     # eager maps filling up free the eager slots only
-    monkeypatch.setattr(tma, "MAX_KEPT", 4)
+    monkeypatch.setattr(maps, "MAX_KEPT", 4)
     for i in range(12):
-        tma.operand_maps((_op((10 + i) << 30), _op(2 << 30)), stream=7)
-    assert tma.operand_maps(ops, stream=11, graph=True) == g1
-    eager_slots = set(tma._EAGER_SLOTS.free)
+        maps.operand_maps((_op((10 + i) << 30), _op(2 << 30)), stream=7)
+    assert maps.operand_maps(ops, stream=11, graph=True) == g1
+    eager_slots = set(maps._EAGER_SLOTS.free)
     assert g1 not in eager_slots
 
 

@@ -122,8 +122,7 @@ def test_km_refused_where_wgmma_reads_a_kmajor_only():
 def test_dispatch_words_and_maps_of_a_km_a(monkeypatch):
     """A (K, M) A: its kernel-parameter words and its tensor map are over (K, M), with a row
     pitch of M elements (the GPU path, with the compile and the map encoding stubbed)."""
-    from gemmlib import tma
-    from gemmlib.runtime import launch
+    from gemmlib.runtime import launch, maps
 
     spec = wgmma_ws.build("fp16", A_LAYOUT="KM", B_LAYOUT="NK")
     M, N, K = 24, 19, 40
@@ -137,8 +136,8 @@ def test_dispatch_words_and_maps_of_a_km_a(monkeypatch):
     b = launch._Bound(p, 0)
     assert b.words[:len(launch._array_words(0, K, M, 2))] == launch._array_words(0, K, M, 2)
     seen = {}
-    monkeypatch.setattr(tma, "operand_maps", lambda ops, stream, scales: seen.setdefault(
-        "ops", ops) and 0)
+    monkeypatch.setattr(maps, "operand_maps", lambda ops, stream, scales, graph=False:
+                        seen.setdefault("ops", ops) and 0)
     launch._tensor_maps(p, 111, 222, 0)
     (a_ptr, a_shape, a_pitch, _, a_box, _), (_, b_shape, b_pitch, _, _, _) = seen["ops"]
     assert (a_ptr, a_shape, a_pitch, a_box) == (111, (K, M), M * 2, (64, 64))

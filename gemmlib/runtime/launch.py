@@ -24,7 +24,7 @@ import numpy as np
 
 from gemmlib import backend, tma
 from gemmlib.backend import SIMULATOR
-from gemmlib.runtime import memory
+from gemmlib.runtime import maps, memory
 from gemmlib.runtime.caches import LOCK
 from gemmlib.runtime.compile import (compiled_finish, compiled_prep, compiled_reduce,
                                      compiled_round16, compiled_spec)
@@ -385,18 +385,18 @@ def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
              scales: tuple = (), c_ptr: int = 0, graph: bool = False) -> int:
     """The maps' address, remembered for the last operands of this bound plan: a loop over
     the same A and B (and C, for a rung that stores C by TMA) skips building the lookup key.
-    ``graph``: maps of the capture's own, written in the captured stream (tma.operand_maps)."""
+    ``graph``: maps of the capture's own, written in the captured stream (runtime.maps)."""
     c_key = c_ptr if p.spec.tma_store_box else 0   # C matters only to a TMA-store rung
     if graph:
         return _tensor_maps(p, a_ptr, b_ptr, stream, scales,
                             c_key if p.spec.c_map_ok(p.N, c_key) else 0, graph=True)
     last = b.maps
-    if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == tma.GENERATION
+    if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == maps.GENERATION
             and last[4] == scales and last[5] == c_key):
         return last[3]
     addr = _tensor_maps(p, a_ptr, b_ptr, stream, scales,
                         c_key if p.spec.c_map_ok(p.N, c_key) else 0)
-    b.maps = (a_ptr, b_ptr, tma.GENERATION, addr, scales, c_key)
+    b.maps = (a_ptr, b_ptr, maps.GENERATION, addr, scales, c_key)
     return addr
 
 
@@ -419,7 +419,7 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
     if c_ptr:
         ops.append((c_ptr, (M, N), N * np.dtype(ic).itemsize, np.dtype(ic).name,
                     spec.tma_store_box, 128))
-    return tma.operand_maps(tuple(ops), stream, tuple(scales) if spec.scale_words else (),
+    return maps.operand_maps(tuple(ops), stream, tuple(scales) if spec.scale_words else (),
                             graph=graph)
 
 
@@ -490,11 +490,11 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
             dC = _simulated_device_copy(C)
             if spec.c_map_ok(N, dC._ary.ctypes.data):   # the kernel's test, on its C
                 arrays, boxes = (A, B, dC._ary), spec.tma_boxes + (spec.tma_store_box,)
-        maps = tma.simulated_maps(arrays, boxes, spec.tma_swizzle,
-                                  tuple(scales) if spec.scale_words else ())
+        where = tma.simulated_maps(arrays, boxes, spec.tma_swizzle,
+                                   tuple(scales) if spec.scale_words else ())
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC, *extra,
-                                                        *work, np.uint64(maps))
+                                                        *work, np.uint64(where))
         if dC is not None:
             C[...] = dC._ary
         return
