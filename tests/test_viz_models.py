@@ -579,10 +579,10 @@ def test_skinny_helpers_with_whatever_is_there():
 
 
 def test_show_functions(capsys):
-    from gemmlib import api
+    from gemmlib.frontends import torch_tensors
 
-    shown = vm.show_functions(api, ["_describe_torch", "no_such_function"])
-    assert shown == ["_describe_torch"]
+    shown = vm.show_functions(torch_tensors, ["describe", "no_such_function"])
+    assert shown == ["describe"]
     assert "no_such_function is not in" in capsys.readouterr().out
 
 
