@@ -166,6 +166,16 @@ def runnable(spec) -> bool:
     return True
 
 
+def _cell_html(value) -> str:
+    """A cell's text, escaped; a long identifier (a spec name such as
+    ``split_k_128x256x16_w64x64n2_t8x4_p0_s4``) may break after its underscores, so one such
+    name does not push the table past the text column."""
+    text = html.escape(str(value))
+    if len(text) > 20 and " " not in text:
+        text = text.replace("_", "_<wbr>")
+    return text
+
+
 def _html_table(header, rows, caption=None):
     out = ["<table style='border-collapse:collapse;font-size:0.9em'>"]
     if caption:
@@ -174,7 +184,7 @@ def _html_table(header, rows, caption=None):
                                 f"border-bottom:1px solid #999'>{html.escape(str(h))}</th>"
                                 for h in header) + "</tr>")
     for r in rows:
-        out.append("<tr>" + "".join(f"<td style='padding:2px 10px'>{html.escape(str(c))}</td>"
+        out.append("<tr>" + "".join(f"<td style='padding:2px 10px'>{_cell_html(c)}</td>"
                                     for c in r) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
