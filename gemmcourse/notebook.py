@@ -983,23 +983,26 @@ CALL_TARGETS = {
 }
 
 
-def show_call_level(targets: dict, directory=None, gpu: str | None = None) -> int:
+def show_call_level(targets: dict, directory=None, gpu: str | None = None, *,
+                    table: bool = True, chart: bool = True) -> int:
     """A table and a chart per GPU of the newest call-level benchmark (only the GPUs whose
-    name contains ``gpu``, if given); returns how many."""
+    name contains ``gpu``, if given; ``table``/``chart`` False leaves that one out, for a
+    page that shows the chart and collapses the table); returns how many."""
     from IPython.display import display
 
     from gemmcourse.viz import plot_call_level
 
     def show(name, data):
-        table, recs = call_level_table(name, data, targets, directory)
-        display(table)
+        tab, recs = call_level_table(name, data, targets, directory)
+        if table:
+            display(tab)
         judged = [d for d in recs if d["met"] is not None]
         missing = [f"{'x'.join(map(str, s))}" for s in targets
                    if s not in {d["shape"] for d in recs}]
         gpu = data.get("meta", {}).get("gpu", "?")
         print(f"{gpu}: {sum(d['met'] for d in judged)} of {len(judged)} targets met"
               + (f"; not measured: {', '.join(missing)}" if missing else ""))
-        if recs:
+        if recs and chart:
             plot_call_level(recs, title=f"gemmlib.matmul (kernel='auto') vs cuBLAS, "
                             f"call timing, on {gpu}")
 
