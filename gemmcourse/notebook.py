@@ -166,6 +166,16 @@ def runnable(spec) -> bool:
     return True
 
 
+def _cell_html(value) -> str:
+    """A cell's text, escaped; a long identifier (a spec name such as
+    ``split_k_128x256x16_w64x64n2_t8x4_p0_s4``) may break after its underscores, so one such
+    name does not push the table past the text column."""
+    text = html.escape(str(value))
+    if len(text) > 20 and " " not in text:
+        text = text.replace("_", "_<wbr>")
+    return text
+
+
 def _html_table(header, rows, caption=None):
     out = ["<table style='border-collapse:collapse;font-size:0.9em'>"]
     if caption:
@@ -174,7 +184,7 @@ def _html_table(header, rows, caption=None):
                                 f"border-bottom:1px solid #999'>{html.escape(str(h))}</th>"
                                 for h in header) + "</tr>")
     for r in rows:
-        out.append("<tr>" + "".join(f"<td style='padding:2px 10px'>{html.escape(str(c))}</td>"
+        out.append("<tr>" + "".join(f"<td style='padding:2px 10px'>{_cell_html(c)}</td>"
                                     for c in r) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
@@ -973,23 +983,26 @@ CALL_TARGETS = {
 }
 
 
-def show_call_level(targets: dict, directory=None, gpu: str | None = None) -> int:
+def show_call_level(targets: dict, directory=None, gpu: str | None = None, *,
+                    table: bool = True, chart: bool = True) -> int:
     """A table and a chart per GPU of the newest call-level benchmark (only the GPUs whose
-    name contains ``gpu``, if given); returns how many."""
+    name contains ``gpu``, if given; ``table``/``chart`` False leaves that one out, for a
+    page that shows the chart and collapses the table); returns how many."""
     from IPython.display import display
 
     from gemmcourse.viz import plot_call_level
 
     def show(name, data):
-        table, recs = call_level_table(name, data, targets, directory)
-        display(table)
+        tab, recs = call_level_table(name, data, targets, directory)
+        if table:
+            display(tab)
         judged = [d for d in recs if d["met"] is not None]
         missing = [f"{'x'.join(map(str, s))}" for s in targets
                    if s not in {d["shape"] for d in recs}]
         gpu = data.get("meta", {}).get("gpu", "?")
         print(f"{gpu}: {sum(d['met'] for d in judged)} of {len(judged)} targets met"
               + (f"; not measured: {', '.join(missing)}" if missing else ""))
-        if recs:
+        if recs and chart:
             plot_call_level(recs, title=f"gemmlib.matmul (kernel='auto') vs cuBLAS, "
                             f"call timing, on {gpu}")
 

@@ -287,8 +287,15 @@ def _min_table_px(table) -> float:
     """The narrowest a helper's table can be drawn: each column as wide as its longest
     unbreakable word (a header wraps at its spaces), at the book's ~7.2 px a character of
     the table's 0.9 em text, plus each cell's 20 px of padding."""
+    html = table._repr_html_()
     cols = zip(*([table.header] + [list(r) for r in table.rows]))
-    return sum(20 + 7.2 * max(len(w) for cell in col for w in str(cell).split() or [""])
+
+    def words(cell):   # where the browser may break: spaces, and <wbr> where the HTML has one
+        text = str(cell)
+        breaks = "_" if text.replace("_", "_<wbr>") in html and "_" in text else None
+        return [w for part in text.split() for w in (part.split(breaks) if breaks else [part])]
+
+    return sum(20 + 7.2 * max(len(w) for cell in col for w in words(cell) or [""])
                for col in cols)
 
 
@@ -296,3 +303,12 @@ def test_the_mma_roof_table_fits_the_text_column():
     roof = _json("mma-roof-nvidia-h200.json")
     table = vp.roof_table(roof, _json("bench-nvidia-h200-2026-11-23-precision.json"))
     assert _min_table_px(table) <= viz.BOOK_WIDTH_PX
+
+
+def test_the_call_level_tables_fit_the_text_column():
+    """Spec names (``split_k_128x256x16_w64x64n2_t8x4_p0_s4``) break after underscores."""
+    files = nb.call_level_files()
+    assert files
+    for name, data in files:
+        table, _ = nb.call_level_table(name, data, nb.CALL_TARGETS)
+        assert _min_table_px(table) <= viz.BOOK_WIDTH_PX, name
