@@ -17,6 +17,7 @@ never freed -- and eager calls never hand the graph's buffers out again.
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -64,20 +65,12 @@ def allocate(nbytes: int, stream: int, zero: bool = False) -> DeviceBuffer:
         import cupy as cp
 
         current = stream == cp.cuda.get_current_stream().ptr
-        with cp.cuda.ExternalStream(stream) if not current else _nothing():
+        with cp.cuda.ExternalStream(stream) if not current else nullcontext():
             arr = cp.empty(nbytes, dtype=np.uint8)
         buf = DeviceBuffer(int(arr.data.ptr), nbytes, arr)
     if zero:
         driver().memset_async(buf.ptr, nbytes, stream)
     return buf
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def capturing(stream: int) -> bool:
