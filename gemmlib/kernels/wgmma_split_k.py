@@ -157,32 +157,19 @@ def _sum_slices(quads: int, nc: int, groups: int = SUM_GROUPS):
     return f
 
 
-def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
-          SUM: int = SUM_GROUPS, OUT: str = "fp32", B_LAYOUT: str = "KN",
-          BIAS: bool = False, A_LAYOUT: str = "MK") -> KernelSpec:
-    """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
-    the last slice's thread rounds the slices' float32 sum once, in ``wgmma_ws``'s 16-bit
-    epilogue (``wgmma_async.out_store``).  ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s; the
-    bias is added once, by the thread that finishes the slices' sum, before that rounding.
-    ``A_LAYOUT``: as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
-    check_a_layout(A_LAYOUT, precision)
-    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
-        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
-                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_acc,
+                 add_bias, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int, dims,
+                 c_cols, jit_name: str = "wgmma_split_k_kernel"):
+    """The persistent split-K kernel ``kernel(A, B, C, bias, W, L, maps)`` around its
+    per-build pieces: ``k_tile``, ``load_stage`` (the ring's wgmma and TMA copies),
+    ``store_acc(C, acc, t, m0, n0, M, N)`` and ``add_bias(acc, bias, t, m0, n0, M, N)``
+    (the epilogue of a finished tile, in the kernel's (M, N)), ``tile_origin`` (the tile
+    order), ``dims(A) -> (M, K)`` and ``c_cols(B, C) -> N`` (the kernel's N: C's columns,
+    or -- ``wgmma_swap``, whose C is the kernel's product transposed -- B's rows).
+    Returns (kernel, threads, shared bytes, the workspace function of (M, N, K, S))."""
     CONSUMERS = BM // 64
     NT = 128 * (1 + CONSUMERS)
     NC = 128 * CONSUMERS                      # consumer threads: one ticket counter each
-    if REGS is not None and 128 * (REGS[0] + CONSUMERS * REGS[1]) > 65536:
-        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
-                         "SM's 65536 registers")
-    check_out(precision, OUT)
-    check_layout(B_LAYOUT)
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
-    dims = a_dims(A_LAYOUT)
-    add_bias = bias_code(precision, BN, 1, BIAS)
-    tile_origin = tile_order(BM, BN, GROUP_M)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
     ACC = BN // 2
     QUADS = ACC // 4                          # 16-byte groups of a thread's accumulators
     sum_slices = _sum_slices(QUADS, NC, SUM)
@@ -215,14 +202,13 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         L[tile, tc] = 0                      # ready for the next launch
         return True
 
-    @cuda.jit(**jit_opts)
     def wgmma_split_k_kernel(A, B, C, bias, W, L, maps):
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
         M, K = dims(A)                       # A given as (M, K) or (K, M)
-        N = C.shape[1]
+        N = c_cols(B, C)
         S = W.shape[0]                       # the slices: a launch choice, not compiled in
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
@@ -280,10 +266,68 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                 if S > 1 and mine:
                     mine = add_slices(W, L, acc, tile, unit % S, tc, S)
                 if mine:                     # the tile's sum is final here: bias once
-                    add_bias(acc, bias, t % 128, n0, N)
+                    add_bias(acc, bias, t % 128, rows0, n0, M, N)
                     store_acc(C, acc, t % 128, rows0, n0, M, N)
 
-    wgmma_split_k_kernel = bias_entry(wgmma_split_k_kernel, BIAS, jit_opts)
+    wgmma_split_k_kernel.__name__ = wgmma_split_k_kernel.__qualname__ = jit_name
+    kernel = cuda.jit(**jit_opts)(wgmma_split_k_kernel)
+
+    def workspace(M, N, K, S):
+        """(rows, cols, dtype) of W (partials, one row per slice) and L (tickets)."""
+        if S == 1:
+            return ((1, 4, "float32"), (1, 1, "int32"))
+        tiles = cdiv(M, BM) * cdiv(N, BN)
+        return ((S, tiles * ACC * NC, "float32"), (tiles, NC, "int32"))
+
+    return kernel, NT, SHARED, workspace
+
+
+def column_bias(add_bias):
+    """``add_bias(acc, bias, t, m0, n0, M, N)`` of a (1, N) bias from
+    ``wgmma_async.bias_code``'s ``(acc, bias, t, n0, N)``."""
+    @cuda.jit(device=True)
+    def add_column_bias(acc, bias, t, m0, n0, M, N):
+        add_bias(acc, bias, t, n0, N)
+
+    return add_column_bias
+
+
+@cuda.jit(device=True)
+def c_columns(B, C):
+    """The kernel's N: C's columns."""
+    return C.shape[1]
+
+
+def check_units(BM: int, BN: int, STAGES: int, REGS) -> None:
+    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
+        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
+                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+    if REGS is not None and 128 * (REGS[0] + BM // 64 * REGS[1]) > 65536:
+        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
+                         "SM's 65536 registers")
+
+
+def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
+          SUM: int = SUM_GROUPS, OUT: str = "fp32", B_LAYOUT: str = "KN",
+          BIAS: bool = False, A_LAYOUT: str = "MK") -> KernelSpec:
+    """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
+    the last slice's thread rounds the slices' float32 sum once, in ``wgmma_ws``'s 16-bit
+    epilogue (``wgmma_async.out_store``).  ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s; the
+    bias is added once, by the thread that finishes the slices' sum, before that rounding.
+    ``A_LAYOUT``: as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
+    check_a_layout(A_LAYOUT, precision)
+    check_units(BM, BN, STAGES, REGS)
+    check_out(precision, OUT)
+    check_layout(B_LAYOUT)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
+    jit_opts = {} if SIMULATOR else {"launch_bounds": (128 * (1 + BM // 64), 1)}
+    kernel, NT, SHARED, work = split_kernel(
+        BM, BN, STAGES, REGS, SUM, k_tile, store_acc,
+        column_bias(bias_code(precision, BN, 1, BIAS)), tile_order(BM, BN, GROUP_M),
+        load_stage, A_BYTES, STAGE_BYTES, a_dims(A_LAYOUT), c_columns)
+    wgmma_split_k_kernel = bias_entry(kernel, BIAS, jit_opts)
 
     def slices(M, N, K):
         S = SPLITS or splits_for(M, N, K, BM, BN)
@@ -294,12 +338,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         return (min(units, backend.device_info().sm_count), 1, 1)
 
     def workspace(M, N, K):
-        """(rows, cols, dtype) of W (partials, one row per slice) and L (tickets)."""
-        S = slices(M, N, K)
-        if S == 1:
-            return ((1, 4, "float32"), (1, 1, "int32"))
-        tiles = cdiv(M, BM) * cdiv(N, BN)
-        return ((S, tiles * ACC * NC, "float32"), (tiles, NC, "int32"))
+        return work(M, N, K, slices(M, N, K))
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_split_k", precision, default, BM, BN, STAGES, GROUP_M)

@@ -224,9 +224,8 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
 
     ``b_layout`` "NK" (a column-major B, ``W.t()``): the choice's K-major build where the
     rung has one (else the row-major choice, and ``gemmlib.matmul`` copies B).  On Hopper
-    the decode rung gives way to ``wgmma_split_k``'s 64-row tiles there: at M = 1 its
-    K-major build took 56-92% of skinny's K-major time on 5 of 6 layer shapes of an H100
-    (results/layouts-nvidia-h100-80gb-hbm3-2026-11-27.json, its M = 16 rows against M = 1)."""
+    the decode rung gives way to ``wgmma_swap`` there: skinny's K-major build is its slow
+    one (results/layouts-nvidia-h100-80gb-hbm3-2026-11-27.json)."""
     if b_layout != "KN":
         key = ("tc", precision, M, N, K, slug, out, b_layout)
         spec = _CHOICES.get(key)
@@ -234,8 +233,7 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
             base = select_tc(precision, M, N, K, slug, out)
             if (rung_of(base) == SKINNY_RUNG and precision in ("fp16", "bf16") and not SIMULATOR
                     and tuple(backend.device_info().compute_capability) == (9, 0)):
-                base = select_out(build(HOPPER_SPLIT, {"precision": precision, "BM": 64}),
-                                  out, M, N, K)
+                base = select_out(select_swap(precision, M, N, K), out, M, N, K)
             spec = _CHOICES.put(key, with_layout(base, b_layout) or base)
         return spec
     if out != "fp32":
@@ -290,6 +288,20 @@ HOPPER_BM64_MMAX = 64
 HOPPER_BM64_MMAX_NARROW = 128
 
 
+#: Hopper, fp16/bf16: swap-AB tiles (gemmlib.kernels.wgmma_swap) up to this many tokens
+HOPPER_SWAP_MMAX = 64
+HOPPER_SWAP = "wgmma_swap"
+
+
+def select_swap(precision: str, M: int, N: int, K: int) -> KernelSpec:
+    """``wgmma_swap`` for M tokens: the narrowest token width that holds them, 64 weight
+    rows per tile, the deepest ring that fits, slices from its cost model; B as (K, N)
+    (``with_layout`` gives the ``nn.Linear`` build)."""
+    from gemmlib.kernels.wgmma_swap import width_for
+
+    return build(HOPPER_SWAP, {"precision": precision, "BN": width_for(M), "B_LAYOUT": "KN"})
+
+
 def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
     """fp16/bf16 on an H100/H200, from the per-shape measurements of every candidate
     (kernel loops, ``scripts/tc_shapes_gpu.py``; ``results/tc-shapes-*.json``): the
@@ -306,6 +318,8 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
         skinny = select_skinny(precision, M, N, K)
         if skinny is not None:
             return skinny
+    if M <= HOPPER_SWAP_MMAX:
+        return select_swap(precision, M, N, K)
     few = cdiv(N, 256) <= dev.sm_count // 4
     BM = 64 if M <= HOPPER_BM64_MMAX or (M <= HOPPER_BM64_MMAX_NARROW and few) else 128
     return build(HOPPER_SPLIT, {"precision": precision, "BM": BM})
@@ -314,7 +328,7 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
 #: rungs whose epilogue writes C in the inputs' own 16-bit type when built with
 #: ``OUT="fp16"`` / ``"bf16"`` (``gemmlib.kernels.wgmma_async.out_store``; skinny's own)
 OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong", "wgmma_store", "wgmma_split_k",
-               "skinny")
+               "wgmma_swap", "skinny")
 
 
 def rung_of(spec: KernelSpec) -> str:

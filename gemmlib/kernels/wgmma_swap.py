@@ -1,0 +1,237 @@
+"""Swap-AB: at a few tokens, let the weight fill wgmma's 64-row side.
+
+A wgmma is 64 rows by n columns, n any multiple of 8 from 8 to 256.  At decode
+and in small prefill chunks, C = X @ W has M = 1-64 rows (tokens) and N in the
+thousands (a layer's outputs): a 64- or 128-row tile computes mostly padding,
+and its wide B tile (64 x 256 halves, 32 KiB a stage) leaves room for only a
+few stages of the ring that must keep the weight streaming.
+
+Transposed, the product is C^T = W^T X^T: the weight's N outputs become the
+rows (64 per consumer warpgroup, all of them real) and the tokens become the
+columns, an n as narrow as the batch (``BN`` = 8, 16, 32 or 64).  A stage is
+then small -- 8 KiB of weight and 1-8 KiB of tokens for BM = 64 -- and the
+ring can be 8-16 stages deep, the bytes in flight a bandwidth-bound product
+needs (cuBLAS picks such kernels here: ``nvjet_sm90_hsh_128x16_64x11``, 16
+columns and 11 stages).
+
+Everything else is ``wgmma_split_k``'s kernel (:func:`~gemmlib.kernels.wgmma_split_k.split_kernel`),
+with the operands exchanged:
+
+* the kernel's A is the weight: an ``nn.Linear`` weight (N, K) is K-major, as
+  wgmma reads A without transposing (``B_LAYOUT="NK"``: the caller's ``W.t()``);
+  a (K, N) B is its (K, M)-memory form, read with trans-a (``"KN"``);
+* the kernel's B is X (M, K): K-major, wgmma's own B layout;
+* the epilogue writes accumulator (row r, column c) -- weight output r, token c
+  -- to ``C[c, r]`` (:func:`swapped_store_source`), and a bias is one value per
+  kernel row (:func:`row_bias_source`).
+
+The runtime exchanges the pointers (``KernelSpec.swap_ab``): callers see an
+ordinary (M, N, K) product.  K is cut into slices as ``wgmma_split_k`` does
+when the weight's tiles are too few to keep every SM reading (:func:`splits_for`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from gemmlib import backend
+from gemmlib.backend import SIMULATOR, cuda, float32
+from gemmlib.intrinsics.index import uidx
+from gemmlib.kernels.wgmma_async import (BK, K_SIXTEEN_BYTE_ROWS, HOPPER_ONLY, SIXTEEN_BYTE_ROWS,
+                                         bias_entry, bias_fields, bias_params, bias_suffix,
+                                         check_layout, check_out, compile_sources, out_fields,
+                                         out_params, out_suffix, spec_fields, tile_order,
+                                         warpgroup_code)
+from gemmlib.kernels.wgmma_split_k import SUM_GROUPS, effective_splits, split_kernel
+from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
+from gemmlib.kernels.wgmma_ws import regs_suffix
+from gemmlib.spec import KernelSpec, cdiv
+
+#: the token widths built (wgmma's n): a call takes the narrowest that holds its M
+WIDTHS = (8, 16, 32, 64)
+#: shared memory the ring may fill (the SM's 227 KiB less the alignment pad)
+RING_BYTES = 200 * 1024
+MAX_STAGES = 16
+#: what a unit costs beyond its k-tiles, in k-tiles (ring fill, epilogue, tickets)
+UNIT_OVERHEAD_KTILES = 4
+MAX_SPLITS = 16
+
+
+def width_for(M: int) -> int:
+    """The narrowest token width (BN) of :data:`WIDTHS` that holds M tokens (the widest past it)."""
+    for w in WIDTHS:
+        if M <= w:
+            return w
+    return WIDTHS[-1]
+
+
+def stages_for(BM: int, BN: int) -> int:
+    """The deepest ring of BM x 64 weight and BN x 64 token stages that fits RING_BYTES."""
+    return max(2, min(MAX_STAGES, RING_BYTES // (2 * BK * (BM + BN))))
+
+
+def splits_for(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:
+    """K slices for the caller's (M, N, K) in BM weight rows x BN tokens: the S with the
+    least modelled time ``waves(S) * (ceil(ktiles / S) + UNIT_OVERHEAD_KTILES)`` plus the
+    workspace traffic, ``waves`` counting units over SMs (one block per SM)."""
+    dev = dev or backend.device_info()
+    sms = max(dev.sm_count, 1)
+    ktiles = cdiv(max(K, 1), BK)
+    tiles = cdiv(N, BM) * cdiv(M, BN)
+    if tiles == 0:
+        return 1
+    smax = max(1, min(MAX_SPLITS, ktiles // 4))
+    # a k-tile of one block: its bytes at the block's share of DRAM bandwidth
+    bw = max(getattr(dev, "peak_bandwidth_gbs", 1000.0), 100.0) * 1e9 * 0.8
+    step = (BM + BN) * BK * 2 / (bw / sms)
+
+    def cost(s):
+        t = math.ceil(tiles * s / sms) * (cdiv(ktiles, s) + UNIT_OVERHEAD_KTILES) * step
+        return t + ((s + 1) * M * N * 4 / bw if s > 1 else 0.0)
+
+    return min(range(1, smax + 1), key=lambda s: (cost(s), s))
+
+
+def swapped_store_source(BN: int, convert: str = "") -> str:
+    """Source of ``store_acc(C, acc, t, m0, n0, M, N)`` for the kernel's product transposed:
+    thread ``t`` of the warpgroup holds rows g, g + 8 (weight outputs) and column pairs
+    c, c + 1 (tokens) of a 64 x BN slice (``H.accumulator_coords``) and writes each value
+    to ``C[c, r]``.  Eight lanes write eight consecutive outputs of one token row: a
+    16- or 32-byte run.  ``convert``: applied to each value first (a 16-bit C)."""
+    def val(i):
+        return f"{convert}(acc[{i}])" if convert else f"acc[{i}]"
+
+    lines = ["def store_acc(C, acc, t, m0, n0, M, N):",
+             "    w, lane = t // 32, t % 32",
+             "    r0 = m0 + 16 * w + lane // 4",
+             "    c0 = n0 + 2 * (lane % 4)"]
+    for half in range(2):
+        lines += [f"    r = r0 + {8 * half}", "    if r < M:"]
+        for j in range(BN // 8):
+            k = 4 * j + 2 * half
+            lines += [f"        c = c0 + {8 * j}",
+                      "        if c < N:",
+                      f"            C[uidx(c), uidx(r)] = {val(k)}",
+                      "        if c + 1 < N:",
+                      f"            C[uidx(c + 1), uidx(r)] = {val(k + 1)}"]
+    return "\n".join(lines) + "\n"
+
+
+def row_bias_source(BN: int) -> str:
+    """Source of ``add_bias(acc, bias, t, m0, n0, M, N)`` with one bias value per kernel
+    row (a layer's output): a thread reads its two rows' values once and adds them to all
+    of its accumulators; a (0, N) bias (none) leaves them."""
+    lines = ["def add_bias(acc, bias, t, m0, n0, M, N):",
+             "    if bias.shape[0] > 0:",
+             "        r = m0 + 16 * (t // 32) + (t % 32) // 4",
+             "        b0 = to32(bias[0, uidx(r)]) if r < M else float32(0.0)",
+             "        b1 = to32(bias[0, uidx(r + 8)]) if r + 8 < M else float32(0.0)"]
+    for j in range(BN // 8):
+        lines += [f"        acc[{4 * j}] += b0", f"        acc[{4 * j + 1}] += b0",
+                  f"        acc[{4 * j + 2}] += b1", f"        acc[{4 * j + 3}] += b1"]
+    return "\n".join(lines) + "\n"
+
+
+@cuda.jit(device=True)
+def no_row_bias(acc, bias, t, m0, n0, M, N):
+    return
+
+
+@cuda.jit(device=True)
+def token_count(B, C):
+    """The kernel's N: the tokens, X's rows (the kernel's B is X, (M, K))."""
+    return B.shape[0]
+
+
+def epilogue(precision: str, BN: int, OUT: str, BIAS: bool):
+    """(store_acc, add_bias) of a swapped build."""
+    from gemmlib.intrinsics.convert import (bf16_to_float, float_to_bf16, float_to_half,
+                                            half_to_float)
+
+    env = {"uidx": uidx, "float32": float32,
+           "to16": float_to_half if OUT == "fp16" else float_to_bf16,
+           "to32": half_to_float if precision == "fp16" else bf16_to_float}
+    sources = [swapped_store_source(BN, "" if OUT == "fp32" else "to16")]
+    if BIAS:
+        sources.append(row_bias_source(BN))
+    made = compile_sources(sources, env)
+    return made[0], (made[1] if BIAS else no_row_bias)
+
+
+def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
+          OUT: str = "fp32", B_LAYOUT: str = "NK", BIAS: bool = False) -> KernelSpec:
+    """``BM``: weight outputs per tile (64: one consumer warpgroup, 128: two); ``BN``: tokens
+    per tile (a multiple of 8 up to 64); ``STAGES``: the ring's depth (0: the deepest that
+    fits, :func:`stages_for`); ``SPLITS``: K slices (0: :func:`splits_for`, a launch
+    choice).  ``B_LAYOUT``: the caller's B -- "NK", an ``nn.Linear`` weight as ``W.t()``,
+    or "KN", a row-major (K, N) B.  ``OUT``, ``BIAS``: as ``wgmma_ws``'s (the bias is one
+    value per output column of C)."""
+    if BM not in (64, 128) or BN % 8 or not 8 <= BN <= 64:
+        raise ValueError(f"BM must be 64 or 128 and BN a multiple of 8 up to 64 "
+                         f"(BM={BM}, BN={BN})")
+    STAGES = STAGES or stages_for(BM, BN)
+    if not 2 <= STAGES <= MAX_STAGES or STAGES * 2 * BK * (BM + BN) > 220 * 1024:
+        raise ValueError(f"STAGES={STAGES}: 2..{MAX_STAGES} stages that fit shared memory")
+    check_out(precision, OUT)
+    check_layout(B_LAYOUT)
+    a_layout = "MK" if B_LAYOUT == "NK" else "KM"        # the weight, as the kernel's A
+    k_tile, _ = warpgroup_code(precision, BN, 1, "fp32", "NK", a_layout)
+    store_acc, add_bias = epilogue(precision, BN, OUT, BIAS)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, "NK", a_layout)
+    from gemmlib.kernels.wgmma_async import a_dims
+
+    kernel, NT, SHARED, work = split_kernel(
+        BM, BN, STAGES, REGS, SUM_GROUPS, k_tile, store_acc, add_bias,
+        tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES, a_dims(a_layout),
+        token_count, "wgmma_swap_kernel")
+    kernel = bias_entry(kernel, BIAS, {} if SIMULATOR else {"launch_bounds": (NT, 1)})
+
+    def slices(M, N, K):
+        return effective_splits(SPLITS or splits_for(M, N, K, BM, BN), K)
+
+    def grid(M, N, K):   # the caller's (M, N, K): N weight outputs, M tokens
+        units = cdiv(N, BM) * cdiv(M, BN) * slices(M, N, K)
+        return (min(units, backend.device_info().sm_count), 1, 1)
+
+    def workspace(M, N, K):
+        return work(N, M, K, slices(M, N, K))
+
+    name = f"wgmma_swap{'' if precision == 'fp16' else '_' + precision}_{BM}x{BN}_s{STAGES}"
+    name += (f"_g{GROUP_M}" if GROUP_M != 8 else "") + regs_suffix(REGS)
+    name += (f"_k{SPLITS}" if SPLITS else "") + out_suffix(OUT)
+    name += ("_kn" if B_LAYOUT == "KN" else "") + bias_suffix(BIAS)
+    fields = {**spec_fields(precision, __name__), **out_fields(precision, OUT),
+              **bias_fields(BIAS), "chapter": "18d-wgmma-split-k"}
+    fields["constraints"] = (HOPPER_ONLY,
+                             K_SIXTEEN_BYTE_ROWS if B_LAYOUT == "NK" else SIXTEEN_BYTE_ROWS)
+    return KernelSpec(
+        name=name,
+        idea="swap-AB: C^T = W^T X^T, the weight's outputs fill wgmma's 64 rows and the "
+             "tokens its narrow n; small stages make a deep ring; K cut into slices as in "
+             "wgmma_split_k",
+        kernel=kernel,
+        block=(NT, 1, 1),
+        tile=(BN, BM),   # of the caller's C: BN token rows, BM output columns
+        grid=grid,
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
+                    REGS=REGS, SPLITS=SPLITS, **out_params(OUT), B_LAYOUT=B_LAYOUT,
+                    **bias_params(BIAS)),
+        shared_bytes=SHARED,
+        # the kernel's A is the caller's B: its box is the weight's
+        tma_boxes=tma_boxes(BM, BN, "NK", a_layout),
+        tma_swizzle=128,
+        launch_only=("SPLITS",),
+        workspace=workspace,
+        workspace_dtypes=("float32", "int32"),
+        b_operand=B_LAYOUT,
+        swap_ab=True,
+        ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
+                  r"cp\.async\.bulk\.tensor\.2d", r"atom\.global\.add")
+        + ((r"setmaxnreg\.inc",) if REGS else ())
+        + ((rf"cvt\.rn\.{'f16' if OUT == 'fp16' else 'bf16'}\.f32",) if OUT != "fp32" else ()),
+        **fields,
+    )
+
+
+SPEC = build()

@@ -1,0 +1,112 @@
+"""wgmma_swap: C^T = B^T A^T in narrow token tiles, the operands exchanged by the runtime."""
+
+import numpy as np
+import pytest
+
+import gemmlib
+from gemmlib import backend
+from gemmlib.kernels import wgmma_swap as S
+from gemmlib.precision import tolerance
+
+
+def test_widths_stages_and_names():
+    assert [S.width_for(m) for m in (1, 8, 9, 16, 17, 33, 64, 65)] == [8, 8, 16, 16, 32, 64,
+                                                                        64, 64]
+    for bm in (64, 128):
+        for bn in S.WIDTHS:
+            st = S.stages_for(bm, bn)
+            assert 2 <= st <= S.MAX_STAGES and st * 2 * S.BK * (bm + bn) <= S.RING_BYTES
+    spec = S.build("bf16", BM=128, BN=32, OUT="bf16", B_LAYOUT="KN", BIAS=True)
+    assert spec.swap_ab and spec.b_operand == "KN" and spec.bias_arg
+    assert spec.name.startswith("wgmma_swap_bf16_128x32_s") and spec.name.endswith("_o16_kn_bias")
+    # the kernel's A is the caller's B, as it lies; its B is the caller's A
+    assert spec.kernel_operands(5, 72, 40) == ((40, 72), (5, 40))
+    assert S.build(B_LAYOUT="NK").kernel_operands(5, 72, 40) == ((72, 40), (5, 40))
+    with pytest.raises(ValueError, match="BN a multiple of 8"):
+        S.build(BN=12)
+
+
+def test_slices_fill_the_sms_when_the_weight_has_few_tiles():
+    dev = backend.device_info()
+    import dataclasses
+
+    h100 = dataclasses.replace(dev, sm_count=132, memory_clock_khz=2619000,
+                               memory_bus_bits=5120)
+    assert S.splits_for(16, 4096, 4096, 64, 16, h100) >= 2        # 64 tiles for 132 SMs
+    assert S.splits_for(16, 4096, 256, 64, 16, h100) == 1         # 4 k-tiles: nothing to cut
+    s = S.splits_for(1, 28672, 4096, 64, 8, h100)                 # 448 tiles
+    assert 448 * s / (132 * -(-448 * s // 132)) > 0.9             # the last wave near full
+
+
+@pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins (GPU: below)")
+@pytest.mark.parametrize("precision, M, N, K, BN, layout, splits, out, bias", [
+    ("fp16", 3, 72, 200, 8, "NK", 0, "fp32", False),
+    ("bf16", 13, 130, 300, 16, "NK", 3, "bf16", True),
+    ("fp16", 5, 72, 136, 8, "KN", 2, "fp16", False),
+])
+def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, splits, out, bias):
+    """Odd shapes (K and N padded to 8s by matmul, M not), split or not, a 16-bit C, a bias
+    per output column, B as an nn.Linear weight's W.t() or as (K, N); a NaN-poisoned C."""
+    from gemmlib import precision as P
+
+    rng = np.random.default_rng(M * N)
+    a = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+    w = rng.uniform(-1, 1, (N, K)).astype(np.float32)
+    z = rng.uniform(-1, 1, (N,)).astype(np.float32)
+    if precision == "fp16":
+        a, w, z = (x.astype(np.float16) for x in (a, w, z))
+        A, Wt, Z = a, w, z
+        vals = np.asarray
+    else:
+        A, Wt, Z = P.to_bf16(a), P.to_bf16(w), P.to_bf16(z)
+        a, w, z = (P.bf16_bits_to_float32(x.bits) for x in (A, Wt, Z))
+
+        def vals(C):
+            return P.bf16_bits_to_float32(C.bits) if isinstance(C, P.BF16Array) else C
+    B = Wt.T if layout == "NK" else (Wt.T.astype(Wt.dtype) if precision == "fp16"
+                                     else P.to_bf16(np.ascontiguousarray(w.T)))
+    ref = a.astype(np.float64) @ w.astype(np.float64).T
+    kw = {}
+    if bias:
+        ref = ref + z.astype(np.float64)
+        kw["bias"] = Z
+    spec = S.build(precision, BN=BN, STAGES=2, SPLITS=splits, OUT=out, B_LAYOUT=layout,
+                   BIAS=bias)
+    if out == "fp32":
+        kw["out_dtype"] = "float32"
+    C = gemmlib.matmul(A, B, kernel=spec, precision=precision, **kw)
+    got = np.asarray(vals(C), np.float64)
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    tol = tolerance(precision, K) + (2.0 ** -8 if out != "fp32" else 0)
+    assert got.shape == (M, N) and np.isfinite(got).all() and err <= tol, err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_swap_on_hopper_gpu(precision):
+    """Every token width, both weight layouts, sliced and not, against float64; a repeat
+    gives the same bits."""
+    if tuple(backend.device_info().compute_capability) != (9, 0):
+        pytest.skip("wgmma needs an H100/H200")
+    import torch
+
+    dt = torch.float16 if precision == "fp16" else torch.bfloat16
+    for M, N, K in [(1, 8, 8), (1, 4096, 4096), (7, 1000, 3001), (16, 4104, 14336),
+                    (33, 264, 640), (64, 6144, 4096), (3, 8, 5000)]:
+        x = torch.randn(M, K, device="cuda", dtype=dt)
+        W = torch.randn(N, K, device="cuda", dtype=dt)
+        b = torch.randn(N, device="cuda", dtype=dt)
+        ref = x.double() @ W.double().t() + b.double()
+        for BM in (64, 128):
+            for layout, Bop in (("NK", W.t()), ("KN", W.t().contiguous())):
+                for splits in (0, 1, 3):
+                    spec = S.build(precision, BM=BM, BN=S.width_for(M), SPLITS=splits,
+                                   B_LAYOUT=layout, BIAS=True)
+                    outs = []
+                    for _ in range(2):
+                        C = torch.full((M, N), float("nan"), device="cuda")
+                        gemmlib.matmul(x, Bop, kernel=spec, bias=b, out=C)
+                        outs.append(C)
+                    err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
+                    assert err <= tolerance(precision, K), (spec.name, M, N, K, err)
+                    assert torch.equal(outs[0], outs[1]), (spec.name, "not deterministic")
