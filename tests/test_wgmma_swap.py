@@ -26,27 +26,49 @@ def test_widths_stages_and_names():
         S.build(BN=12)
 
 
-def test_slices_fill_the_sms_when_the_weight_has_few_tiles():
-    dev = backend.device_info()
-    import dataclasses
+def test_stream_k_walk_gives_every_k_tile_to_one_block_and_numbers_the_pieces(monkeypatch):
+    """The walk as the kernel runs it (blockIdx, gridDim set in plain Python): every
+    (tile, k-tile) once, each block's share within one k-tile of the others, and each
+    shared tile's pieces numbered 0.. in block order, their count the same for all."""
+    from types import SimpleNamespace
 
-    h100 = dataclasses.replace(dev, sm_count=132, memory_clock_khz=2619000,
-                               memory_bus_bits=5120)
-    assert S.splits_for(16, 4096, 4096, 64, 16, h100) >= 2        # 64 tiles for 132 SMs
-    assert S.splits_for(16, 4096, 256, 64, 16, h100) == 1         # 4 k-tiles: nothing to cut
-    s = S.splits_for(1, 28672, 4096, 64, 8, h100)                 # 448 tiles
-    assert 448 * s / (132 * -(-448 * s // 132)) > 0.9             # the last wave near full
+    from gemmlib.kernels import wgmma_split_k as W
+
+    walk = W.stream_k_walk
+    walk = getattr(walk, "py_func", None) or getattr(walk, "fn", None) or walk
+    for tiles, num_k, G in ((1, 1, 1), (2, 5, 3), (96, 64, 132), (7, 3, 20), (448, 64, 132)):
+        seen, pieces, shares = {}, {}, []
+        for c in range(G):
+            monkeypatch.setattr(W.cuda, "blockIdx", SimpleNamespace(x=c), raising=False)
+            monkeypatch.setattr(W.cuda, "gridDim", SimpleNamespace(x=G), raising=False)
+            j, share = 0, 0
+            while True:
+                tile, k0, k1, z, n = walk(j, 0, tiles, num_k)
+                if tile < 0:
+                    break
+                j += 1
+                assert 0 <= k0 < k1 <= num_k
+                share += k1 - k0
+                for k in range(k0, k1):
+                    assert (tile, k) not in seen
+                    seen[(tile, k)] = c
+                pieces.setdefault(tile, []).append((z, n))
+            shares.append(share)
+        assert len(seen) == tiles * num_k and max(shares) - min(shares) <= 1
+        for tile, ps in pieces.items():
+            assert [z for z, _ in ps] == list(range(len(ps))) and {n for _, n in ps} == {len(ps)}
+        assert W.stream_k_pieces(tiles, num_k, G) == max(len(ps) for ps in pieces.values())
 
 
 @pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins (GPU: below)")
-@pytest.mark.parametrize("precision, M, N, K, BN, layout, splits, out, bias", [
-    ("fp16", 3, 72, 200, 8, "NK", 0, "fp32", False),
-    ("bf16", 13, 130, 300, 16, "NK", 3, "bf16", True),
-    ("fp16", 5, 72, 136, 8, "KN", 2, "fp16", False),
+@pytest.mark.parametrize("precision, M, N, K, BN, layout, grid, out, bias", [
+    ("fp16", 3, 72, 200, 8, "NK", 1, "fp32", False),
+    ("bf16", 13, 130, 300, 16, "NK", 4, "bf16", True),
+    ("fp16", 5, 72, 136, 8, "KN", 3, "fp16", False),
 ])
-def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, splits, out, bias):
-    """Odd shapes (K and N padded to 8s by matmul, M not), split or not, a 16-bit C, a bias
-    per output column, B as an nn.Linear weight's W.t() or as (K, N); a NaN-poisoned C."""
+def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, grid, out, bias):
+    """Odd shapes (K and N padded to 8s by matmul, M not), tiles shared by blocks or not, a
+    16-bit C, a bias per output column, B as an nn.Linear weight's W.t() or as (K, N)."""
     from gemmlib import precision as P
 
     rng = np.random.default_rng(M * N)
@@ -70,7 +92,7 @@ def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, split
     if bias:
         ref = ref + z.astype(np.float64)
         kw["bias"] = Z
-    spec = S.build(precision, BN=BN, STAGES=2, SPLITS=splits, OUT=out, B_LAYOUT=layout,
+    spec = S.build(precision, BN=BN, STAGES=2, GRID=grid, OUT=out, B_LAYOUT=layout,
                    BIAS=bias)
     if out == "fp32":
         kw["out_dtype"] = "float32"
@@ -99,8 +121,8 @@ def test_swap_on_hopper_gpu(precision):
         ref = x.double() @ W.double().t() + b.double()
         for BM, layout in ((64, "NK"), (64, "KN"), (128, "NK")):
             Bop = W.t() if layout == "NK" else W.t().contiguous()
-            for splits in (0, 1, 3):
-                spec = S.build(precision, BM=BM, BN=S.width_for(M), SPLITS=splits,
+            for grid in (0, 1, 7):
+                spec = S.build(precision, BM=BM, BN=S.width_for(M), GRID=grid,
                                B_LAYOUT=layout, BIAS=True)
                 outs = []
                 for _ in range(2):

@@ -157,15 +157,71 @@ def _sum_slices(quads: int, nc: int, groups: int = SUM_GROUPS):
     return f
 
 
+@cuda.jit(device=True)
+def slice_walk(j, S, tiles, num_k):
+    """Unit j of this block (the persistent blocks take units blockIdx.x, + gridDim.x, ...;
+    unit u is slice u % S of tile u // S): (tile, k0, k1, slice, slices), tile -1 past
+    the last.  Slice z holds k-tiles [z * per, (z + 1) * per), per = ceil(num_k / S)."""
+    unit = cuda.blockIdx.x + j * cuda.gridDim.x
+    if unit >= tiles * S:
+        return -1, 0, 0, 0, S
+    per = (num_k + S - 1) // S
+    k0 = (unit % S) * per
+    return unit // S, k0, min(num_k, k0 + per), unit % S, S
+
+
+@cuda.jit(device=True)
+def owner(i, G, T):
+    """The block whose share holds k-iteration i of T (block c's: [c T / G, (c + 1) T / G))."""
+    return ((i + 1) * G - 1) // T
+
+
+@cuda.jit(device=True)
+def stream_k_walk(j, S, tiles, num_k):
+    """Stream-K: the tiles' k-tiles in a row, T = tiles * num_k iterations, block c takes
+    [c T / G, (c + 1) T / G) of them, G = gridDim.x -- every block the same share to
+    within one k-tile, whatever the tile count.  Its j-th unit is the part of that range
+    in its j-th tile: (tile, k0, k1, piece, pieces), the piece's index among the blocks
+    that share the tile (in block order) and how many there are; tile -1 past the last."""
+    G = cuda.gridDim.x
+    T = tiles * num_k
+    c = cuda.blockIdx.x
+    start = (c * T) // G
+    end = ((c + 1) * T) // G
+    tile = start // num_k + j
+    first = tile * num_k
+    if start >= end or first >= end:
+        return -1, 0, 0, 0, 1
+    k0 = max(start, first) - first
+    k1 = min(end - first, num_k)
+    lead = owner(first, G, T)
+    return tile, k0, k1, c - lead, owner(first + num_k - 1, G, T) - lead + 1
+
+
+def stream_k_pieces(tiles: int, num_k: int, G: int) -> int:
+    """The most blocks one tile's k-tiles are shared by in :func:`stream_k_walk`."""
+    T = tiles * num_k
+    if T == 0:
+        return 1
+
+    def own(i):
+        return ((i + 1) * G - 1) // T
+
+    return max(own(t * num_k + num_k - 1) - own(t * num_k) + 1 for t in range(tiles))
+
+
 def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_acc,
                  add_bias, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int, dims,
-                 c_cols, jit_name: str = "wgmma_split_k_kernel"):
+                 c_cols, jit_name: str = "wgmma_split_k_kernel", stream_k: bool = False):
     """The persistent split-K kernel ``kernel(A, B, C, bias, W, L, maps)`` around its
     per-build pieces: ``k_tile``, ``load_stage`` (the ring's wgmma and TMA copies),
     ``store_acc(C, acc, t, m0, n0, M, N)`` and ``add_bias(acc, bias, t, m0, n0, M, N)``
     (the epilogue of a finished tile, in the kernel's (M, N)), ``tile_origin`` (the tile
     order), ``dims(A) -> (M, K)`` and ``c_cols(B, C) -> N`` (the kernel's N: C's columns,
     or -- ``wgmma_swap``, whose C is the kernel's product transposed -- B's rows).
+    ``stream_k``: the blocks' work is the walk of :func:`stream_k_walk` (even shares of all
+    tiles' k-tiles) instead of S slices per tile (:func:`slice_walk`); W's rows are then
+    the most pieces a tile can be cut into.
     Returns (kernel, threads, shared bytes, the workspace function of (M, N, K, S))."""
     CONSUMERS = BM // 64
     NT = 128 * (1 + CONSUMERS)
@@ -179,12 +235,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
     fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
-    @cuda.jit(device=True)
-    def k_range(unit, S, num_k):
-        """The k-tiles [k0, k1) of unit ``unit``: slice unit % S of its tile's k-tiles."""
-        per = (num_k + S - 1) // S
-        k0 = (unit % S) * per
-        return k0, min(num_k, k0 + per)
+    unit_at = stream_k_walk if stream_k else slice_walk
 
     @cuda.jit(device=True)
     def add_slices(W, L, acc, tile, z, tc, S):
@@ -212,7 +263,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
         S = W.shape[0]                       # the slices: a launch choice, not compiled in
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
-        units = ((M + BM - 1) // BM) * ((N + BN - 1) // BN) * S
+        tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
         num_k = (K + BK - 1) // BK
         if t == 0:
             for s in range(STAGES):
@@ -226,9 +277,13 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
                 H.tensormap_acquire(maps)
                 H.tensormap_acquire(maps + uint64(128))
                 it = 0
-                for unit in range(cuda.blockIdx.x, units, cuda.gridDim.x):
-                    m0, n0 = tile_origin(unit // S, M, N)
-                    k0, k1 = k_range(unit, S, num_k)
+                j = 0
+                while True:
+                    tile, k0, k1, z, pieces = unit_at(j, S, tiles, num_k)
+                    if tile < 0:
+                        break
+                    j += 1
+                    m0, n0 = tile_origin(tile, M, N)
                     for kt in range(k0, k1):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
@@ -240,10 +295,13 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
             slice_ = (wg - 1) * SLICE_BYTES
             tc = t - 128
             it = 0
-            for unit in range(cuda.blockIdx.x, units, cuda.gridDim.x):
-                tile = unit // S
+            j = 0
+            while True:
+                tile, k0, k1, z, pieces = unit_at(j, S, tiles, num_k)
+                if tile < 0:
+                    break
+                j += 1
                 m0, n0 = tile_origin(tile, M, N)
-                k0, k1 = k_range(unit, S, num_k)
                 for e in range(ACC):
                     acc[e] = float32(0.0)
                 for kt in range(k0, k1):
@@ -263,8 +321,8 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
                 rows0 = m0 + 64 * (wg - 1)
                 # this thread's first row of C (H.accumulator_coords): past M it holds none
                 mine = rows0 + 16 * ((t % 128) // 32) + (t % 32) // 4 < M
-                if S > 1 and mine:
-                    mine = add_slices(W, L, acc, tile, unit % S, tc, S)
+                if pieces > 1 and mine:
+                    mine = add_slices(W, L, acc, tile, z, tc, pieces)
                 if mine:                     # the tile's sum is final here: bias once
                     add_bias(acc, bias, t % 128, rows0, n0, M, N)
                     store_acc(C, acc, t % 128, rows0, n0, M, N)

@@ -26,13 +26,20 @@ with the operands exchanged:
   kernel row (:func:`row_bias_source`).
 
 The runtime exchanges the pointers (``KernelSpec.swap_ab``): callers see an
-ordinary (M, N, K) product.  K is cut into slices as ``wgmma_split_k`` does
-when the weight's tiles are too few to keep every SM reading (:func:`splits_for`).
+ordinary (M, N, K) product.
+
+**Stream-K.**  At a few tokens the product is a stream of the weight, and every
+SM should read its share of it: but a 4608-output layer has 72 tiles of 64
+rows, and whole tiles (or S equal slices of each) leave SMs idle or a last wave
+part-empty -- in the H100 sweep, 96 tiles on 132 SMs ran at 83% of cuBLAS
+whole and 69% cut in two (192 units: two waves).  So the blocks do not take
+tiles: all tiles' k-tiles are laid in a row and block c of G takes the c-th
+G-th of them (``wgmma_split_k.stream_k_walk``), crossing tile boundaries;
+a tile shared by several blocks is finished by ``wgmma_split_k``'s tickets,
+its pieces added in block order (deterministic).
 """
 
 from __future__ import annotations
-
-import math
 
 from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32
@@ -42,7 +49,7 @@ from gemmlib.kernels.wgmma_async import (BK, K_SIXTEEN_BYTE_ROWS, HOPPER_ONLY, S
                                          check_layout, check_out, compile_sources, out_fields,
                                          out_params, out_suffix, spec_fields, tile_order,
                                          warpgroup_code)
-from gemmlib.kernels.wgmma_split_k import SUM_GROUPS, effective_splits, split_kernel
+from gemmlib.kernels.wgmma_split_k import SUM_GROUPS, split_kernel, stream_k_pieces
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
 from gemmlib.kernels.wgmma_ws import regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
@@ -52,9 +59,6 @@ WIDTHS = (8, 16, 32, 64)
 #: shared memory the ring may fill (the SM's 227 KiB less the alignment pad)
 RING_BYTES = 200 * 1024
 MAX_STAGES = 16
-#: what a unit costs beyond its k-tiles, in k-tiles (ring fill, epilogue, tickets)
-UNIT_OVERHEAD_KTILES = 4
-MAX_SPLITS = 16
 
 
 def width_for(M: int) -> int:
@@ -70,26 +74,11 @@ def stages_for(BM: int, BN: int) -> int:
     return max(2, min(MAX_STAGES, RING_BYTES // (2 * BK * (BM + BN))))
 
 
-def splits_for(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:
-    """K slices for the caller's (M, N, K) in BM weight rows x BN tokens: the S with the
-    least modelled time ``waves(S) * (ceil(ktiles / S) + UNIT_OVERHEAD_KTILES)`` plus the
-    workspace traffic, ``waves`` counting units over SMs (one block per SM)."""
-    dev = dev or backend.device_info()
-    sms = max(dev.sm_count, 1)
-    ktiles = cdiv(max(K, 1), BK)
-    tiles = cdiv(N, BM) * cdiv(M, BN)
-    if tiles == 0:
-        return 1
-    smax = max(1, min(MAX_SPLITS, ktiles // 4))
-    # a k-tile of one block: its bytes at the block's share of DRAM bandwidth
-    bw = max(getattr(dev, "peak_bandwidth_gbs", 1000.0), 100.0) * 1e9 * 0.8
-    step = (BM + BN) * BK * 2 / (bw / sms)
-
-    def cost(s):
-        t = math.ceil(tiles * s / sms) * (cdiv(ktiles, s) + UNIT_OVERHEAD_KTILES) * step
-        return t + ((s + 1) * M * N * 4 / bw if s > 1 else 0.0)
-
-    return min(range(1, smax + 1), key=lambda s: (cost(s), s))
+def blocks_for(M: int, N: int, K: int, BM: int, BN: int, GRID: int = 0) -> int:
+    """The blocks that share the caller's (M, N, K) k-tile by k-tile (stream-K): one per SM
+    (``GRID``, if given), never more than there are k-tiles."""
+    iters = cdiv(N, BM) * cdiv(M, BN) * cdiv(max(K, 1), BK)
+    return max(1, min(GRID or backend.device_info().sm_count, iters))
 
 
 def swapped_store_source(BN: int, convert: str = "") -> str:
@@ -159,14 +148,14 @@ def epilogue(precision: str, BN: int, OUT: str, BIAS: bool):
 
 
 def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), GRID: int = 0,
           OUT: str = "fp32", B_LAYOUT: str = "NK", BIAS: bool = False) -> KernelSpec:
     """``BM``: weight outputs per tile (64: one consumer warpgroup, 128: two); ``BN``: tokens
     per tile (a multiple of 8 up to 64); ``STAGES``: the ring's depth (0: the deepest that
-    fits, :func:`stages_for`); ``SPLITS``: K slices (0: :func:`splits_for`, a launch
-    choice).  ``B_LAYOUT``: the caller's B -- "NK", an ``nn.Linear`` weight as ``W.t()``,
-    or "KN", a row-major (K, N) B.  ``OUT``, ``BIAS``: as ``wgmma_ws``'s (the bias is one
-    value per output column of C)."""
+    fits, :func:`stages_for`); ``GRID``: the blocks that share the k-tiles (0: one per SM;
+    a launch choice).  ``B_LAYOUT``: the caller's B -- "NK", an ``nn.Linear`` weight as
+    ``W.t()``, or "KN", a row-major (K, N) B.  ``OUT``, ``BIAS``: as ``wgmma_ws``'s (the
+    bias is one value per output column of C)."""
     if BM not in (64, 128) or BN % 8 or not 8 <= BN <= 64:
         raise ValueError(f"BM must be 64 or 128 and BN a multiple of 8 up to 64 "
                          f"(BM={BM}, BN={BN})")
@@ -184,22 +173,20 @@ def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
     kernel, NT, SHARED, work = split_kernel(
         BM, BN, STAGES, REGS, SUM_GROUPS, k_tile, store_acc, add_bias,
         tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES, a_dims(a_layout),
-        token_count, "wgmma_swap_kernel")
+        token_count, "wgmma_swap_kernel", stream_k=True)
     kernel = bias_entry(kernel, BIAS, {} if SIMULATOR else {"launch_bounds": (NT, 1)})
 
-    def slices(M, N, K):
-        return effective_splits(SPLITS or splits_for(M, N, K, BM, BN), K)
-
     def grid(M, N, K):   # the caller's (M, N, K): N weight outputs, M tokens
-        units = cdiv(N, BM) * cdiv(M, BN) * slices(M, N, K)
-        return (min(units, backend.device_info().sm_count), 1, 1)
+        return (blocks_for(M, N, K, BM, BN, GRID), 1, 1)
 
-    def workspace(M, N, K):
-        return work(N, M, K, slices(M, N, K))
+    def workspace(M, N, K):   # the pieces' partial tiles and tickets (kernel's M, N)
+        pieces = stream_k_pieces(cdiv(N, BM) * cdiv(M, BN), cdiv(max(K, 1), BK),
+                                 blocks_for(M, N, K, BM, BN, GRID))
+        return work(N, M, K, pieces)
 
     name = f"wgmma_swap{'' if precision == 'fp16' else '_' + precision}_{BM}x{BN}_s{STAGES}"
     name += (f"_g{GROUP_M}" if GROUP_M != 8 else "") + regs_suffix(REGS)
-    name += (f"_k{SPLITS}" if SPLITS else "") + out_suffix(OUT)
+    name += (f"_grid{GRID}" if GRID else "") + out_suffix(OUT)
     name += ("_kn" if B_LAYOUT == "KN" else "") + bias_suffix(BIAS)
     fields = {**spec_fields(precision, __name__), **out_fields(precision, OUT),
               **bias_fields(BIAS), "chapter": "18d-wgmma-split-k"}
@@ -208,20 +195,20 @@ def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
     return KernelSpec(
         name=name,
         idea="swap-AB: C^T = W^T X^T, the weight's outputs fill wgmma's 64 rows and the "
-             "tokens its narrow n; small stages make a deep ring; K cut into slices as in "
-             "wgmma_split_k",
+             "tokens its narrow n; small stages make a deep ring; stream-K: every block "
+             "the same share of all tiles' k-tiles, shared tiles summed in block order",
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BN, BM),   # of the caller's C: BN token rows, BM output columns
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
-                    REGS=REGS, SPLITS=SPLITS, **out_params(OUT), B_LAYOUT=B_LAYOUT,
+                    REGS=REGS, GRID=GRID, **out_params(OUT), B_LAYOUT=B_LAYOUT,
                     **bias_params(BIAS)),
         shared_bytes=SHARED,
         # the kernel's A is the caller's B: its box is the weight's
         tma_boxes=tma_boxes(BM, BN, "NK", a_layout),
         tma_swizzle=128,
-        launch_only=("SPLITS",),
+        launch_only=("GRID",),
         workspace=workspace,
         workspace_dtypes=("float32", "int32"),
         b_operand=B_LAYOUT,
