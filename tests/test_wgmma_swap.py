@@ -132,3 +132,19 @@ def test_swap_on_hopper_gpu(precision):
                 err = ((outs[0].double() - ref).abs().max() / ref.abs().max()).item()
                 assert err <= tolerance(precision, K), (spec.name, M, N, K, err)
                 assert torch.equal(outs[0], outs[1]), (spec.name, "not deterministic")
+
+
+def test_plan_for_shares_the_tiles_evenly_where_that_fills_the_sms():
+    """The launch model's choices on an H100's 132 SMs: a 4096-wide layer's 64 tiles each
+    cut in two (128 blocks), a 6144-wide layer's 96 tiles whole, and uneven stream-K over
+    all SMs only where a block gets several tiles."""
+    import dataclasses
+
+    h100 = dataclasses.replace(backend.device_info(), sm_count=132, memory_clock_khz=2619000,
+                               memory_bus_bits=5120)
+    assert S.plan_for(1, 4096, 4096, h100) == (64, 128)
+    assert S.plan_for(16, 6144, 4096, h100) == (64, 96)
+    assert S.plan_for(1, 37888, 3584, h100) == (64, 132)
+    for M, N, K in ((1, 8, 8), (64, 100, 9000), (7, 130000, 64)):
+        BM, g = S.plan_for(M, N, K, h100)
+        assert BM in (64, 128) and 1 <= g <= 132

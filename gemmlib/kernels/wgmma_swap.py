@@ -74,6 +74,52 @@ def stages_for(BM: int, BN: int) -> int:
     return max(2, min(MAX_STAGES, RING_BYTES // (2 * BK * (BM + BN))))
 
 
+#: the launch model of :func:`plan_for`: fixed cost per launch (us), the DRAM bandwidth a
+#: stream of the weight reaches (of the peak), and one SM's share past which its own
+#: loads limit it (of the GPU's bandwidth / SMs).  Fitted to the H100 sweep
+#: (results/swap-2026-11-27/): at M = 1-16 one block per SM moved at most ~24.5 GB/s, the
+#: whole GPU ~2.75 TB/s on the largest layers
+LAUNCH_US = 4.0
+STREAM_OF_PEAK = 0.82
+SM_SHARE = 1.18
+#: a block count that cuts tiles at uneven k-tiles costs more (its pieces' partial sums are
+#: fenced mid-stream): this much, over (tiles per block + 1)
+UNEVEN_COST = 0.5
+#: 128 weight rows per tile ran 4-9% slower than 64 at the same block count (H100 sweep)
+BM128_COST = 1.06
+
+
+def plan_for(M: int, N: int, K: int, dev=None) -> tuple[int, int]:
+    """(BM, GRID) for the caller's (M, N, K): the weight rows per tile and the block count
+    with the least modelled time.  The counts tried share the tiles evenly -- whole tiles
+    per block (a divisor of the tile count) or each tile in S equal pieces (S times the
+    tile count) -- or are one block per SM, stream-K at uneven cuts; the time of a count is
+    ``LAUNCH_US`` + the longer of a block's bytes at one SM's rate and all bytes at the
+    stream's rate, uneven cuts dearer by ``UNEVEN_COST / (tiles per block + 1)``, 128-row
+    tiles by ``BM128_COST``."""
+    dev = dev or backend.device_info()
+    sms = max(dev.sm_count, 1)
+    bw = max(dev.peak_bandwidth_gbs, 100.0) * 1e3 * STREAM_OF_PEAK     # bytes per us
+    per_sm = bw * SM_SHARE / sms
+    BN = width_for(M)
+    best = None
+    for BM in (64, 128):
+        tiles = cdiv(N, BM) * cdiv(M, BN)
+        tile_bytes = 2 * K * BM                  # the weight's (the tokens stay in L2)
+        total = 2 * (N * K + M * K + M * N)
+        even = {tiles // d for d in range(1, tiles + 1) if tiles % d == 0 and tiles // d <= sms}
+        even |= {tiles * s for s in range(2, 17) if tiles * s <= sms and K >= 64 * s}
+        options = [(g, 0.0) for g in even] + [(min(sms, tiles * cdiv(K, 64)), UNEVEN_COST)]
+        for g, cost in options:
+            per_block = tiles / g
+            t = LAUNCH_US + max(tile_bytes * per_block / per_sm, total / bw) * (
+                1 + cost / (per_block + 1)) * (BM128_COST if BM == 128 else 1.0)
+            key = (t, BM, -g)
+            if best is None or key < best[0]:
+                best = (key, BM, g)
+    return best[1], best[2]
+
+
 def blocks_for(M: int, N: int, K: int, BM: int, BN: int, GRID: int = 0) -> int:
     """The blocks that share the caller's (M, N, K) k-tile by k-tile (stream-K): one per SM
     (``GRID``, if given), never more than there are k-tiles."""
