@@ -61,12 +61,14 @@ def test_stream_k_walk_gives_every_k_tile_to_one_block_and_numbers_the_pieces(mo
 
 
 @pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins (GPU: below)")
-@pytest.mark.parametrize("precision, M, N, K, BN, layout, grid, out, bias", [
-    ("fp16", 3, 72, 200, 8, "NK", 1, "fp32", False),
-    ("bf16", 13, 130, 300, 16, "NK", 4, "bf16", True),
-    ("fp16", 5, 72, 136, 8, "KN", 3, "fp16", False),
+@pytest.mark.parametrize("precision, M, N, K, BN, layout, grid, out, bias, kt", [
+    ("fp16", 3, 72, 200, 8, "NK", 1, "fp32", False, 64),
+    ("bf16", 13, 130, 300, 16, "NK", 4, "bf16", True, 64),
+    ("fp16", 5, 72, 136, 8, "KN", 3, "fp16", False, 64),
+    ("fp16", 9, 136, 330, 16, "NK", 3, "fp32", True, 128),
+    ("bf16", 2, 72, 72, 8, "KN", 1, "bf16", False, 128),
 ])
-def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, grid, out, bias):
+def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, grid, out, bias, kt):
     """Odd shapes (K and N padded to 8s by matmul, M not), tiles shared by blocks or not, a
     16-bit C, a bias per output column, B as an nn.Linear weight's W.t() or as (K, N)."""
     from gemmlib import precision as P
@@ -93,7 +95,7 @@ def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, grid,
         ref = ref + z.astype(np.float64)
         kw["bias"] = Z
     spec = S.build(precision, BN=BN, STAGES=2, GRID=grid, OUT=out, B_LAYOUT=layout,
-                   BIAS=bias)
+                   BIAS=bias, KT=kt)
     if out == "fp32":
         kw["out_dtype"] = "float32"
     C = gemmlib.matmul(A, B, kernel=spec, precision=precision, **kw)
@@ -119,11 +121,12 @@ def test_swap_on_hopper_gpu(precision):
         W = torch.randn(N, K, device="cuda", dtype=dt)
         b = torch.randn(N, device="cuda", dtype=dt)
         ref = x.double() @ W.double().t() + b.double()
-        for BM, layout in ((64, "NK"), (64, "KN"), (128, "NK")):
+        for BM, layout, kt in ((64, "NK", 64), (64, "KN", 64), (128, "NK", 64),
+                               (64, "NK", 128)):
             Bop = W.t() if layout == "NK" else W.t().contiguous()
             for grid in (0, 1, 7):
                 spec = S.build(precision, BM=BM, BN=S.width_for(M), GRID=grid,
-                               B_LAYOUT=layout, BIAS=True)
+                               B_LAYOUT=layout, BIAS=True, KT=kt)
                 outs = []
                 for _ in range(2):
                     C = torch.full((M, N), float("nan"), device="cuda")

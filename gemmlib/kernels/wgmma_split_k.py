@@ -212,7 +212,8 @@ def stream_k_pieces(tiles: int, num_k: int, G: int) -> int:
 
 def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_acc,
                  add_bias, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int, dims,
-                 c_cols, jit_name: str = "wgmma_split_k_kernel", stream_k: bool = False):
+                 c_cols, jit_name: str = "wgmma_split_k_kernel", stream_k: bool = False,
+                 KT: int = BK):
     """The persistent split-K kernel ``kernel(A, B, C, bias, W, L, maps)`` around its
     per-build pieces: ``k_tile``, ``load_stage`` (the ring's wgmma and TMA copies),
     ``store_acc(C, acc, t, m0, n0, M, N)`` and ``add_bias(acc, bias, t, m0, n0, M, N)``
@@ -221,7 +222,8 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
     or -- ``wgmma_swap``, whose C is the kernel's product transposed -- B's rows).
     ``stream_k``: the blocks' work is the walk of :func:`stream_k_walk` (even shares of all
     tiles' k-tiles) instead of S slices per tile (:func:`slice_walk`); W's rows are then
-    the most pieces a tile can be cut into.
+    the most pieces a tile can be cut into.  ``KT``: the k elements one stage holds (a
+    multiple of 64: ``load_stage`` copies and ``k_tile`` computes them all).
     Returns (kernel, threads, shared bytes, the workspace function of (M, N, K, S))."""
     CONSUMERS = BM // 64
     NT = 128 * (1 + CONSUMERS)
@@ -264,7 +266,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
         tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
-        num_k = (K + BK - 1) // BK
+        num_k = (K + KT - 1) // KT
         if t == 0:
             for s in range(STAGES):
                 H.mbarrier_init(H.smem_addr(bars, s), 1)             # full: the producer
@@ -287,7 +289,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
                     for kt in range(k0, k1):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0, 0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * KT, m0, n0, 0)
                         it += 1
         else:                                # ---- consumer warpgroups
             more()

@@ -69,9 +69,38 @@ def width_for(M: int) -> int:
     return WIDTHS[-1]
 
 
-def stages_for(BM: int, BN: int) -> int:
-    """The deepest ring of BM x 64 weight and BN x 64 token stages that fits RING_BYTES."""
-    return max(2, min(MAX_STAGES, RING_BYTES // (2 * BK * (BM + BN))))
+def stages_for(BM: int, BN: int, KT: int = BK) -> int:
+    """The deepest ring of BM x KT weight and BN x KT token stages that fits RING_BYTES."""
+    return max(2, min(MAX_STAGES, RING_BYTES // (2 * KT * (BM + BN))))
+
+
+def wide_stages(BM: int, BN: int, a_layout: str, k_tile):
+    """(load_stage, k_tile, A_BYTES, STAGE_BYTES) of stages two k-tiles deep (KT = 128):
+    each weight row's 256 bytes of a stage are copied back to back (two 64-wide boxes, the
+    128-byte swizzle's widest), and the stage's wgmmas run over both halves."""
+    from gemmlib.backend import uint64
+    from gemmlib.intrinsics import hopper as H
+    from gemmlib.kernels.wgmma_tma import a_loader
+
+    load_a = a_loader(BM, a_layout)
+    A_HALF, B_HALF = BM * BK * 2, BN * BK * 2
+    A_BYTES, STAGE_BYTES = 2 * A_HALF, 2 * (A_HALF + B_HALF)
+
+    @cuda.jit(device=True)
+    def load_stage(ring, s, bar, maps, k0, m0, n0, b_row):
+        base = ring + s * STAGE_BYTES
+        H.mbarrier_expect_tx(bar, STAGE_BYTES)
+        load_a(base, maps, k0, m0, bar)
+        load_a(base + A_HALF, maps, k0 + BK, m0, bar)
+        H.tma_load_2d(base + A_BYTES, maps + uint64(128), k0, b_row + n0, bar)
+        H.tma_load_2d(base + A_BYTES + B_HALF, maps + uint64(128), k0 + BK, b_row + n0, bar)
+
+    @cuda.jit(device=True)
+    def k_tiles(a, b, acc):
+        k_tile(a, b, acc)
+        k_tile(a + A_HALF, b + B_HALF, acc)
+
+    return load_stage, k_tiles, A_BYTES, STAGE_BYTES
 
 
 #: the launch model of :func:`plan_for`: fixed cost per launch (us), the DRAM bandwidth a
@@ -120,10 +149,10 @@ def plan_for(M: int, N: int, K: int, dev=None) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def blocks_for(M: int, N: int, K: int, BM: int, BN: int, GRID: int = 0) -> int:
-    """The blocks that share the caller's (M, N, K) k-tile by k-tile (stream-K): one per SM
-    (``GRID``, if given), never more than there are k-tiles."""
-    iters = cdiv(N, BM) * cdiv(M, BN) * cdiv(max(K, 1), BK)
+def blocks_for(M: int, N: int, K: int, BM: int, BN: int, GRID: int = 0, KT: int = BK) -> int:
+    """The blocks that share the caller's (M, N, K) stage by stage (stream-K): one per SM
+    (``GRID``, if given), never more than there are stages of KT k elements."""
+    iters = cdiv(N, BM) * cdiv(M, BN) * cdiv(max(K, 1), KT)
     return max(1, min(GRID or backend.device_info().sm_count, iters))
 
 
@@ -195,45 +224,53 @@ def epilogue(precision: str, BN: int, OUT: str, BIAS: bool):
 
 def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), GRID: int = 0,
-          OUT: str = "fp32", B_LAYOUT: str = "NK", BIAS: bool = False) -> KernelSpec:
+          OUT: str = "fp32", B_LAYOUT: str = "NK", BIAS: bool = False,
+          KT: int = BK) -> KernelSpec:
     """``BM``: weight outputs per tile (64: one consumer warpgroup, 128: two); ``BN``: tokens
     per tile (a multiple of 8 up to 64); ``STAGES``: the ring's depth (0: the deepest that
     fits, :func:`stages_for`); ``GRID``: the blocks that share the k-tiles (0: one per SM;
     a launch choice).  ``B_LAYOUT``: the caller's B -- "NK", an ``nn.Linear`` weight as
     ``W.t()``, or "KN", a row-major (K, N) B.  ``OUT``, ``BIAS``: as ``wgmma_ws``'s (the
-    bias is one value per output column of C)."""
+    bias is one value per output column of C).  ``KT``: k elements per stage, 64 or 128
+    (:func:`wide_stages`)."""
     if BM not in (64, 128) or BN % 8 or not 8 <= BN <= 64:
         raise ValueError(f"BM must be 64 or 128 and BN a multiple of 8 up to 64 "
                          f"(BM={BM}, BN={BN})")
-    STAGES = STAGES or stages_for(BM, BN)
-    if not 2 <= STAGES <= MAX_STAGES or STAGES * 2 * BK * (BM + BN) > 220 * 1024:
+    if KT not in (BK, 2 * BK):
+        raise ValueError(f"KT must be {BK} or {2 * BK}, got {KT}")
+    STAGES = STAGES or stages_for(BM, BN, KT)
+    if not 2 <= STAGES <= MAX_STAGES or STAGES * 2 * KT * (BM + BN) > 220 * 1024:
         raise ValueError(f"STAGES={STAGES}: 2..{MAX_STAGES} stages that fit shared memory")
     check_out(precision, OUT)
     check_layout(B_LAYOUT)
     a_layout = "MK" if B_LAYOUT == "NK" else "KM"        # the weight, as the kernel's A
     k_tile, _ = warpgroup_code(precision, BN, 1, "fp32", "NK", a_layout)
     store_acc, add_bias = epilogue(precision, BN, OUT, BIAS)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, "NK", a_layout)
+    if KT == BK:
+        load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, "NK", a_layout)
+    else:
+        load_stage, k_tile, A_BYTES, STAGE_BYTES = wide_stages(BM, BN, a_layout, k_tile)
     from gemmlib.kernels.wgmma_async import a_dims
 
     kernel, NT, SHARED, work = split_kernel(
         BM, BN, STAGES, REGS, SUM_GROUPS, k_tile, store_acc, add_bias,
         tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES, a_dims(a_layout),
-        token_count, "wgmma_swap_kernel", stream_k=True)
+        token_count, "wgmma_swap_kernel", stream_k=True, KT=KT)
     kernel = bias_entry(kernel, BIAS, {} if SIMULATOR else {"launch_bounds": (NT, 1)})
 
     def grid(M, N, K):   # the caller's (M, N, K): N weight outputs, M tokens
-        return (blocks_for(M, N, K, BM, BN, GRID), 1, 1)
+        return (blocks_for(M, N, K, BM, BN, GRID, KT), 1, 1)
 
     def workspace(M, N, K):   # the pieces' partial tiles and tickets (kernel's M, N)
-        pieces = stream_k_pieces(cdiv(N, BM) * cdiv(M, BN), cdiv(max(K, 1), BK),
-                                 blocks_for(M, N, K, BM, BN, GRID))
+        pieces = stream_k_pieces(cdiv(N, BM) * cdiv(M, BN), cdiv(max(K, 1), KT),
+                                 blocks_for(M, N, K, BM, BN, GRID, KT))
         return work(N, M, K, pieces)
 
     name = f"wgmma_swap{'' if precision == 'fp16' else '_' + precision}_{BM}x{BN}_s{STAGES}"
     name += (f"_g{GROUP_M}" if GROUP_M != 8 else "") + regs_suffix(REGS)
     name += (f"_grid{GRID}" if GRID else "") + out_suffix(OUT)
     name += ("_kn" if B_LAYOUT == "KN" else "") + bias_suffix(BIAS)
+    name += f"_kt{KT}" if KT != BK else ""
     fields = {**spec_fields(precision, __name__), **out_fields(precision, OUT),
               **bias_fields(BIAS), "chapter": "18d-wgmma-split-k"}
     fields["constraints"] = (HOPPER_ONLY,
@@ -247,7 +284,8 @@ def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
         block=(NT, 1, 1),
         tile=(BN, BM),   # of the caller's C: BN token rows, BM output columns
         grid=grid,
-        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
+        params=dict(precision=precision, BM=BM, BN=BN, BK=BK, KT=KT, STAGES=STAGES,
+                    GROUP_M=GROUP_M,
                     REGS=REGS, GRID=GRID, **out_params(OUT), B_LAYOUT=B_LAYOUT,
                     **bias_params(BIAS)),
         shared_bytes=SHARED,
