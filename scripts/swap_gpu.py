@@ -58,7 +58,7 @@ def candidates(precision: str, M: int, N: int, K: int) -> dict:
                                                    "B_LAYOUT": "KN"}))
     auto = S.select_swap(precision, M, N, K) if M <= S.HOPPER_SWAP_MMAX else None
     if auto is not None:
-        c["auto_kt128"] = nk(S.build("wgmma_swap", dict(auto.params, KT=128, STAGES=0)))
+        c["auto_kt128"] = nk(S.build("wgmma_swap", dict({k: v for k, v in auto.params.items() if k != "BK"}, KT=128, STAGES=0)))
     c["auto"] = "auto"
     return {k: v for k, v in c.items() if v is not None}
 
