@@ -352,7 +352,6 @@ def kernel_of(precision: str, M: int, N: int, K: int, x=None, W=None, C=None) ->
     if x is not None:
         try:
             from gemmlib.paths.repeat import TORCH_CALLS, torch_key
-
             from gemmlib.runtime.select import rung_of
 
             f = TORCH_CALLS.get(torch_key(x, W.t(), C, None, False, None))
