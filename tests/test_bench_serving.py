@@ -270,6 +270,36 @@ def test_summary_per_precision_and_m():
     assert "qkv 64x32" in text
 
 
+@needs_torch
+def test_the_run_with_its_gpu_steps_mocked(monkeypatch, capsys):
+    """run_suite's plumbing: every shape x precision x M of the plan, a save after each
+    shape and precision, the columns and the Triton launch named in meta."""
+    monkeypatch.setattr(sv, "header", lambda torch, p: dict(gpu="G", l2_bytes=None, plan=p))
+    monkeypatch.setattr(sv, "copy_bandwidth", lambda torch: 1000.0)
+    monkeypatch.setattr(sv, "warm_gpu", lambda torch: None)
+    monkeypatch.setattr(tm, "available", lambda: None)
+    seen = []
+
+    def measure(torch, shape, prec, tokens, impls, *, on_row, missing, **kw):
+        seen.append((shape.N, shape.K, prec, sorted(impls), kw["l2_bytes"], kw["loops"]))
+        for M in tokens:
+            on_row(sv.make_row(shape, prec, M, us={"torch": 10.0, "gemmlib": 12.5},
+                               errors=dict(missing), copy_gbps=kw["copy_gbps"]))
+
+    monkeypatch.setattr(sv, "measure_shape", measure)
+    saved = []
+    data = sv.run_suite(sv.plan(quick=True), progress=False,
+                        on_block=lambda d: saved.append(len(d["rows"])))
+    assert len(seen) == 5 * 2 and saved == [4 * (i + 1) for i in range(10)]
+    assert seen[0] == (5120, 3072, "fp16", ["gemmlib", "torch", "triton"], 50 << 20,
+                       sv.QUICK["loops"])
+    meta = data["meta"]
+    assert meta["columns"] == ["torch", "gemmlib", "triton"] and meta["shapes"] == 5
+    assert "autotunes" in meta["triton_launch"] and meta["dram_copy_gbps"] == 1000.0
+    assert all(r["pct_torch"] == pytest.approx(80.0) for r in data["rows"])
+    assert capsys.readouterr().out == ""   # progress=False: quiet
+
+
 def test_save_names_the_file_as_the_other_suites_do(tmp_path):
     data = {"meta": {"gpu_slug": "nvidia-h100-80gb-hbm3", "date": "2026-11-28T10:00:00+00:00"},
             "rows": _rows()}
