@@ -137,7 +137,7 @@ def plan_for(M: int, N: int, K: int, dev=None) -> tuple[int, int]:
         tile_bytes = 2 * K * BM                  # the weight's (the tokens stay in L2)
         total = 2 * (N * K + M * K + M * N)
         even = {tiles // d for d in range(1, tiles + 1) if tiles % d == 0 and tiles // d <= sms}
-        even |= {tiles * s for s in range(2, 17) if tiles * s <= sms and K >= 64 * s}
+        even |= {tiles * s for s in range(2, 17) if tiles * s <= sms and K >= 128 * s}
         options = [(g, 0.0) for g in even] + [(min(sms, tiles * cdiv(K, 64)), UNEVEN_COST)]
         for g, cost in options:
             per_block = tiles / g

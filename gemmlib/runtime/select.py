@@ -286,17 +286,21 @@ HOPPER_BM64_MMAX_NARROW = 128
 #: Hopper, fp16/bf16: swap-AB tiles (gemmlib.kernels.wgmma_swap) up to this many tokens
 HOPPER_SWAP_MMAX = 64
 HOPPER_SWAP = "wgmma_swap"
+#: its stages two k-tiles deep: 1-5 points of torch ahead of one k-tile on 23 of the 24
+#: (layer, M) cases of the H100 sweep (results/swap-2026-11-27/kt-h100.json)
+HOPPER_SWAP_KT = 128
 
 
 def select_swap(precision: str, M: int, N: int, K: int) -> KernelSpec:
     """``wgmma_swap`` for M tokens: the narrowest token width that holds them, the weight
-    rows per tile and the block count from its launch model (``plan_for``), the deepest
-    ring that fits; B as (K, N) (``with_layout`` gives the ``nn.Linear`` build)."""
+    rows per tile and the block count from its launch model (``plan_for``), stages of
+    HOPPER_SWAP_KT k elements, the deepest ring that fits; B as (K, N) (``with_layout``
+    gives the ``nn.Linear`` build)."""
     from gemmlib.kernels.wgmma_swap import plan_for, width_for
 
     BM, grid = plan_for(M, N, K, backend.device_info())
     return build(HOPPER_SWAP, {"precision": precision, "BM": BM, "BN": width_for(M),
-                               "GRID": grid, "B_LAYOUT": "KN"})
+                               "GRID": grid, "B_LAYOUT": "KN", "KT": HOPPER_SWAP_KT})
 
 
 def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
