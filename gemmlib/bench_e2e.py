@@ -675,13 +675,9 @@ def cli(args) -> int:
              dtype=args.dtype, quick=args.quick, new_tokens=args.new_tokens)
     from gemmlib import backend
 
-    try:
-        import torch
+    from gemmlib.bench_models import torch_gpu
 
-        cuda = torch.cuda.is_available()
-    except ImportError:
-        cuda = False
-    if backend.SIMULATOR or not cuda:
+    if backend.SIMULATOR or not torch_gpu():
         for s in describe(p):
             print(s)
         print("the e2e suite times a model on a GPU (torch with CUDA, and transformers): "

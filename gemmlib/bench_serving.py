@@ -682,13 +682,9 @@ def cli(args) -> int:
     except ValueError as e:
         print(f"serving suite: {e}")
         return 2
-    try:
-        import torch
+    from gemmlib.bench_models import torch_gpu
 
-        cuda = torch.cuda.is_available()
-    except ImportError:
-        cuda = False
-    if backend.SIMULATOR or not cuda:
+    if backend.SIMULATOR or not torch_gpu():
         for s in describe(p):
             print(s)
         print("the serving suite times GPU calls (torch with CUDA): nothing measured here")

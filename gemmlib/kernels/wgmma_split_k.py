@@ -58,7 +58,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          out_suffix, rung_name, spec_fields, tile_order,
                                          warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
-from gemmlib.kernels.wgmma_ws import register_roles, regs_suffix
+from gemmlib.kernels.wgmma_ws import check_tile, register_roles, regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
 
 #: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
@@ -358,15 +358,6 @@ def c_columns(B, C):
     return C.shape[1]
 
 
-def check_units(BM: int, BN: int, STAGES: int, REGS) -> None:
-    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
-        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
-                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
-    if REGS is not None and 128 * (REGS[0] + BM // 64 * REGS[1]) > 65536:
-        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
-                         "SM's 65536 registers")
-
-
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
           SUM: int = SUM_GROUPS, OUT: str = "fp32", B_LAYOUT: str = "KN",
@@ -377,7 +368,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     bias is added once, by the thread that finishes the slices' sum, before that rounding.
     ``A_LAYOUT``: as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
     check_a_layout(A_LAYOUT, precision)
-    check_units(BM, BN, STAGES, REGS)
+    check_tile(BM, BN, STAGES, REGS)
     check_out(precision, OUT)
     check_layout(B_LAYOUT)
     k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
