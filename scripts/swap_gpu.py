@@ -39,6 +39,21 @@ SHAPES = [("mistral-7b", "qkv", 6144, 4096), ("mistral-7b", "o", 4096, 4096),
           ("llama-3.2-3b", "gate_up", 16384, 3072), ("llama-3.2-3b", "down", 3072, 8192)]
 
 
+#: the tiles tried above HOPPER_SWAP_MMAX tokens (``--set mid``): wgmma_split_k builds
+MID = {"sk128x128s6": dict(BM=128, BN=128, STAGES=6), "sk128x128s4": dict(BM=128, BN=128, STAGES=4),
+       "sk128x256s4": dict(BM=128, BN=256, STAGES=4), "sk64x128s8": dict(BM=64, BN=128, STAGES=8)}
+
+
+def mid_candidates(precision: str, M: int, N: int, K: int) -> dict:
+    from gemmlib.runtime import select as S
+
+    c = {name: S.with_layout(S.select_out(S.build("wgmma_split_k", dict(p, precision=precision)),
+                                          precision, M, N, K), "NK")
+         for name, p in MID.items() if not (p["BM"] == 64 and M > 128)}
+    c["auto"] = "auto"
+    return c
+
+
 def candidates(precision: str, M: int, N: int, K: int) -> dict:
     from gemmlib.runtime import select as S
 
@@ -58,7 +73,8 @@ def candidates(precision: str, M: int, N: int, K: int) -> dict:
                                                    "B_LAYOUT": "KN"}))
     auto = S.select_swap(precision, M, N, K) if M <= S.HOPPER_SWAP_MMAX else None
     if auto is not None:
-        c["auto_kt128"] = nk(S.build("wgmma_swap", dict({k: v for k, v in auto.params.items() if k != "BK"}, KT=128, STAGES=0)))
+        params = {k: v for k, v in auto.params.items() if k != "BK"}
+        c["auto_kt128"] = nk(S.build("wgmma_swap", dict(params, KT=128, STAGES=0)))
     c["auto"] = "auto"
     return {k: v for k, v in c.items() if v is not None}
 
@@ -69,7 +85,15 @@ def main() -> None:
     ap.add_argument("--precisions", default="bf16")
     ap.add_argument("--ms", default="1,4,8,16,32,64,128")
     ap.add_argument("--shapes", type=int, default=len(SHAPES))
+    ap.add_argument("--set", choices=("small", "mid"), default="small",
+                    help="mid: wgmma_split_k tiles for M above the swap-AB range, narrow layers")
+    ap.add_argument("--budget", type=float, default=0, help="stop after this many seconds")
     args = ap.parse_args()
+    import time
+
+    t_end = time.perf_counter() + (args.budget or 1e9)
+    pick = mid_candidates if args.set == "mid" else candidates
+    shapes = SHAPES[:args.shapes] if args.set == "small" else [s for s in SHAPES if s[2] <= 6144]
     import torch
 
     import gemmlib
@@ -80,8 +104,10 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     for precision in args.precisions.split(","):
         dt = torch.bfloat16 if precision == "bf16" else torch.float16
-        for model, proj, N, K in SHAPES[:args.shapes]:
+        for model, proj, N, K in shapes:
             for M in (int(m) for m in args.ms.split(",")):
+                if time.perf_counter() > t_end:
+                    break
                 nbytes = 2 * (M * K + N * K + M * N)
                 sets = max(2, min(16, -(-3 * l2 // nbytes)))
                 g = torch.Generator(device="cuda").manual_seed(M * 7 + N)
@@ -94,7 +120,7 @@ def main() -> None:
                 t_torch = statistics.median(queued_time(
                     torch, [lambda i=i: torch.matmul(xs[i], ws[i].t(), out=cs[i])
                             for i in range(sets)], per, 5)) * 1e3
-                for name, spec in candidates(precision, M, N, K).items():
+                for name, spec in pick(precision, M, N, K).items():
                     row = dict(model=model, proj=proj, M=M, N=N, K=K, precision=precision,
                                candidate=name, torch_us=t_torch)
                     try:
@@ -125,6 +151,7 @@ def main() -> None:
                 log(f"{precision} {model}.{proj} M={M} N={N} K={K} torch={t_torch:.1f}us "
                     f"{line} best={best and best['candidate']}")
                 del xs, ws, cs
+                Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
     meta = dict(gpu=dev.name, torch=torch.__version__, timing="kernel loops queued "
                 "behind a sleep, median of 5, operands rotated past 3x L2")
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
