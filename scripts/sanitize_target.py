@@ -73,8 +73,11 @@ DEFAULT_SHAPES = "67x45x37,tile+"
 HOPPER_SHAPES = DEFAULT_SHAPES + ",300x520x528@4/3"
 
 SHAPE = re.compile(r"^(tile\+|\d+x\d+x\d+)(?:@(\d+))?(?:/(\d+))?$")
-#: a kernel whose blocks walk the tiles (or units) with a grid stride: any grid is right
-GRID_STRIDE = re.compile(r"range\(\s*cuda\.blockIdx\.x\s*,\s*\w+\s*,\s*cuda\.gridDim\.x\s*\)")
+#: a kernel whose blocks walk the tiles (or units) with a grid stride, or by a walk of
+#: ``wgmma_split_k.split_kernel`` (``unit_at``: slices or stream-K, for any gridDim.x): any
+#: grid is right
+GRID_STRIDE = re.compile(r"range\(\s*cuda\.blockIdx\.x\s*,\s*\w+\s*,\s*cuda\.gridDim\.x\s*\)"
+                         r"|\bunit_at\(")
 
 
 @functools.lru_cache(maxsize=None)

@@ -272,7 +272,7 @@ def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
     name += ("_kn" if B_LAYOUT == "KN" else "") + bias_suffix(BIAS)
     name += f"_kt{KT}" if KT != BK else ""
     fields = {**spec_fields(precision, __name__), **out_fields(precision, OUT),
-              **bias_fields(BIAS), "chapter": "18d-wgmma-split-k"}
+              **bias_fields(BIAS), "chapter": "18h-swap-ab"}
     fields["constraints"] = (HOPPER_ONLY,
                              K_SIXTEEN_BYTE_ROWS if B_LAYOUT == "NK" else SIXTEEN_BYTE_ROWS)
     return KernelSpec(
