@@ -44,12 +44,20 @@ MID = {"sk128x128s6": dict(BM=128, BN=128, STAGES=6), "sk128x128s4": dict(BM=128
        "sk128x256s4": dict(BM=128, BN=256, STAGES=4), "sk64x128s8": dict(BM=64, BN=128, STAGES=8)}
 
 
+#: ... and stream-K builds of wgmma_split_k (``STREAM=True``)
+MID_STREAM = {"stream128x256s3": dict(BM=128, BN=256, STAGES=3),
+              "stream128x128s6": dict(BM=128, BN=128, STAGES=6)}
+
+
 def mid_candidates(precision: str, M: int, N: int, K: int) -> dict:
     from gemmlib.runtime import select as S
 
     c = {name: S.with_layout(S.select_out(S.build("wgmma_split_k", dict(p, precision=precision)),
                                           precision, M, N, K), "NK")
          for name, p in MID.items() if not (p["BM"] == 64 and M > 128)}
+    for name, p in MID_STREAM.items():   # stream-K over one block per SM, C written 16-bit
+        c[name] = S.with_layout(S.with_out(S.build("wgmma_split_k", dict(
+            p, precision=precision, STREAM=True)), precision), "NK")
     c["auto"] = "auto"
     return c
 

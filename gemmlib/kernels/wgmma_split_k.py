@@ -361,8 +361,11 @@ def c_columns(B, C):
 def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
           GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
           SUM: int = SUM_GROUPS, OUT: str = "fp32", B_LAYOUT: str = "KN",
-          BIAS: bool = False, A_LAYOUT: str = "MK") -> KernelSpec:
-    """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
+          BIAS: bool = False, A_LAYOUT: str = "MK", STREAM: bool = False,
+          GRID: int = 0) -> KernelSpec:
+    """``STREAM``: the blocks share all tiles' k-tiles evenly (:func:`stream_k_walk`) instead
+    of taking S slices per tile; ``GRID`` (a launch choice) is then their number (0: one per
+    SM) and ``SPLITS`` is not used.  ``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
     the last slice's thread rounds the slices' float32 sum once, in ``wgmma_ws``'s 16-bit
     epilogue (``wgmma_async.out_store``).  ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s; the
     bias is added once, by the thread that finishes the slices' sum, before that rounding.
@@ -377,18 +380,27 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     kernel, NT, SHARED, work = split_kernel(
         BM, BN, STAGES, REGS, SUM, k_tile, store_acc,
         column_bias(bias_code(precision, BN, 1, BIAS)), tile_order(BM, BN, GROUP_M),
-        load_stage, A_BYTES, STAGE_BYTES, a_dims(A_LAYOUT), c_columns)
+        load_stage, A_BYTES, STAGE_BYTES, a_dims(A_LAYOUT), c_columns, stream_k=STREAM)
     wgmma_split_k_kernel = bias_entry(kernel, BIAS, jit_opts)
 
     def slices(M, N, K):
         S = SPLITS or splits_for(M, N, K, BM, BN)
         return effective_splits(S, K)
 
+    def blocks(M, N, K):   # STREAM: the blocks sharing the k-tiles
+        iters = cdiv(M, BM) * cdiv(N, BN) * cdiv(max(K, 1), BK)
+        return max(1, min(GRID or backend.device_info().sm_count, iters))
+
     def grid(M, N, K):
+        if STREAM:
+            return (blocks(M, N, K), 1, 1)
         units = cdiv(M, BM) * cdiv(N, BN) * slices(M, N, K)
         return (min(units, backend.device_info().sm_count), 1, 1)
 
     def workspace(M, N, K):
+        if STREAM:
+            return work(M, N, K, stream_k_pieces(cdiv(M, BM) * cdiv(N, BN),
+                                                 cdiv(max(K, 1), BK), blocks(M, N, K)))
         return work(M, N, K, slices(M, N, K))
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
@@ -398,6 +410,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         name += f"_k{SPLITS}"
     if SUM != SUM_GROUPS:
         name += f"_g{SUM}"
+    if STREAM:
+        name += "_stream" + (f"{GRID}" if GRID else "")
     name += out_suffix(OUT) + layout_suffix(B_LAYOUT, A_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
@@ -410,11 +424,12 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS, SPLITS=SPLITS, SUM=SUM, **out_params(OUT),
-                    **layout_params(B_LAYOUT, A_LAYOUT), **bias_params(BIAS)),
+                    **layout_params(B_LAYOUT, A_LAYOUT), **bias_params(BIAS),
+                    **({"STREAM": True, "GRID": GRID} if STREAM else {})),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM, BN, B_LAYOUT, A_LAYOUT),
         tma_swizzle=128,
-        launch_only=("SPLITS",),
+        launch_only=("SPLITS", "GRID"),
         workspace=workspace,
         workspace_dtypes=("float32", "int32"),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
