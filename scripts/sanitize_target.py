@@ -85,7 +85,8 @@ def hopper() -> tuple[str, ...]:
     """Every Hopper rung (``min_cc`` 9.0: wgmma_async, wgmma_tma, wgmma_ws, wgmma_split_k,
     wgmma_tf32, wgmma_fp8 and any later one) in each precision it computes in: fp16 and
     bf16 where it takes them, the FP8 rung in :data:`FP8_FORMS`, else its own (tf32); then
-    the build ``auto`` runs for a 16-bit C (:data:`gemmlib.dispatch.HOPPER_OUT16`)."""
+    the builds ``auto`` runs for a 16-bit C (:data:`gemmlib.dispatch.HOPPER_OUT16`) and at
+    a few tokens (``wgmma_swap``, ``KT=HOPPER_SWAP_KT``)."""
     out = []
     for rung in LADDER:
         if tuple(get(rung).min_cc) < (9, 0):
@@ -105,6 +106,9 @@ def hopper() -> tuple[str, ...]:
     rung, params = dispatch.HOPPER_OUT16
     kv = "".join(f":{k}={v}" for k, v in params.items())
     out += [f"{rung}:{p}:OUT={p}{kv}" for p in ("fp16", "bf16")]
+    # and swap-AB as auto builds it at a few tokens: stages two k-tiles deep, B as (K, N)
+    out += [f"{dispatch.HOPPER_SWAP}:{p}:KT={dispatch.HOPPER_SWAP_KT}:STAGES=0:B_LAYOUT=KN"
+            for p in ("fp16", "bf16")]
     return tuple(out)
 
 
