@@ -28,6 +28,7 @@ import html
 import importlib
 import inspect
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -166,14 +167,18 @@ def runnable(spec) -> bool:
     return True
 
 
+#: A word this long may break after its underscores and dots (see :func:`_cell_html`).
+_BREAKABLE = re.compile(r"\S{12,}")
+
+
 def _cell_html(value) -> str:
-    """A cell's text, escaped; a long identifier (a spec name such as
-    ``split_k_128x256x16_w64x64n2_t8x4_p0_s4``) may break after its underscores, so one such
-    name does not push the table past the text column."""
-    text = html.escape(str(value))
-    if len(text) > 20 and " " not in text:
-        text = text.replace("_", "_<wbr>")
-    return text
+    """A cell's text, escaped; a long word (a spec name such as
+    ``split_k_128x256x16_w64x64n2_t8x4_p0_s4``, a PTX instruction, ``torch.matmul``) may
+    break after its underscores and after a dot that a letter follows (``<wbr>``), so one
+    such word does not push the table past the text column.  The browser breaks there
+    only when the column would not fit otherwise."""
+    return _BREAKABLE.sub(lambda m: re.sub(r"(_|\.(?=[^\d.]))", r"\1<wbr>", m.group()),
+                          html.escape(str(value)))
 
 
 def _html_table(header, rows, caption=None):
@@ -181,7 +186,7 @@ def _html_table(header, rows, caption=None):
     if caption:
         out.append(f"<caption style='text-align:left'>{html.escape(caption)}</caption>")
     out.append("<tr>" + "".join(f"<th style='text-align:left;padding:2px 10px;"
-                                f"border-bottom:1px solid #999'>{html.escape(str(h))}</th>"
+                                f"border-bottom:1px solid #999'>{_cell_html(h)}</th>"
                                 for h in header) + "</tr>")
     for r in rows:
         out.append("<tr>" + "".join(f"<td style='padding:2px 10px'>{_cell_html(c)}</td>"
