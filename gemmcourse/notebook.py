@@ -110,19 +110,21 @@ def on_gpu() -> bool:
 
 
 def demo_shape() -> tuple[int, int, int]:
-    """One (M, N, K) for a chapter's first run: odd, so every edge case is hit."""
-    return (23, 29, 37) if SIMULATOR else (1000, 1001, 999)
+    """One (M, N, K) for a chapter's first run: odd, so every edge case is hit (in the
+    simulator K = 13: a partial k-tile, two of 8; each k-tile is a pass of every thread)."""
+    return (23, 29, 13) if SIMULATOR else (1000, 1001, 999)
 
 
 def verify_shapes(spec=None) -> list[tuple[int, int, int]]:
     """Shapes for a chapter's correctness check.
 
     In the simulator: two shapes that each fit in one or two blocks (a
-    1024-thread block costs a second or two there).  On a GPU: single
-    elements, off-tile sizes on both sides of the tile, and a large square.
+    1024-thread block costs a second or two there), one with partial tiles, one with
+    K over a 64-wide k-tile.  On a GPU: single elements, off-tile sizes on both sides
+    of the tile, and a large square.
     """
     if SIMULATOR:
-        return [(23, 29, 37), (3, 5, 70)]
+        return [(23, 29, 13), (3, 5, 70)]
     tm, tn = spec.tile if spec is not None else (32, 32)
     return [(1, 1, 1), (tm + 1, tn - 1, 7), (127, 129, 65), (1000, 1001, 999),
             (2048, 2048, 2048)]
