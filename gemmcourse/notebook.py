@@ -28,6 +28,7 @@ import html
 import importlib
 import inspect
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -109,19 +110,21 @@ def on_gpu() -> bool:
 
 
 def demo_shape() -> tuple[int, int, int]:
-    """One (M, N, K) for a chapter's first run: odd, so every edge case is hit."""
-    return (23, 29, 37) if SIMULATOR else (1000, 1001, 999)
+    """One (M, N, K) for a chapter's first run: odd, so every edge case is hit (in the
+    simulator K = 13: a partial k-tile, two of 8; each k-tile is a pass of every thread)."""
+    return (23, 29, 13) if SIMULATOR else (1000, 1001, 999)
 
 
 def verify_shapes(spec=None) -> list[tuple[int, int, int]]:
     """Shapes for a chapter's correctness check.
 
     In the simulator: two shapes that each fit in one or two blocks (a
-    1024-thread block costs a second or two there).  On a GPU: single
-    elements, off-tile sizes on both sides of the tile, and a large square.
+    1024-thread block costs a second or two there), one with partial tiles, one with
+    K over a 64-wide k-tile.  On a GPU: single elements, off-tile sizes on both sides
+    of the tile, and a large square.
     """
     if SIMULATOR:
-        return [(23, 29, 37), (3, 5, 70)]
+        return [(23, 29, 13), (3, 5, 70)]
     tm, tn = spec.tile if spec is not None else (32, 32)
     return [(1, 1, 1), (tm + 1, tn - 1, 7), (127, 129, 65), (1000, 1001, 999),
             (2048, 2048, 2048)]
@@ -166,14 +169,18 @@ def runnable(spec) -> bool:
     return True
 
 
+#: A word this long may break after its underscores and dots (see :func:`_cell_html`).
+_BREAKABLE = re.compile(r"\S{12,}")
+
+
 def _cell_html(value) -> str:
-    """A cell's text, escaped; a long identifier (a spec name such as
-    ``split_k_128x256x16_w64x64n2_t8x4_p0_s4``) may break after its underscores, so one such
-    name does not push the table past the text column."""
-    text = html.escape(str(value))
-    if len(text) > 20 and " " not in text:
-        text = text.replace("_", "_<wbr>")
-    return text
+    """A cell's text, escaped; a long word (a spec name such as
+    ``split_k_128x256x16_w64x64n2_t8x4_p0_s4``, a PTX instruction, ``torch.matmul``) may
+    break after its underscores and after a dot that a letter follows (``<wbr>``), so one
+    such word does not push the table past the text column.  The browser breaks there
+    only when the column would not fit otherwise."""
+    return _BREAKABLE.sub(lambda m: re.sub(r"(_|\.(?=[^\d.]))", r"\1<wbr>", m.group()),
+                          html.escape(str(value)))
 
 
 def _html_table(header, rows, caption=None):
@@ -181,7 +188,7 @@ def _html_table(header, rows, caption=None):
     if caption:
         out.append(f"<caption style='text-align:left'>{html.escape(caption)}</caption>")
     out.append("<tr>" + "".join(f"<th style='text-align:left;padding:2px 10px;"
-                                f"border-bottom:1px solid #999'>{html.escape(str(h))}</th>"
+                                f"border-bottom:1px solid #999'>{_cell_html(h)}</th>"
                                 for h in header) + "</tr>")
     for r in rows:
         out.append("<tr>" + "".join(f"<td style='padding:2px 10px'>{_cell_html(c)}</td>"

@@ -688,29 +688,34 @@ def hopper_records(data: dict):
 
 
 def hopper_table(data: dict, name: str = ""):
-    """A :class:`gemmcourse.notebook.Table` of :func:`hopper_records`."""
+    """A :class:`gemmcourse.notebook.Table` of :func:`hopper_records`: per timing, TFLOP/s
+    and % of cuBLAS in one column (``455 (75.2%)``), so the table fits the text column.  The
+    build that ran is named only where it is not the rung's default build in that precision
+    (``wgmma_ws``, ``wgmma_ws_bf16``), e.g. ``wgmma_ws (auto: wgmma_ws_64x256)``."""
     from gemmcourse.notebook import Table
 
-    def f(v, fmt):
-        if v is None:
+    def f(d, timing):   # "455 (75.2%)": TFLOP/s and % of cuBLAS in one column per timing
+        tf, pct = d["tflops"].get(timing), d["pct"].get(timing)
+        if tf is None:
             return "-"
-        return format(v, fmt[:-1]) + "%" if fmt.endswith("%") else format(v, fmt)
+        return f"{tf:.0f}" + (f" ({pct:.1f}%)" if pct is not None else "")
 
     body = []
     for d in hopper_records(data):
         verdict = "-" if d["met"] is None else ("met" if d["met"] else "missed")
-        body.append((d["precision"], d["size"], d["label"],
-                     f(d["tflops"].get("kernel"), ".0f"), f(d["pct"].get("kernel"), ".1f%"),
-                     f(d["tflops"].get("call"), ".0f"), f(d["pct"].get("call"), ".1f%"),
-                     verdict, d["config"] if d["rung"] != "cublas" else ""))
+        label = d["label"]
+        default = (d["rung"], f"{d['rung']}_{d['precision']}", label)
+        if d["rung"] != "cublas" and d["config"] and d["config"] not in default:
+            label = (f"{d['rung']} (auto: {d['config']})" if label.endswith(" (auto)")
+                     else f"{label} ({d['config']})")
+        body.append((d["precision"], d["size"], label, f(d, "kernel"), f(d, "call"), verdict))
     meta = data.get("meta", {}) if isinstance(data, dict) else {}
     cap = (f"Hopper rungs against cuBLAS in the same precision: {meta.get('gpu', '?')}, "
            f"{str(meta.get('date', ''))[:10]}, SM clock {meta.get('smi_clocks_sm', '?')} MHz, "
            f"numba-cuda {meta.get('numba_cuda', '?')}, CUDA runtime "
            f"{meta.get('cuda_runtime', '?')}" + (f" ({name})" if name else ""))
-    header = ("precision", "M x N x K", "kernel", "TFLOP/s (kernel)", "% of cuBLAS (kernel)",
-              "TFLOP/s (call)", "% of cuBLAS (call)", f"call >= {TARGET_PCT:g}%",
-              "configuration")
+    header = ("precision", "M x N x K", "kernel", "kernel timing: TFLOP/s (% of cuBLAS)",
+              "call timing: TFLOP/s (% of cuBLAS)", f"call >= {TARGET_PCT:g}%")
     return Table(header, body, caption=cap)
 
 

@@ -248,32 +248,36 @@ def tile_table(records=None, sms: int = 132, BM: int = WS_TILE[0], BN: int = WS_
     """A :class:`gemmcourse.notebook.Table`: per shape, tiles of BM x BN against ``sms``
     SMs, the waves, the share of SM-rounds with work, the share of tile rows that are real;
     with ``candidates`` the tiles and wave efficiency of each candidate tile instead of the
-    share of real rows (so that the table fits the book's column)."""
+    share of real rows, and BM x BN's own tiles and share only in its candidate column (so
+    that the table fits the book's column)."""
     from gemmcourse.notebook import Table
 
     records = shape_records() if records is None else records
+    own = not candidates or (BM, BN) not in [tuple(c) for c in candidates]
     body = []
     for d in records:
         if tokens is not None and d["tokens"] not in tokens:
             continue
         t = tile_record(d["M"], d["N"], d["K"], sms, BM, BN)
-        row = [d["model"], d["layer"], d["tokens"] or "-", t["tiles"], t["waves"],
-               f"{100 * t['efficiency']:.0f}%"]
+        row = [d["model"], d["layer"], d["tokens"] or "-"]
+        row += [t["tiles"], t["waves"], f"{100 * t['efficiency']:.0f}%"] if own else [t["waves"]]
         if candidates:
             effs = {c: wave_efficiency(tiles(d["M"], d["N"], *c), sms) for c in candidates}
             row += [f"{tiles(d['M'], d['N'], *c)}/{100 * e:.0f}%" for c, e in effs.items()]
         else:
             row += [_label(d), f"{100 * t['row_use']:.1f}%"]
         body.append(row)
-    header = ["model", "layer", "T", f"{BM}x{BN} tiles", "waves", "SM-rounds used"]
+    header = ["model", "layer", "T"]
+    header += [f"{BM}x{BN} tiles", "waves", "SM-rounds used"] if own else ["waves"]
     if candidates:
         header += [f"{a}x{b}" for a, b in candidates]
         note = "; per candidate tile: tiles/SM-rounds used"
     else:
         header += ["M x N x K", "tile rows that are real"]
         note = ""
-    return Table(header, body, caption=f"Computed: {BM} x {BN} output tiles, one per SM at a "
-                                       f"time, on {sms} SMs{note}")
+    what = f"{BM} x {BN} output tiles" if own else f"the waves of {BM} x {BN} output tiles"
+    return Table(header, body, caption=f"Computed: {what}, one per SM at a time, on {sms} "
+                                       f"SMs{note}")
 
 
 def one_wave_splits(M: int, N: int, sms: int = 132, BM: int = WS_TILE[0],

@@ -99,8 +99,10 @@ def test_code_params_leave_out_the_slice_count():
 @pytest.mark.parametrize("S,shape", [(2, (37, 29, 70)), (3, (20, 9, 33)), (4, (5, 70, 17)),
                                      (3, (1, 1, 100))])
 def test_split_k_is_right_and_bit_identical(S, shape, rng):
+    """On a small tile (128 threads, not the default's 256: the simulator runs each as a
+    Python thread); the default tile's split path: tests/test_kernels.py."""
     M, N, K = shape
-    spec = dispatch.build("split_k", dict(SPLITS=S))
+    spec = dispatch.build("split_k", dict(SMALL, SPLITS=S))
     A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
     B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
     C = np.full((M, N), np.nan, dtype=np.float32)

@@ -14,9 +14,11 @@ UNSCALED = [n for n in LADDER if n not in SCALED]
 
 
 def edge_shapes(spec):
-    """1x1x1, primes, one past / one short of the tile, K below one k-tile."""
+    """1x1x1; primes, K past two k-tiles with a partial third (no further: each k-tile is
+    a pass of every simulated thread); one past / one short of the tile; K below one
+    k-tile."""
     tm, tn = spec.tile
-    return [(1, 1, 1), (37, 29, 53), (tm + 1, tn - 1, 3), (2, 3, 1)]
+    return [(1, 1, 1), (37, 29, min(53, 2 * spec.k_tile + 5)), (tm + 1, tn - 1, 3), (2, 3, 1)]
 
 
 @pytest.mark.parametrize("name", UNSCALED)

@@ -189,9 +189,13 @@ def test_wave_heat_figure():
 def test_tile_table_candidates():
     t = vm.tile_table(vm.shape_records(tokens=(1024,), extra=False), 132,
                       candidates=vm.CANDIDATE_TILES)
-    assert len(t.rows) == len(bm.MODELS) * 4 and len(t.header) == 6 + len(vm.CANDIDATE_TILES)
+    # the default tile (128 x 256) is a candidate: its tiles and share only in its own column
+    assert len(t.rows) == len(bm.MODELS) * 4 and len(t.header) == 4 + len(vm.CANDIDATE_TILES)
     row = next(r for r in t.rows if r[0] == "qwen2.5-72b" and r[1] == "qkv")
-    assert row[3:6] == [320, 3, "81%"] and row[6] == "320/81%" and row[7] == "640/97%"
+    assert row[3] == 3 and row[4] == "320/81%" and row[5] == "640/97%"
+    other = vm.tile_table(vm.shape_records(tokens=(1024,), extra=False), 132,
+                          candidates=vm.CANDIDATE_TILES[1:])
+    assert len(other.header) == 6 + 3 and other.header[3] == "128x256 tiles"
     plain = vm.tile_table(vm.shape_records(tokens=(1024,), extra=False), 132)
     assert len(plain.header) == 8 and plain.rows[0][-2].startswith("1024x")
 

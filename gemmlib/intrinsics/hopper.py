@@ -442,6 +442,7 @@ def _bar_step(b, arrive: int, tx: int):
     if b["arrived"] >= b["count"] and b["tx"] == 0:   # the phase completes
         b["phase"] += 1
         b["arrived"] = 0
+        _PHASE_DONE.notify_all()   # (every caller holds _SIM_LOCK)
 
 
 def mbarrier_init_py(bar, count):
@@ -461,12 +462,14 @@ def mbarrier_arrive_py(bar):
 
 
 def mbarrier_try_wait_py(bar, parity):
-    import time
-
     with _SIM_LOCK:
-        done = _bar(bar)["phase"] % 2 != int(parity)   # phase ``parity`` has completed
-    if not done:
-        time.sleep(0)   # let the thread that completes it run
+        b = _bar(bar)
+        done = b["phase"] % 2 != int(parity)   # phase ``parity`` has completed
+        if not done:
+            # suspend until some phase completes (try_wait too suspends for a while), instead
+            # of spinning: a spinning simulated thread takes the GIL from the one it waits for
+            _PHASE_DONE.wait(timeout=0.05)
+            done = b["phase"] % 2 != int(parity)
     return np.uint32(done)
 
 
@@ -516,6 +519,7 @@ def wgmma_wait_py():
 
 
 _SIM_LOCK = __import__("threading").RLock()
+_PHASE_DONE = __import__("threading").Condition(_SIM_LOCK)   # an mbarrier phase completed
 
 _NAMES = ("smem_addr", "fence_proxy_async", "fence_mbarrier_init", "wgmma_fence", "wgmma_commit",
           "mbarrier_init", "mbarrier_expect_tx", "mbarrier_try_wait", "mbarrier_arrive",

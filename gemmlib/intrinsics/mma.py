@@ -171,6 +171,10 @@ def _exchange(value, width: int = 32):
     Every lane of the warp must call it (as on the GPU, where mma and ldmatrix
     are ``.sync.aligned``: all 32 threads execute the same instruction).
     ``width=128`` exchanges within a warpgroup (four consecutive warps: wgmma).
+    One wait per lane and round (:class:`_Exchange`), not a two-phase
+    ``threading.Barrier``: every wake-up of a simulated thread costs a GIL hand-off,
+    and the barrier's two phases made the tensor-core rungs' simulation about half
+    waiting.
     """
     t = threading.current_thread()
     mgr = getattr(t, "_manager", None)
@@ -186,19 +190,37 @@ def _exchange(value, width: int = 32):
         table = mgr.__dict__.setdefault("_gemmlib_warps", {})
         slot = table.get(key)
         if slot is None:
-            slot = table[key] = ([None] * width, threading.Barrier(width, timeout=120))
-    values, barrier = slot
-    values[lane] = value
-    try:
-        barrier.wait()          # everyone has written
-        out = list(values)
-        barrier.wait()          # everyone has read: the slot may be reused
-    except threading.BrokenBarrierError:
-        raise FragmentError(f"not all {width} threads of the "
-                            f"{'warp' if width == 32 else 'warpgroup'} reached the "
-                            "collective instruction (divergent control flow around "
-                            "mma/ldmatrix/wgmma)") from None
-    return out, lane
+            slot = table[key] = _Exchange(width)
+    return slot.swap(lane, value), lane
+
+
+class _Exchange:
+    """One warp's (or warpgroup's) meeting point: each round, every lane leaves its value and
+    waits until the last lane has; all then read the same list (a new one every round, so a
+    lane may start the next round while others still read this one)."""
+
+    def __init__(self, width):
+        self.width, self.lock = width, threading.Lock()
+        self._new_round()
+
+    def _new_round(self):
+        self.values, self.count, self.done = [None] * self.width, 0, threading.Event()
+
+    def swap(self, lane, value):
+        with self.lock:
+            values, done = self.values, self.done
+            values[lane] = value
+            self.count += 1
+            if self.count == self.width:   # the last lane: the round is complete
+                self._new_round()
+                done.set()
+                return list(values)
+        if not done.wait(timeout=120):
+            raise FragmentError(f"not all {self.width} threads of the "
+                                f"{'warp' if self.width == 32 else 'warpgroup'} reached the "
+                                "collective instruction (divergent control flow around "
+                                "mma/ldmatrix/wgmma)")
+        return list(values)
 
 
 _TABLES: dict = {}
