@@ -40,7 +40,7 @@ def test_slices_fill_the_gpu_only_when_the_tiles_do_not(shape, S):
 
 def test_workspace_shapes_and_grid():
     s = W.build(BM=64, BN=128, SPLITS=3)
-    assert s.workspace_dtypes == ("float32", "int32") and s.launch_only == ("SPLITS",)
+    assert s.workspace_dtypes == ("float32", "int32") and s.launch_only == ("SPLITS", "GRID")
     assert s.array_dtypes == ("uint16", "uint16", "float32", "float32", "int32")
     (w, lw), (r, c, dt) = s.workspace(100, 200, 64 * 9)[0][:2], s.workspace(100, 200, 576)[1]
     tiles = 2 * 2
