@@ -286,7 +286,7 @@ HOPPER_BM64_MMAX_NARROW = 128
 #: Hopper, fp16/bf16: swap-AB tiles (gemmlib.kernels.wgmma_swap) up to this many tokens
 HOPPER_SWAP_MMAX = 64
 HOPPER_SWAP = "wgmma_swap"
-#: its stages two k-tiles deep: 1-5 points of torch ahead of one k-tile on 23 of the 24
+#: its stages two k-tiles deep: 0.3-5.1 points of torch ahead of one k-tile on all 24
 #: (layer, M) cases of the H100 sweep (results/swap-2026-11-27/kt-h100.json)
 HOPPER_SWAP_KT = 128
 
