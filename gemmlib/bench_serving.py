@@ -540,26 +540,11 @@ def header(torch, plan: dict) -> dict:
     """The file's ``meta``: the GPU as torch and nvidia-smi see it (name, capability, SMs,
     memory, L2, clocks, driver), the versions of torch, Triton, numba-cuda and gemmlib, the
     plan and the timing method."""
-    import datetime as dt
-    import platform
-    import re
-
-    from gemmlib import __version__
     from gemmlib.bench import _nvidia_smi
-    from gemmlib.bench_e2e import _version
+    from gemmlib.bench_e2e import _version, torch_gpu_meta
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    meta = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                simulated=False, suite="serving", gpu=props.name,
-                gpu_slug=re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-"),
-                compute_capability=f"{props.major}.{props.minor}",
-                sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
-                l2_bytes=getattr(props, "L2_cache_size", None),
-                python=platform.python_version(), gemmlib=__version__, torch=torch.__version__,
-                cuda_runtime=torch.version.cuda, triton=_version("triton"),
-                numba=_version("numba"), numba_cuda=_version("numba-cuda"),
-                numpy=_version("numpy"), plan=plan, timing=TIMING,
-                models={m: MODELS[m] for m in plan.get("models", ())})
+    meta = torch_gpu_meta(torch, "serving", triton=_version("triton"), plan=plan, timing=TIMING,
+                          models={m: MODELS[m] for m in plan.get("models", ())})
     meta.update({f"smi_{k.replace('.', '_')}": v for k, v in _nvidia_smi(SMI).items()})
     return meta
 

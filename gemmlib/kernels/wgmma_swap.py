@@ -44,8 +44,8 @@ from __future__ import annotations
 from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics.index import uidx
-from gemmlib.kernels.wgmma_async import (BK, K_SIXTEEN_BYTE_ROWS, HOPPER_ONLY, SIXTEEN_BYTE_ROWS,
-                                         bias_entry, bias_fields, bias_params, bias_suffix,
+from gemmlib.kernels.wgmma_async import (BK, HOPPER_ONLY, K_SIXTEEN_BYTE_ROWS, SIXTEEN_BYTE_ROWS,
+                                         a_dims, bias_entry, bias_fields, bias_params, bias_suffix,
                                          check_layout, check_out, compile_sources, out_fields,
                                          out_params, out_suffix, spec_fields, tile_order,
                                          warpgroup_code)
@@ -250,8 +250,6 @@ def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
         load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, "NK", a_layout)
     else:
         load_stage, k_tile, A_BYTES, STAGE_BYTES = wide_stages(BM, BN, a_layout, k_tile)
-    from gemmlib.kernels.wgmma_async import a_dims
-
     kernel, NT, SHARED, work = split_kernel(
         BM, BN, STAGES, REGS, SUM_GROUPS, k_tile, store_acc, add_bias,
         tile_order(BM, BN, GROUP_M), load_stage, A_BYTES, STAGE_BYTES, a_dims(a_layout),
