@@ -18,6 +18,7 @@ examples:
   python -m gemmlib bench --suite models --out results   # model projections, torch inputs
   python -m gemmlib bench --suite e2e --out results      # a Llama model, patched vs torch
   python -m gemmlib bench --suite serving --out results  # x @ W.T of 7 models vs torch, Triton
+  python -m gemmlib tune --out tune.json           # Hopper: auto's choice at 65-512 tokens
 
 Figures from result files: python -m gemmcourse plot results/bench-*.json --out figures
 
@@ -133,6 +134,12 @@ def cmd_layouts(args) -> int:
     if args.out:
         print(f"wrote {bl.save(data, args.out)}")
     return 1 if any("error" in r for r in data["rows"]) else 0
+
+
+def cmd_tune(args) -> int:
+    from gemmlib import tune_hopper
+
+    return tune_hopper.cli(args)
 
 
 def cmd_bench(args) -> int:
@@ -265,6 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: where one call's host time goes (64^3, step by step) and "
                    "the first call in a fresh process -> host-cost-<gpu>-<date>.json")
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("tune", help="measure auto's choice at 65-512 tokens (H100/H200)",
+                       description="Times every candidate of gemmlib.tune_hopper.CANDIDATES "
+                       "on held-apart models' projections against torch.matmul and stores "
+                       "the best per (tokens, outputs, K) class in this GPU's tuning file.")
+    s.add_argument("--precision", choices=("bf16", "fp16"), default="bf16")
+    s.add_argument("--tokens", nargs="*", type=int, help="token counts (128 256 512)")
+    s.add_argument("--models", nargs="*", help="training models (default: all of TRAINING)")
+    s.add_argument("--budget", type=float, default=0, help="stop timing after this many s")
+    s.add_argument("--table", help="tuning file to write (default: the user cache)")
+    s.add_argument("--out", help="JSON file for every timed row and the classes")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_tune)
 
     return p
 

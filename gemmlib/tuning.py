@@ -113,20 +113,35 @@ def shape_class(M: int, N: int, K: int) -> str:
     return f"mn{_pow2(math.sqrt(M * N))}-k{_pow2(K)}"
 
 
+def token_class(M: int, N: int, K: int) -> str:
+    """The bucket of a product at serving sizes: tokens (M), outputs (N) and K, each to the
+    nearest power of two -- M kept apart, as the best tile changes with it at a fixed layer."""
+    return f"m{_pow2(M)}-n{_pow2(N)}-k{_pow2(K)}"
+
+
+#: a class name's parts and the weight of each in the distance between classes
+_CLASS_FORMS = ((re.compile(r"mn(\d+)-k(\d+)"), (1.0, 0.5)),
+                (re.compile(r"m(\d+)-n(\d+)-k(\d+)"), (2.0, 1.0, 1.0)))
+
+
 def _class_coords(cls: str):
-    m = re.fullmatch(r"mn(\d+)-k(\d+)", cls)
-    return (math.log2(int(m.group(1))), math.log2(int(m.group(2)))) if m else None
+    """(log2 of each part, weights) of a class name, or None."""
+    for form, weights in _CLASS_FORMS:
+        m = form.fullmatch(cls)
+        if m:
+            return [math.log2(int(g)) for g in m.groups()], weights
+    return None
 
 
 def nearest_class(cls: str, available) -> str | None:
-    """The tuned class closest (in log2 size) to ``cls``."""
+    """The tuned class closest (in weighted log2 size) to ``cls``."""
     target = _class_coords(cls)
     best, dist = None, math.inf
     for c in available:
-        xy = _class_coords(c)
-        if xy is None or target is None:
+        here = _class_coords(c)
+        if here is None or target is None or len(here[0]) != len(target[0]):
             continue
-        d = abs(xy[0] - target[0]) + 0.5 * abs(xy[1] - target[1])
+        d = sum(w * abs(a - b) for a, b, w in zip(here[0], target[0], target[1]))
         if d < dist:
             best, dist = c, d
     return best
@@ -137,7 +152,7 @@ def nearest_class(cls: str, available) -> str | None:
 
 
 def best_entry(M: int, N: int, K: int, kernel: str = DEFAULT_KERNEL,
-               slug: str | None = None) -> dict | None:
+               slug: str | None = None, classify=shape_class) -> dict | None:
     """The tuned entry for this GPU and the shape's class (or the nearest tuned class).
 
     Returns a copy with ``"class"`` and ``"exact"`` (True when the shape's own
@@ -150,7 +165,7 @@ def best_entry(M: int, N: int, K: int, kernel: str = DEFAULT_KERNEL,
             slug = gpu_slug()
         except Exception:
             return None
-    cls = shape_class(M, N, K)
+    cls = classify(M, N, K)
     for path in cache_paths(slug):
         data = _read(path)
         if not data:

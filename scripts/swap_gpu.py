@@ -40,24 +40,39 @@ SHAPES = [("mistral-7b", "qkv", 6144, 4096), ("mistral-7b", "o", 4096, 4096),
 
 
 #: the tiles tried above HOPPER_SWAP_MMAX tokens (``--set mid``): wgmma_split_k builds
-MID = {"sk128x128s6": dict(BM=128, BN=128, STAGES=6), "sk128x128s4": dict(BM=128, BN=128, STAGES=4),
-       "sk128x256s4": dict(BM=128, BN=256, STAGES=4), "sk64x128s8": dict(BM=64, BN=128, STAGES=8)}
+MID = {"sk128x128s4": dict(BM=128, BN=128, STAGES=4), "sk128x256s4": dict(BM=128, BN=256, STAGES=4),
+       "sk64x128s8": dict(BM=64, BN=128, STAGES=8)}
+
+#: ... and swap-AB builds with 128 or 256 tokens per tile: (BM, BN, KT)
+MID_SWAP = [(128, 128, 128), (64, 128, 128), (128, 256, 64), (64, 256, 64)]
 
 
-#: ... and stream-K builds of wgmma_split_k (``STREAM=True``)
-MID_STREAM = {"stream128x256s3": dict(BM=128, BN=256, STAGES=3),
-              "stream128x128s6": dict(BM=128, BN=128, STAGES=6)}
+def even_grid(tiles: int, K: int, KT: int, sms: int) -> int:
+    """The most blocks (at most one per SM) that share the tiles evenly: whole tiles per
+    block, or each tile in S equal pieces."""
+    even = [tiles // d for d in range(1, tiles + 1) if tiles % d == 0 and tiles // d <= sms]
+    even += [tiles * s for s in range(2, 17) if tiles * s <= sms and K >= KT * s]
+    return max(even)
 
 
 def mid_candidates(precision: str, M: int, N: int, K: int) -> dict:
+    from gemmlib import backend
     from gemmlib.runtime import select as S
 
+    sms = backend.device_info().sm_count
     c = {name: S.with_layout(S.select_out(S.build("wgmma_split_k", dict(p, precision=precision)),
                                           precision, M, N, K), "NK")
          for name, p in MID.items() if not (p["BM"] == 64 and M > 128)}
-    for name, p in MID_STREAM.items():   # stream-K over one block per SM, C written 16-bit
-        c[name] = S.with_layout(S.with_out(S.build("wgmma_split_k", dict(
-            p, precision=precision, STREAM=True)), precision), "NK")
+    for BM, BN, KT in MID_SWAP:
+        if BN > 2 * M:
+            continue
+        tiles = -(-N // BM) * -(-M // BN)
+        for grid in (even_grid(tiles, K, KT, sms), 0):
+            if grid == 0 and (BM, BN) != (128, 128):
+                continue
+            c[f"swap{BM}x{BN}kt{KT}g{grid}"] = S.build("wgmma_swap", dict(
+                precision=precision, BM=BM, BN=BN, KT=KT, OUT=precision, B_LAYOUT="NK",
+                GRID=grid))
     c["auto"] = "auto"
     return c
 
@@ -150,7 +165,7 @@ def main() -> None:
                     except Exception as e:   # noqa: BLE001 -- a candidate that fails is data
                         row["error"] = f"{type(e).__name__}: {e}"[:300]
                     rows.append(row)
-                best = min((r for r in rows[-8:] if "median_us" in r and r["M"] == M
+                best = min((r for r in rows[-16:] if "median_us" in r and r["M"] == M
                             and r["N"] == N and r["K"] == K and r["precision"] == precision),
                            key=lambda r: r["median_us"], default=None)
                 line = " ".join(f"{r['candidate']}={r.get('pct_of_torch', float('nan')):.0f}"

@@ -67,6 +67,8 @@ def test_stream_k_walk_gives_every_k_tile_to_one_block_and_numbers_the_pieces(mo
     ("fp16", 5, 72, 136, 8, "KN", 3, "fp16", False, 64),
     ("fp16", 9, 136, 330, 16, "NK", 3, "fp32", True, 128),
     ("bf16", 2, 72, 72, 8, "KN", 1, "bf16", False, 128),
+    ("fp16", 19, 72, 136, 8, "NK", 3, "fp16", True, 64),       # three token tiles
+    ("bf16", 130, 72, 72, 128, "NK", 2, "bf16", False, 64),    # a prefill chunk's width
 ])
 def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, grid, out, bias, kt):
     """Odd shapes (K and N padded to 8s by matmul, M not), tiles shared by blocks or not, a

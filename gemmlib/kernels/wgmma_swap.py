@@ -118,6 +118,19 @@ UNEVEN_COST = 0.5
 BM128_COST = 1.06
 
 
+def even_counts(tiles: int, K: int, sms: int) -> set:
+    """Block counts (at most ``sms``) that share ``tiles`` evenly: whole tiles per block (a
+    divisor of the tile count), or each tile in S equal pieces of at least 128 k."""
+    even = {tiles // d for d in range(1, tiles + 1) if tiles % d == 0 and tiles // d <= sms}
+    return even | {tiles * s for s in range(2, 17) if tiles * s <= sms and K >= 128 * s}
+
+
+def even_grid(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:
+    """The most blocks of :func:`even_counts` for the caller's (M, N, K) in BM x BN tiles."""
+    dev = dev or backend.device_info()
+    return max(even_counts(cdiv(N, BM) * cdiv(M, BN), K, max(dev.sm_count, 1)))
+
+
 def plan_for(M: int, N: int, K: int, dev=None) -> tuple[int, int]:
     """(BM, GRID) for the caller's (M, N, K): the weight rows per tile and the block count
     with the least modelled time.  The counts tried share the tiles evenly -- whole tiles
@@ -136,9 +149,7 @@ def plan_for(M: int, N: int, K: int, dev=None) -> tuple[int, int]:
         tiles = cdiv(N, BM) * cdiv(M, BN)
         tile_bytes = 2 * K * BM                  # the weight's (the tokens stay in L2)
         total = 2 * (N * K + M * K + M * N)
-        even = {tiles // d for d in range(1, tiles + 1) if tiles % d == 0 and tiles // d <= sms}
-        even |= {tiles * s for s in range(2, 17) if tiles * s <= sms and K >= 128 * s}
-        options = [(g, 0.0) for g in even] + [(min(sms, tiles * cdiv(K, 64)), UNEVEN_COST)]
+        options = [(g, 0.0) for g in even_counts(tiles, K, sms)] + [(min(sms, tiles * cdiv(K, 64)), UNEVEN_COST)]
         for g, cost in options:
             per_block = tiles / g
             t = LAUNCH_US + max(tile_bytes * per_block / per_sm, total / bw) * (
@@ -227,14 +238,14 @@ def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
           OUT: str = "fp32", B_LAYOUT: str = "NK", BIAS: bool = False,
           KT: int = BK) -> KernelSpec:
     """``BM``: weight outputs per tile (64: one consumer warpgroup, 128: two); ``BN``: tokens
-    per tile (a multiple of 8 up to 64); ``STAGES``: the ring's depth (0: the deepest that
+    per tile (a multiple of 8 up to 256: wgmma's widest n; ``auto`` takes :data:`WIDTHS`); ``STAGES``: the ring's depth (0: the deepest that
     fits, :func:`stages_for`); ``GRID``: the blocks that share the k-tiles (0: one per SM;
     a launch choice).  ``B_LAYOUT``: the caller's B -- "NK", an ``nn.Linear`` weight as
     ``W.t()``, or "KN", a row-major (K, N) B.  ``OUT``, ``BIAS``: as ``wgmma_ws``'s (the
     bias is one value per output column of C).  ``KT``: k elements per stage, 64 or 128
     (:func:`wide_stages`)."""
-    if BM not in (64, 128) or BN % 8 or not 8 <= BN <= 64:
-        raise ValueError(f"BM must be 64 or 128 and BN a multiple of 8 up to 64 "
+    if BM not in (64, 128) or BN % 8 or not 8 <= BN <= 256:
+        raise ValueError(f"BM must be 64 or 128 and BN a multiple of 8 up to 256 "
                          f"(BM={BM}, BN={BN})")
     if KT not in (BK, 2 * BK):
         raise ValueError(f"KT must be {BK} or {2 * BK}, got {KT}")

@@ -303,16 +303,59 @@ def select_swap(precision: str, M: int, N: int, K: int) -> KernelSpec:
                                "GRID": grid, "B_LAYOUT": "KN", "KT": HOPPER_SWAP_KT})
 
 
-def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
+#: Hopper, fp16/bf16, HOPPER_SWAP_MMAX < M <= HOPPER_TUNED_MMAX: the choice measured fastest
+#: for the nearest (tokens, outputs, K) class (``python -m gemmlib tune``, gemmlib.tune_hopper;
+#: tables in gemmlib/data/tuning), where this GPU has one.  Not above 512 tokens: at 1024 the
+#: table's choices ran up to 21 points of torch behind the rule on held-out layers (its
+#: classes mix layers whose 128 x 256 tiles fill one wave with ones that need two;
+#: results/tune-2026-11-27/)
+HOPPER_TUNED = "wgmma-serving"
+HOPPER_TUNED_MMAX = 512
+
+
+def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None):
+    """The tuned choice for (M, N, K) (B as (K, N), C float32: the caller's ``select_out``
+    and ``with_layout`` adapt it), or None: no table, the rule won, or the choice cannot
+    run this shape."""
+    entry = tuning.best_entry(M, N, K, HOPPER_TUNED, slug, classify=tuning.token_class)
+    if not entry or entry.get("rung") in (None, "rule"):
+        return None
+    return hopper_candidate(entry, precision, M, N, K)
+
+
+def hopper_candidate(entry: dict, precision: str, M: int, N: int, K: int):
+    """The spec of a tuning entry ({"rung", "params", "grid"}) for (M, N, K), or None where
+    it cannot run the shape.  ``grid`` "even": the most blocks that share the tiles evenly
+    (``wgmma_swap.even_grid``)."""
+    params = dict(entry.get("params", {}), precision=precision)
+    if entry.get("grid") == "even":
+        from gemmlib.kernels.wgmma_swap import even_grid
+
+        params["GRID"] = even_grid(M, N, K, params["BM"], params["BN"])
+    if entry["rung"] == HOPPER_SWAP:
+        params["B_LAYOUT"] = "KN"
+    try:
+        spec = build(entry["rung"], params)
+    except (TypeError, ValueError):
+        return None
+    return None if spec.failed_constraints(M, N, K, backend.device_info()) else spec
+
+
+def select_hopper(precision: str, M: int, N: int, K: int, tuned: bool = True) -> KernelSpec:
     """fp16/bf16 on an H100/H200, from the per-shape measurements of every candidate
     (kernel loops: ``scripts/tc_shapes_gpu.py``, ``scripts/swap_gpu.py``): up to
     HOPPER_SWAP_MMAX tokens ``wgmma_swap`` (:func:`select_swap`; it beat the decode rung
-    ``skinny`` at M = 1 on every layer of results/swap-2026-11-27/); above, ``wgmma_split_k``
-    -- 64-row tiles on narrow layers up to HOPPER_BM64_MMAX_NARROW rows, 128-row otherwise --
+    ``skinny`` at M = 1 on every layer of results/swap-2026-11-27/); up to HOPPER_TUNED_MMAX
+    the tuned choice (:func:`tuned_hopper`) where there is one; else ``wgmma_split_k`` --
+    64-row tiles on narrow layers up to HOPPER_BM64_MMAX_NARROW rows, 128-row otherwise --
     with its slices from its cost model (one where the tiles fill the GPU: then it is
-    ``wgmma_ws``)."""
+    ``wgmma_ws``).  ``tuned=False``: the rule alone (what the tuner compares against)."""
     if M <= HOPPER_SWAP_MMAX:
         return select_swap(precision, M, N, K)
+    if tuned and M <= HOPPER_TUNED_MMAX:
+        spec = tuned_hopper(precision, M, N, K)
+        if spec is not None:
+            return spec
     few = cdiv(N, 256) <= backend.device_info().sm_count // 4
     BM = 64 if M <= HOPPER_BM64_MMAX or (M <= HOPPER_BM64_MMAX_NARROW and few) else 128
     return build(HOPPER_SPLIT, {"precision": precision, "BM": BM})

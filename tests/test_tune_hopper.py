@@ -1,0 +1,61 @@
+"""The Hopper tuner's pieces that need no GPU: classes, the table rule, candidates' specs."""
+
+import pytest
+
+from gemmlib import tune_hopper as T
+from gemmlib import tuning
+from gemmlib.runtime import select as S
+
+
+def test_token_classes_and_the_nearest_one():
+    assert tuning.token_class(300, 4096, 14336) == "m256-n4096-k16384"
+    tuned = ["m256-n4096-k4096", "m512-n4096-k16384", "m256-n8192-k16384"]
+    # tokens weigh twice: the same M at twice the outputs beats twice the tokens
+    assert tuning.nearest_class("m256-n4096-k16384", tuned) == "m256-n8192-k16384"
+    # the older classes (sqrt(MN), K) are never mixed with token classes
+    assert tuning.nearest_class("mn4096-k4096", tuned) is None
+
+
+def test_training_models_are_held_apart_from_the_suites():
+    from gemmlib.bench_models import MODELS as models_suite
+    from gemmlib.bench_serving import MODELS as serving
+
+    assert not set(T.TRAINING) & (set(serving) | set(models_suite))
+    shapes = T.layer_shapes()
+    assert len({(N, K) for _, N, K in shapes}) == len(shapes)
+    assert "gemma-2-2b qkv" in {u for u, _, _ in shapes}
+
+
+def test_table_keeps_the_rule_unless_a_candidate_leads_it():
+    def row(M, N, cand, pct):
+        return dict(M=M, N=N, K=4096, candidate=cand, pct_torch=pct)
+
+    rows = [row(128, 4096, "rule", 60), row(128, 4096, "swap64x128", 80),
+            row(128, 3900, "rule", 60), row(128, 3900, "swap64x128", 75),
+            row(512, 4096, "rule", 80), row(512, 4096, "split128x128s4", 81),
+            row(1024, 4096, "rule", 70), dict(M=1024, N=4096, K=4096, candidate="swap64x256",
+                                              error="wrong result")]
+    t = T.table(rows)
+    assert t["m128-n4096-k4096"]["candidate"] == "swap64x128"
+    assert t["m128-n4096-k4096"]["layers"] == 2 and t["m128-n4096-k4096"]["grid"] == "even"
+    assert t["m512-n4096-k4096"]["candidate"] == "rule"       # within the margin
+    assert t["m1024-n4096-k4096"]["candidate"] == "rule"
+
+
+@pytest.mark.parametrize("name", [n for n in T.CANDIDATES if n != "rule"])
+def test_every_candidate_builds_for_a_prefill_chunk(name):
+    M, N, K = 256, 4096, 4096
+    spec = S.hopper_candidate(T.CANDIDATES[name], "bf16", M, N, K)
+    assert spec is not None and spec.params["precision"] == "bf16"
+    if T.CANDIDATES[name].get("grid") == "even":
+        from gemmlib.kernels.wgmma_swap import even_counts
+
+        tiles = -(-N // spec.params["BM"]) * -(-M // spec.params["BN"])
+        assert spec.params["GRID"] in even_counts(tiles, K, 10 ** 6)
+
+
+def test_tune_refuses_without_a_hopper_gpu(capsys):
+    from gemmlib.cli import main
+
+    assert main(["tune"]) == 2
+    assert "H100 or H200" in capsys.readouterr().out
