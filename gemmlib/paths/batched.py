@@ -1,5 +1,5 @@
 """The path of a batch of 16-bit products as one launch: ``(b, M, K) @ (b, K, N)`` on
-a batched rung (``wgmma_ws`` on Hopper), where the operands allow it; else
+a batched rung (on Hopper ``select_batched``'s), where the operands allow it; else
 :func:`gemmlib.matmul` loops over the batch."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from gemmlib.runtime.select import AUTO, select_batched
 
 
 def one_launch(A, B, a: Operand, b: Operand, batch: tuple, out, bias, kw):
-    """A batch of 16-bit products as one launch of a batched rung (``wgmma_ws`` on
-    Hopper, :func:`gemmlib.runtime.select.select_batched`), where the operands allow it:
+    """A batch of 16-bit products as one launch of a batched rung (on Hopper
+    :func:`gemmlib.runtime.select.select_batched`'s), where the operands allow it:
     the same batch shape (no broadcast), A a contiguous stack, B a contiguous stack of
     row-major matrices or of column-major ones (``K.transpose(-1, -2)``), 16-byte rows,
     and no ``out``, kernel or precision named.  None where not: the caller loops."""
