@@ -187,6 +187,19 @@ def test_a_batch_is_one_launch(b_layout, monkeypatch):
     assert C.dtype == np.float16 and np.allclose(C.astype(np.float64), ref, atol=2e-2)
 
 
+def test_a_torch_cpu_bfloat16_batch_comes_back_as_torch():
+    """In the simulator, torch CPU stacks take the one launch too: a bfloat16 result comes
+    back as a torch bfloat16 tensor, as a loop's products do."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(5)
+    A = (torch.rand((2, 67, 64), generator=g) - 0.5).to(torch.bfloat16)
+    W = (torch.rand((2, 72, 64), generator=g) - 0.5).to(torch.bfloat16)
+    C = gemmlib.matmul(A, W.transpose(1, 2))
+    ref = torch.bmm(A.double(), W.transpose(1, 2).double())
+    assert isinstance(C, torch.Tensor) and C.dtype == torch.bfloat16 and C.shape == ref.shape
+    assert float((C.double() - ref).norm() / ref.norm()) < 1e-2
+
+
 def _bits16(x, precision):
     """(uint16 bits, the float64 values they hold) of float values in fp16 or bf16."""
     if precision == "fp16":
@@ -216,7 +229,8 @@ BATCHED_RUNGS = [
 ]
 
 
-@pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins (GPU: scripts/batched_gpu.py)")
+@pytest.mark.skipif(not backend.SIMULATOR,
+                    reason="the simulator's twins (GPU: scripts/batched_gpu.py)")
 @pytest.mark.parametrize("rung, tile, precision, out, b_layout, shape, misaligned",
                          BATCHED_RUNGS)
 def test_batched_launch_of_each_batched_rung(rung, tile, precision, out, b_layout, shape,

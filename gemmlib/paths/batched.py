@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from gemmlib.backend import SIMULATOR
-from gemmlib.frontends.allocate import allocate_stack, host16, kernel_array, pointer
+from gemmlib.frontends.allocate import (allocate_stack, host16, kernel_array, like_input,
+                                        pointer)
 from gemmlib.frontends.checks import describe_bias, out_type
 from gemmlib.frontends.operand import KERNEL_TYPE, SIXTEEN, Operand, is_c_contiguous
 from gemmlib.frontends.torch_tensors import current_stream
@@ -46,10 +47,11 @@ def one_launch(A, B, a: Operand, b: Operand, batch: tuple, out, bias, kw):
         B2 = np.ascontiguousarray(bk).view(np.uint16).reshape(-1, bk.shape[-1])
         C = (host16(np.empty(batch + (M, N), np.uint16), o16, a) if o16 else
              np.empty(batch + (M, N), np.float32))
-        C2 = (C.view(np.uint16) if o16 else C).reshape(nb * M, N)
+        C2 = (getattr(C, "bits", C).view(np.uint16) if o16 else C).reshape(nb * M, N)
         Z = None if z is None else kernel_array(z, np).reshape(1, N)
         calls.run_arrays(call, A2, B2, C2, stream, bias=Z, bias_type=KERNEL_TYPE[a.dname])
-        return C
+        # in A's own type, as a loop's products are (a torch CPU tensor, bfloat16 included)
+        return C if isinstance(A, np.ndarray) else like_input(C, A)
     if a.kind == "torch" and stream is None:
         stream = current_stream(a.device)
     if a.ptr % 16 or b.ptr % 16:
