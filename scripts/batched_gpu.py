@@ -19,7 +19,9 @@ past 3x L2 where the copies fit in memory, the median of 5 loops after a warm-up
 * ``pp`` / ``pp64``: ``wgmma_pingpong`` 128 x 128 / 64 x 128 (one consumer's store under
   the other's wgmma, registers to C);
 * ``auto``: ``gemmlib.matmul(A, B)`` -- the whole call, with what ``select_batched`` picks
-  (HOPPER_BATCHED), its kernel queued the same way.
+  (HOPPER_BATCHED), its kernel queued the same way; its row also has ``call_us`` and
+  ``torch_call_us``, back-to-back calls not queued (``torch.bmm(A, B)`` allocating too):
+  the layouts suite's way, where the host's cost per call shows on small batches.
 
 ``--layouts NK`` gives B as the transpose of a (batch, N, K) stack (attention's Q K^T).
 Each candidate first writes a NaN-poisoned C once: every element must be finite and a
@@ -100,7 +102,7 @@ def gpu_main(args) -> None:
     import gemmlib
     from gemmlib import backend
     from gemmlib.bench import environment
-    from gemmlib.bench_models import operand_sets
+    from gemmlib.bench_models import framework, loop_time, operand_sets
     from gemmlib.runtime import calls, select
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -117,6 +119,7 @@ def gpu_main(args) -> None:
     rows: list[dict] = []
     data = {"meta": meta, "rows": rows}
     stream = torch.cuda.current_stream().cuda_stream
+    fw = framework("torch")
     free_cap = int(0.35 * torch.cuda.mem_get_info()[0])   # all the copies of a shape
     out_of_time = False
     for precision, layout in passes(args.precisions, args.layouts):
@@ -175,6 +178,12 @@ def gpu_main(args) -> None:
                             f()
                         us = statistics.median(queued_time(torch, fns, per, 5)) * 1e3
                         row.update(us=us, pct_torch=100 * t_torch / us)
+                        if spec == "auto":   # the call as a caller sees it: host cost in
+                            theirs = [lambda i=i: torch.bmm(As[i], Bs[i]) for i in range(sets)]
+                            row["call_us"] = statistics.median(
+                                loop_time(fw, fns, per, 5)) * 1e3
+                            row["torch_call_us"] = statistics.median(
+                                loop_time(fw, theirs, per, 5)) * 1e3
                     del C
                 except Exception as e:   # noqa: BLE001 -- a candidate that fails is data
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
@@ -190,6 +199,8 @@ def gpu_main(args) -> None:
                             else f"{r['candidate']}=ERR" for r in rows
                             if all(r[k] == base[k] for k in ("precision", "layout", "batch",
                                                              "M", "K")))
+            line += "".join(f" (auto's call {100 * r['torch_call_us'] / r['call_us']:.0f})"
+                            for r in rows[-1:] if "call_us" in r)
             log(f"{precision} {layout} {nb}x{M}x{N}x{K} torch={t_torch:.1f}/{t_after:.1f}us "
                 f"sets={sets} % of torch: {line}")
             del As, mem, Bs, Cs, ref
