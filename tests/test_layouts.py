@@ -425,3 +425,42 @@ def test_batched_matches_bmm(b, M, K):
     C = gemmlib.matmul(A, B)
     ref = torch.bmm(A.double(), B.double())
     assert C.shape == (b, M, M) and float((C.double() - ref).norm() / ref.norm()) < 2e-3
+
+
+#: (B's layout, C, (batch, M, N, K)): M not a whole tile (the real copy engine cuts each
+#: box at its product's last row), N not a whole tile, K past one k-tile or not whole
+BATCHED_GPU_CASES = [("KN", "16", (3, 1000, 1000, 64)), ("NK", "16", (5, 67, 136, 40)),
+                     ("KN", "fp32", (2, 300, 264, 128)), ("NK", "16", (7, 129, 8, 1000))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("rung, tile", [("wgmma_ws", {}), ("wgmma_store", {"PIECES": 2}),
+                                        ("wgmma_store", {"BN": 128, "STAGES": 6}),
+                                        ("wgmma_pingpong", {})])
+def test_batched_launch_of_each_batched_rung_gpu(rung, tile, precision):
+    """Each batched rung's one launch on the GPU, C poisoned, against float64."""
+    from _reliability import HOPPER
+    from gemmlib.runtime import calls
+    from gemmlib.verify import spec_tolerance
+
+    if not HOPPER:
+        pytest.skip("wgmma needs an H100/H200")
+    torch = pytest.importorskip("torch")
+    dt = torch.float16 if precision == "fp16" else torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for b_layout, out, (nb, M, N, K) in BATCHED_GPU_CASES:
+        out = precision if out == "16" else out
+        spec = select.build(rung, dict(tile, precision=precision, OUT=out, B_LAYOUT=b_layout))
+        A = torch.rand((nb, M, K), generator=g, device="cuda").sub_(0.5).to(dt)
+        mem = torch.rand((nb, K, N) if b_layout == "KN" else (nb, N, K), generator=g,
+                         device="cuda").sub_(0.5).to(dt)
+        B = mem if b_layout == "KN" else mem.transpose(1, 2)
+        C = torch.full((nb, M, N), float("nan"), device="cuda",
+                       dtype=torch.float32 if out == "fp32" else dt)
+        calls.run(calls.prepare(spec, M, N, K, batch=nb), A.data_ptr(), mem.data_ptr(),
+                  C.data_ptr(), torch.cuda.current_stream().cuda_stream)
+        ref = torch.bmm(A.double(), B.double())
+        assert bool(torch.isfinite(C).all()), (spec.name, nb, M, N, K, "unwritten")
+        err = float((C.double() - ref).abs().max() / ref.abs().max())
+        assert err <= spec_tolerance(spec, K), (spec.name, nb, M, N, K, err)
