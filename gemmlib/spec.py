@@ -150,7 +150,8 @@ class KernelSpec:
     tma_boxes: tuple = ()
     tma_swizzle: int = 128
     #: rungs that store C by TMA (``wgmma_store``): the box (rows, cols) of C's map, the
-    #: third map of the block (256 bytes past A's), 128-byte swizzle.  Passed only when C
+    #: third map of the block (256 bytes past A's), 128-byte swizzle, 3-D (batch, M, N) so
+    #: that a batched launch's boxes stay in their product.  Passed only when C
     #: can take it (rows a multiple of 16 bytes, 16-byte aligned: :meth:`c_map_ok`); the
     #: kernel makes the same test and otherwise stores from registers
     tma_store_box: tuple = ()

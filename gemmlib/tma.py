@@ -46,7 +46,15 @@ def simulated_map(ptr: int) -> TensorMap:
 
 
 def check_box(shape, strides, itemsize: int, box, swizzle: int, ptr: int) -> None:
-    """The driver's rules for a 2-D tiled map, as clear errors before encoding."""
+    """The driver's rules for a 2-D tiled map -- or a stack's, ``shape`` (batch, rows,
+    cols) with a 2-D ``box`` per matrix -- as clear errors before encoding."""
+    if len(shape) == 3:
+        if strides[0] % 16:
+            raise ValueError(f"TMA needs a matrix stride that is a multiple of 16 bytes, "
+                             f"got {strides[0]}")
+        if shape[0] < 1:
+            raise ValueError(f"the stack is empty: {shape}")
+        shape, strides = shape[1:], strides[1:]
     rows, cols = shape
     brows, bcols = box
     if swizzle not in SWIZZLES:
@@ -73,20 +81,29 @@ def check_box(shape, strides, itemsize: int, box, swizzle: int, ptr: int) -> Non
 def encode_2d(ptr: int, shape, row_bytes: int, dtype_name: str, box, swizzle: int) -> np.ndarray:
     """The 128 bytes of a tensor map (16 uint64) of the row-major matrix at device address
     ``ptr``: ``shape = (rows, cols)``, rows ``row_bytes`` apart, ``box = (rows, cols)``
-    per copy, ``swizzle`` in bytes (0, 32, 64, 128), out-of-bounds elements read as zeros."""
+    per copy, ``swizzle`` in bytes (0, 32, 64, 128), out-of-bounds elements read as zeros.
+
+    ``shape = (batch, rows, cols)``: a 3-D map of a stack of such matrices, each right after
+    the previous one (``rows * row_bytes`` apart), the box one matrix's ``(rows, cols)``:
+    a box that hangs over a matrix's last row stops there (what falls outside is not
+    written, or reads as zeros) instead of reaching into the next matrix."""
     from cuda.bindings import driver as cu
 
     itemsize = np.dtype("uint16" if dtype_name == "bfloat16" else dtype_name).itemsize
-    check_box(shape, (row_bytes, itemsize), itemsize, box, swizzle, ptr)
+    rows, cols = shape[-2:]
+    stack = len(shape) == 3
+    strides = ((rows * row_bytes,) if stack else ()) + (row_bytes, itemsize)
+    check_box(shape, strides, itemsize, box, swizzle, ptr)
     dt = getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_DTYPES[dtype_name]}")
     sw = getattr(cu.CUtensorMapSwizzle,
                  "CU_TENSOR_MAP_SWIZZLE_NONE" if not swizzle else
                  f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B")
-    rows, cols = shape
+    dims = [cols, rows] + ([shape[0]] if stack else [])     # innermost first
     err, tmap = cu.cuTensorMapEncodeTiled(
-        dt, 2, int(ptr), [cu.cuuint64_t(cols), cu.cuuint64_t(rows)],
-        [cu.cuuint64_t(row_bytes)], [cu.cuuint32_t(box[1]), cu.cuuint32_t(box[0])],
-        [cu.cuuint32_t(1), cu.cuuint32_t(1)],
+        dt, len(dims), int(ptr), [cu.cuuint64_t(d) for d in dims],
+        [cu.cuuint64_t(s) for s in strides[-2::-1]],
+        [cu.cuuint32_t(box[1]), cu.cuuint32_t(box[0])] + [cu.cuuint32_t(1)] * stack,
+        [cu.cuuint32_t(1)] * len(dims),
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
         cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)

@@ -9,7 +9,8 @@ import gemmlib
 from gemmlib.frontends import checks
 from gemmlib.frontends.describe import describe
 from gemmlib.frontends.operand import Operand
-from gemmlib.runtime import launch
+from gemmlib import backend
+from gemmlib.runtime import launch, select
 from gemmlib.precision import BF16Array
 
 RNG = np.random.default_rng(32)
@@ -149,6 +150,9 @@ def test_leading_dimensions_flatten():
     ((4, 5), (3, 5, 2)),          # a matrix against a stack
     ((0, 4, 5), (5, 2)),          # an empty stack
     ((0, 4, 5), (0, 5, 2)),       # an empty batch
+    ((3, 5, 17), (3, 17, 9)),     # odd everything: a loop over the products
+    ((3, 67, 64), (3, 64, 136)),  # one launch; M, N not whole tiles
+    ((3, 67, 64), (3, 64, 130)),  # rows not 16 bytes: a loop
 ])
 def test_batches(ashape, bshape):
     X = RNG.standard_normal(ashape).astype(np.float16)
@@ -178,8 +182,108 @@ def test_a_batch_is_one_launch(b_layout, monkeypatch):
     z = RNG.standard_normal(N).astype(np.float16)
     C = gemmlib.matmul(X, Y, bias=z)
     ref = np.matmul(X.astype(np.float64), Y.astype(np.float64)) + z
-    assert launches == [(launches[0][0], nb)] and "wgmma_ws" in launches[0][0]
+    assert launches == [(launches[0][0], nb)]
+    assert launches[0][0].startswith(select.batched_row(N)[0])
     assert C.dtype == np.float16 and np.allclose(C.astype(np.float64), ref, atol=2e-2)
+
+
+def test_a_torch_cpu_bfloat16_batch_comes_back_as_torch():
+    """In the simulator, torch CPU stacks take the one launch too: a bfloat16 result comes
+    back as a torch bfloat16 tensor, as a loop's products do."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(5)
+    A = (torch.rand((2, 67, 64), generator=g) - 0.5).to(torch.bfloat16)
+    W = (torch.rand((2, 72, 64), generator=g) - 0.5).to(torch.bfloat16)
+    C = gemmlib.matmul(A, W.transpose(1, 2))
+    ref = torch.bmm(A.double(), W.transpose(1, 2).double())
+    assert isinstance(C, torch.Tensor) and C.dtype == torch.bfloat16 and C.shape == ref.shape
+    assert float((C.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def _bits16(x, precision):
+    """(uint16 bits, the float64 values they hold) of float values in fp16 or bf16."""
+    if precision == "fp16":
+        h = x.astype(np.float16)
+        return h.view(np.uint16), h.astype(np.float64)
+    bits = (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+#: (rung, tile, precision, OUT, B's layout, (batch, M, N, K), misaligned C): batched launches
+#: of each batched rung on two persistent blocks (their walks interleave across products).
+#: M odd: a tile hangs over each product's last row, and nothing of it may reach the next
+#: product's rows (wgmma_store's boxes stop there: C's map is 3-D) -- with an odd number of
+#: tiles per product (N = 136: three), the tile below is another block's, which the
+#: simulator runs after, so rows written past a product would stay; N whole 16-byte rows
+#: but not whole tiles; K not a whole k-tile where B is (N, K); a C 2 bytes off 16-byte
+#: alignment takes no TMA map: wgmma_store's register store, batched
+BATCHED_RUNGS = [
+    ("wgmma_ws", dict(BN=64, STAGES=2), "fp16", "fp16", "KN", (3, 67, 136, 64), False),
+    ("wgmma_store", dict(BN=64, STAGES=2), "fp16", "fp16", "KN", (3, 67, 136, 64), False),
+    ("wgmma_store", dict(BN=64, STAGES=3), "bf16", "fp32", "NK", (3, 5, 136, 24), False),
+    ("wgmma_store", dict(BN=64, STAGES=2), "bf16", "bf16", "NK", (2, 67, 136, 88), True),
+    ("wgmma_pingpong", dict(BM=128, BN=64, STAGES=2), "bf16", "bf16", "KN", (3, 67, 136, 64),
+     False),
+    ("wgmma_pingpong", dict(BM=64, BN=64, STAGES=3), "fp16", "fp32", "NK", (3, 130, 16, 40),
+     False),
+]
+
+
+@pytest.mark.skipif(not backend.SIMULATOR,
+                    reason="the simulator's twins (GPU: scripts/batched_gpu.py)")
+@pytest.mark.parametrize("rung, tile, precision, out, b_layout, shape, misaligned",
+                         BATCHED_RUNGS)
+def test_batched_launch_of_each_batched_rung(rung, tile, precision, out, b_layout, shape,
+                                             misaligned):
+    """Fresh random non-integer operands, C poisoned (and the memory around it), against
+    float64: every element of every product written, within the precision's bound."""
+    from _reliability import on_blocks
+    from gemmlib.runtime import calls
+    from gemmlib.verify import spec_tolerance
+
+    nb, M, N, K = shape
+    spec = on_blocks(select.build(rung, dict(tile, precision=precision, OUT=out,
+                                             B_LAYOUT=b_layout)), 2)
+    assert spec.batched
+    rng = np.random.default_rng(sum(shape))
+    a, a64 = _bits16(rng.uniform(-1, 1, (nb, M, K)), precision)
+    b, b64 = _bits16(rng.uniform(-1, 1, (nb, K, N)), precision)
+    B = b if b_layout == "KN" else np.ascontiguousarray(np.swapaxes(b, 1, 2))
+    poison = np.uint16(0xFFFF) if out != "fp32" else np.float32(np.nan)
+    buf = np.full(nb * M * N + 16, poison, np.uint16 if out != "fp32" else np.float32)
+    at = (-buf.ctypes.data % 16) // buf.itemsize + misaligned
+    C = buf[at:at + nb * M * N].reshape(nb * M, N)
+    assert spec.c_map_ok(N, C.ctypes.data) != misaligned or rung != "wgmma_store"
+    calls.run_arrays(calls.prepare(spec, M, N, K, batch=nb), a.reshape(nb * M, K),
+                     B.reshape(-1, B.shape[-1]), C)
+    if out == "fp16":
+        got = C.view(np.float16).astype(np.float64)
+    elif out == "bf16":
+        got = (C.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    else:
+        got = C.astype(np.float64)
+    ref = np.matmul(a64, b64).reshape(nb * M, N)
+    assert np.isfinite(got).all(), (spec.name, int((~np.isfinite(got)).sum()), "unwritten")
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err <= spec_tolerance(spec, K), (spec.name, err)
+    rest = np.r_[buf[:at], buf[at + nb * M * N:]]
+    assert (rest.view(np.uint16 if out != "fp32" else np.uint32)
+            == (0xFFFF if out != "fp32" else np.float32(np.nan).view(np.uint32))).all()
+
+
+@pytest.mark.parametrize("out", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("b_layout", ["KN", "NK"])
+@pytest.mark.parametrize("N", [8, 64, 72, 128, 136, 4096])
+def test_the_batched_choice_builds_for_every_call(N, b_layout, out):
+    """select_batched's table gives a batched build for every output type and layout (a
+    float32 C whose stage does not fit the row's ring: the row's rung, its default ring)."""
+    precision = "bf16" if out == "bf16" else "fp16"
+    spec = select.select_batched(precision, 67, N, 64, out, b_layout, bias=N == 72)
+    rung, params = select.batched_row(N)
+    assert spec.batched and spec.name.startswith(rung) and spec.b_operand == b_layout
+    assert spec.params.get("OUT", "fp32") == out and spec.tile[1] == params["BN"]
+    assert spec.bias_arg == (N == 72)
+    assert spec.shared_bytes <= 227 * 1024
 
 
 @pytest.mark.parametrize("ashape, bshape, match", [
@@ -321,3 +425,42 @@ def test_batched_matches_bmm(b, M, K):
     C = gemmlib.matmul(A, B)
     ref = torch.bmm(A.double(), B.double())
     assert C.shape == (b, M, M) and float((C.double() - ref).norm() / ref.norm()) < 2e-3
+
+
+#: (B's layout, C, (batch, M, N, K)): M not a whole tile (the real copy engine cuts each
+#: box at its product's last row), N not a whole tile, K past one k-tile or not whole
+BATCHED_GPU_CASES = [("KN", "16", (3, 1000, 1000, 64)), ("NK", "16", (5, 67, 136, 40)),
+                     ("KN", "fp32", (2, 300, 264, 128)), ("NK", "16", (7, 129, 8, 1000))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("rung, tile", [("wgmma_ws", {}), ("wgmma_store", {"PIECES": 2}),
+                                        ("wgmma_store", {"BN": 128, "STAGES": 6}),
+                                        ("wgmma_pingpong", {})])
+def test_batched_launch_of_each_batched_rung_gpu(rung, tile, precision):
+    """Each batched rung's one launch on the GPU, C poisoned, against float64."""
+    from _reliability import HOPPER
+    from gemmlib.runtime import calls
+    from gemmlib.verify import spec_tolerance
+
+    if not HOPPER:
+        pytest.skip("wgmma needs an H100/H200")
+    torch = pytest.importorskip("torch")
+    dt = torch.float16 if precision == "fp16" else torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for b_layout, out, (nb, M, N, K) in BATCHED_GPU_CASES:
+        out = precision if out == "16" else out
+        spec = select.build(rung, dict(tile, precision=precision, OUT=out, B_LAYOUT=b_layout))
+        A = torch.rand((nb, M, K), generator=g, device="cuda").sub_(0.5).to(dt)
+        mem = torch.rand((nb, K, N) if b_layout == "KN" else (nb, N, K), generator=g,
+                         device="cuda").sub_(0.5).to(dt)
+        B = mem if b_layout == "KN" else mem.transpose(1, 2)
+        C = torch.full((nb, M, N), float("nan"), device="cuda",
+                       dtype=torch.float32 if out == "fp32" else dt)
+        calls.run(calls.prepare(spec, M, N, K, batch=nb), A.data_ptr(), mem.data_ptr(),
+                  C.data_ptr(), torch.cuda.current_stream().cuda_stream)
+        ref = torch.bmm(A.double(), B.double())
+        assert bool(torch.isfinite(C).all()), (spec.name, nb, M, N, K, "unwritten")
+        err = float((C.double() - ref).abs().max() / ref.abs().max())
+        assert err <= spec_tolerance(spec, K), (spec.name, nb, M, N, K, err)

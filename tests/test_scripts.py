@@ -121,6 +121,28 @@ def test_sanitize_dry_run_in_simulator(tmp_path):
     assert all(" ok " in x for r in runs for x in r["results"])
 
 
+def test_batched_gpu_smoke_in_simulator(tmp_path):
+    """scripts/batched_gpu.py --smoke: its candidates build, launch batched and match float64
+    (the GPU run times them); and its candidate list follows the products' width."""
+    import json
+    import os
+
+    out = tmp_path / "smoke.json"
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    cp = subprocess.run([sys.executable, str(ROOT / "scripts" / "batched_gpu.py"), str(out),
+                         "--smoke", "--precisions", "bf16", "--layouts", "NK",
+                         "--only", "st_s4p2,pp,auto"],
+                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["candidate"] for r in rows] == ["st_s4p2", "pp", "auto"]
+    assert all(r["ok"] and r["layout"] == "NK" and r["us"] is None for r in rows)
+    bg = _load("scripts/batched_gpu.py")
+    narrow = bg.candidates("fp16", 128, "KN")
+    assert "st_s4p2" not in narrow and narrow["ws"].tile == (128, 128)
+    assert bg.candidates("fp16", 1024, "NK")["st_s4p2"].b_operand == "NK"
+
+
 def _script_files():
     return sorted(p for d in ("scripts", "results") for ext in ("py", "sh")
                   for p in (ROOT / d).rglob(f"*.{ext}"))

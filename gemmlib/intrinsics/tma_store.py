@@ -11,6 +11,9 @@ These functions take a finished tile *out* (``gemmlib.kernels.wgmma_store``):
                                   matrix, read from shared address ``src`` in the map's
                                   swizzle.  Elements outside the matrix are not written,
                                   so a partial tile needs no predicates
+``tma_store_3d(tmap, x, y, z, src)`` the same into matrix ``z`` of a stack's 3-D map
+                                  (``gemmlib.tma.encode_2d`` with a batch): a box that
+                                  hangs over the matrix's last row is cut there
 ``bulk_commit()``                 close the group of bulk copies this thread has started
 ``bulk_wait_read()``              wait until every committed group has *read* its shared
                                   memory (the tile may then be overwritten; the writes
@@ -83,8 +86,21 @@ def _make():
             return context.get_dummy_value()
         return types.void(tmap, x, y, src), codegen
 
+    @intrinsic
+    def tma_store_3d(typingctx, tmap, x, y, z, src):
+        def codegen(context, builder, sig, args):
+            t = _u(context, builder, args[0], sig.args[0], types.uint64)
+            xx, yy, zz = (_u(context, builder, args[i], sig.args[i], types.int32)
+                          for i in (1, 2, 3))
+            s = _u(context, builder, args[4], sig.args[4], types.uint32)
+            _asm(builder, [t, xx, yy, zz, s], [i64, i32, i32, i32, i32],
+                 "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group "
+                 "[$0, {$1, $2, $3}], [$4];", "l,r,r,r,r,~{memory}")
+            return context.get_dummy_value()
+        return types.void(tmap, x, y, z, src), codegen
+
     return dict(st_shared_v2_f32=st_shared_v2_f32, st_shared_u32=st_shared_u32,
-                tma_store_2d=tma_store_2d,
+                tma_store_2d=tma_store_2d, tma_store_3d=tma_store_3d,
                 bulk_commit=bare("bulk_commit", "cp.async.bulk.commit_group;"),
                 bulk_wait_read=bare("bulk_wait_read", "cp.async.bulk.wait_group.read 0;"),
                 bulk_wait_all=bare("bulk_wait_all", "cp.async.bulk.wait_group 0;"))
@@ -112,11 +128,19 @@ def st_shared_u32_py(addr, v):
 
 
 def tma_store_2d_py(tmap, x, y, src):
+    tma_store_3d_py(tmap, x, y, 0, src)
+
+
+def tma_store_3d_py(tmap, x, y, z, src):
     from gemmlib import tma
     from gemmlib.intrinsics.hopper import _SIM_LOCK, _bytes_at
 
     m = tma.simulated_map(int(tmap))
     (brows, bcols), dst = m.box, m.array
+    if dst.ndim == 3:                             # a stack's map: matrix z
+        if not 0 <= int(z) < dst.shape[0]:
+            return
+        dst = dst[int(z)]
     eb = dst.itemsize
     buf, off = _bytes_at(int(src), brows * bcols * eb)
     with _SIM_LOCK:
@@ -134,15 +158,16 @@ def _nothing(*args):
     return None
 
 
-_NAMES = ("st_shared_v2_f32", "st_shared_u32", "tma_store_2d", "bulk_commit",
+_NAMES = ("st_shared_v2_f32", "st_shared_u32", "tma_store_2d", "tma_store_3d", "bulk_commit",
           "bulk_wait_read", "bulk_wait_all")
 
 if SIMULATOR:
     _impl = dict(st_shared_v2_f32=st_shared_v2_f32_py, st_shared_u32=st_shared_u32_py,
-                 tma_store_2d=tma_store_2d_py, bulk_commit=_nothing, bulk_wait_read=_nothing,
+                 tma_store_2d=tma_store_2d_py, tma_store_3d=tma_store_3d_py,
+                 bulk_commit=_nothing, bulk_wait_read=_nothing,
                  bulk_wait_all=_nothing)
 else:
     _impl = _make()
 
-(st_shared_v2_f32, st_shared_u32, tma_store_2d, bulk_commit, bulk_wait_read,
+(st_shared_v2_f32, st_shared_u32, tma_store_2d, tma_store_3d, bulk_commit, bulk_wait_read,
  bulk_wait_all) = (_impl[n] for n in _NAMES)

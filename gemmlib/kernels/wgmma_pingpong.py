@@ -54,7 +54,9 @@ consumers are busy elsewhere.  This rung changes who owns a tile:
   the consumer that is computing (fewer stages are a build away, to compare).
 
 ``B_LAYOUT="NK"`` (B as an ``nn.Linear`` weight) and ``BIAS=True`` are ``wgmma_ws``'s
-options; a consumer adds the bias to both 64-row slices of its tile before its store.
+options; a consumer adds the bias to both 64-row slices of its tile before its store.  So is
+a batched launch (products stacked one under the other), walked by ``wgmma_ws``'s
+``batched_walk``: a consumer's store stops at its product's last row.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
@@ -66,7 +68,8 @@ from gemmlib.kernels.wgmma_async import (BK, bias_code, bias_entry, bias_fields,
                                          out_fields, out_params, out_ptx, out_suffix, rung_name,
                                          spec_fields, tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
-from gemmlib.kernels.wgmma_ws import check_tile, persistent_grid, register_roles, regs_suffix
+from gemmlib.kernels.wgmma_ws import (batched_walk, check_tile, persistent_grid, register_roles,
+                                      regs_suffix)
 from gemmlib.spec import KernelSpec
 
 #: dynamic shared memory one block may opt in to on an H100 / H200
@@ -80,10 +83,12 @@ def deepest_ring(BM: int, BN: int) -> int:
 
 
 def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, store_acc,
-                    tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int, add_bias=None):
+                    tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int, add_bias=None,
+                    b_kmajor: bool = False):
     """The persistent kernel: a producer warpgroup and two consumers on alternating tiles
     (``k_tile`` covers a consumer's whole BM x BN tile, ``store_acc`` writes it;
-    ``add_bias`` as ``wgmma_ws.ws_kernel``'s)."""
+    ``add_bias``, ``b_kmajor`` as ``wgmma_ws.ws_kernel``'s)."""
+    walk, place = batched_walk(BM, BN, b_kmajor, tile_origin)
     BIAS = add_bias is not None
     add_bias = add_bias or no_bias
     NT = 128 * 3
@@ -100,11 +105,11 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
-        M, K = A.shape
+        a_m, K = A.shape
         N = C.shape[1]
+        b_rows, M, per, tiles = walk(a_m, K, N, B.shape[0])   # a batch: products stacked
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
-        tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
         num_k = (K + BK - 1) // BK
         if t == 0:
             for s in range(STAGES):
@@ -123,12 +128,12 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
                 it = 0
                 owner = 0                    # the consumer of this tile
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                    m0, n0 = tile_origin(tile, M, N)
+                    product, m0, n0 = place(tile, per, M, N)
                     for kt in range(num_k):
                         s = it % STAGES
                         wait(H.smem_addr(bars, EMPTY + s), ((it // STAGES) % 2) ^ 1)
                         load_stage(ring, s, H.smem_addr(bars, owner * STAGES + s), maps,
-                                   kt * BK, m0, n0, 0)
+                                   kt * BK, product * M + m0, n0, product * b_rows)
                         it += 1
                     owner ^= 1
         else:                                # ---- consumers 0 and 1, a tile each in turn
@@ -139,7 +144,8 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
             phases = 0                       # bit s: the parity of my next use of stage s
             j = 0                            # my tiles so far
             for tile in range(cuda.blockIdx.x + c * cuda.gridDim.x, tiles, 2 * cuda.gridDim.x):
-                m0, n0 = tile_origin(tile, M, N)
+                product, m0, n0 = place(tile, per, M, N)
+                a_row = product * M
                 for e in range(ACC):
                     acc[e] = float32(0.0)
                 if ORDERED:                  # my turn: the other has issued its tile
@@ -161,7 +167,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
                 if num_k > 0:
                     H.mbarrier_arrive(H.smem_addr(bars, EMPTY + (it - 1) % STAGES))
                 add_bias(acc, bias, t % 128, n0, N)
-                store_acc(C, acc, t % 128, m0, n0, M, N)
+                store_acc(C, acc, t % 128, a_row + m0, n0, a_row + M, N)
                 it += num_k                  # the other consumer's tile
                 j += 1
 
@@ -186,10 +192,10 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | N
                          f"{SMEM_MAX // 1024} KiB of shared memory")
     k_tile, store_acc = warpgroup_code(precision, BN, BM // 64, OUT, B_LAYOUT)
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT)
+    add_bias = bias_code(precision, BN, BM // 64, True) if BIAS else None
     kernel, NT, SHARED = pingpong_kernel(BM, BN, STAGES, REGS, bool(ORDERED), k_tile, store_acc,
                                          tile_order(BM, BN, GROUP_M), load_stage, A_BYTES,
-                                         STAGE_BYTES,
-                                         bias_code(precision, BN, BM // 64, True) if BIAS else None)
+                                         STAGE_BYTES, add_bias, B_LAYOUT == "NK")
 
     default = (BM, BN, STAGES, GROUP_M) == (128, 128, deepest_ring(128, 128), 8)
     name = rung_name("wgmma_pingpong", precision, default, BM, BN, STAGES, GROUP_M)
@@ -210,6 +216,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | N
                     REGS=REGS, ORDERED=bool(ORDERED), **out_params(OUT),
                     **layout_params(B_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
+        batched=True,                        # products one under the other
         tma_boxes=tma_boxes(BM, BN, B_LAYOUT),
         tma_swizzle=128,
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",

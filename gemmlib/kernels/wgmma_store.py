@@ -32,6 +32,13 @@ This rung changes only the epilogue:
 
 ``B_LAYOUT="NK"``, ``A_LAYOUT="KM"`` and ``BIAS=True`` are ``wgmma_ws``'s options; the
 bias is added to the accumulators before they are staged (or stored from registers).
+
+**A batch of products in one launch** walks the tiles as ``wgmma_ws`` does
+(``wgmma_ws.batched_walk``).  C's map is 3-D, (batch, M, N) -- one product for a single
+product -- and a box is stored into its own product (``tma_store_3d``), so a tile that
+hangs over a product's last row is cut there by the copy engine, not written into the next
+product's first rows: any M batches.  A batched launch is where the asynchronous store
+pays most: at K = 64 or 128 a tile is one or two k-tiles, and writing C is most of the work.
 """
 
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint32, uint64
@@ -47,7 +54,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry,
                                          out_params, out_ptx, out_suffix, rung_name, spec_fields,
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
-from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, check_tile,
+from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, batched_walk, check_tile,
                                       persistent_grid, register_roles, regs_suffix)
 from gemmlib.spec import KernelSpec
 
@@ -170,10 +177,12 @@ def epilogue_code(precision: str, BN: int, out: str, pieces: int | None = None,
 
 def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_acc, stage_0,
                  stage_1, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int,
-                 pieces: int | None = None, add_bias=None, a_layout: str = "MK"):
+                 pieces: int | None = None, add_bias=None, a_layout: str = "MK",
+                 b_kmajor: bool = False):
     """``wgmma_ws``'s kernel with the epilogue through shared memory (module docstring);
-    ``add_bias``, ``a_layout`` as ``wgmma_ws.ws_kernel``'s."""
+    ``add_bias``, ``a_layout``, ``b_kmajor`` as ``wgmma_ws.ws_kernel``'s."""
     dims = a_dims(a_layout)
+    walk, place = batched_walk(BM, BN, b_kmajor, tile_origin)
     BIAS = add_bias is not None
     add_bias = add_bias or no_bias
     PIECES, COLS, ES, BOX_COLS, BOXES = stage_shape(BN, out, pieces)
@@ -196,12 +205,12 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
-        M, K = dims(A)                       # A given as (M, K) or (K, M)
+        a_m, K = dims(A)                     # A given as (M, K) or (K, M)
         N = C.shape[1]
+        b_rows, M, per, tiles = walk(a_m, K, N, B.shape[0])   # a batch: products stacked
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
         stage = ring + STAGES * STAGE_BYTES   # 1024-byte aligned, as the swizzle needs
-        tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
         num_k = (K + BK - 1) // BK
         to_tma = N % VE == 0 and aligned16(C)   # the host passes C's map on the same test
         if t == 0:
@@ -220,11 +229,12 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                 H.tensormap_acquire(maps + uint64(128))
                 it = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                    m0, n0 = tile_origin(tile, M, N)
+                    product, m0, n0 = place(tile, per, M, N)
                     for kt in range(num_k):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0, 0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK,
+                                   product * M + m0, n0, product * b_rows)
                         it += 1
             elif to_tma and t % 32 == 0 and t // 32 <= CONSUMERS:   # warps 1, 2: storers
                 c = t // 32 - 1              # the consumer this thread stores for
@@ -233,14 +243,14 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                 rows = stage + c * BOX_ROWS * BOX_ROW_BYTES
                 e = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                    m0, n0 = tile_origin(tile, M, N)
+                    product, m0, n0 = place(tile, per, M, N)
                     y = m0 + BOX_ROWS * c
                     for piece in range(PIECES):
                         wait(H.smem_addr(bars, EPI_FULL + c), e % 2)
                         for b in range(BOXES):
                             x = n0 + piece * COLS + b * BOX_COLS
-                            if x < N and y < M:
-                                T.tma_store_2d(cmap, x, y, rows + b * BOX_BYTES)
+                            if x < N and y < M:   # (C's map is 3-D: product, row, column)
+                                T.tma_store_3d(cmap, x, y, product, rows + b * BOX_BYTES)
                         T.bulk_commit()
                         T.bulk_wait_read()   # the stage is read: it may be refilled
                         H.mbarrier_arrive(H.smem_addr(bars, EPI_EMPTY + c))
@@ -254,7 +264,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
             it = 0
             e = 0
             for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                m0, n0 = tile_origin(tile, M, N)
+                product, m0, n0 = place(tile, per, M, N)
                 for i in range(ACC):
                     acc[i] = float32(0.0)
                 for kt in range(num_k):
@@ -286,7 +296,8 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                         H.mbarrier_arrive(H.smem_addr(bars, EPI_FULL + c))
                         e += 1
                 else:
-                    store_acc(C, acc, t % 128, m0 + 64 * c, n0, M, N)
+                    a_row = product * M
+                    store_acc(C, acc, t % 128, a_row + m0 + 64 * c, n0, a_row + M, N)
 
     return (bias_entry(wgmma_store_kernel, BIAS, jit_opts), NT,
             STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, out, PIECES))
@@ -326,7 +337,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                                       stage_1, tile_order(BM, BN, GROUP_M), load_stage,
                                       A_BYTES, STAGE_BYTES, PIECES,
                                       bias_code(precision, BN, 1, True) if BIAS else None,
-                                      A_LAYOUT)
+                                      A_LAYOUT, B_LAYOUT == "NK")
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, DEFAULT_REGS)
     name = rung_name("wgmma_store", precision, default, BM, BN, STAGES, GROUP_M)
     name += regs_suffix(REGS) + out_suffix(OUT) + (f"_p{PIECES}" if split else "")
@@ -343,12 +354,13 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                     REGS=REGS, **out_params(OUT), **({"PIECES": PIECES} if split else {}),
                     **layout_params(B_LAYOUT, A_LAYOUT), **bias_params(BIAS)),
         shared_bytes=SHARED,
+        batched=A_LAYOUT == "MK",            # products one under the other: (M, K) As only
         tma_boxes=tma_boxes(BM, BN, B_LAYOUT, A_LAYOUT),
         tma_swizzle=128,
         tma_store_box=c_box(OUT),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",
                   r"cp\.async\.bulk\.tensor\.2d\.shared", r"mbarrier\.arrive\.shared",
-                  r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group",
+                  r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta\.bulk_group",
                   r"cp\.async\.bulk\.wait_group\.read 0", r"fence\.proxy\.async",
                   r"st\.shared\.(?:v2\.f32|b32)") + (
             (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT)

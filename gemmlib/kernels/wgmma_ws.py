@@ -96,6 +96,33 @@ def as_accumulated(acc, maps):
     return
 
 
+def batched_walk(BM: int, BN: int, b_kmajor: bool, tile_origin):
+    """``(walk, place)``, the device functions of a batched launch's tile walk, which every
+    batched rung shares.  ``walk(a_rows, K, N, b_rows_all)``: the products are stacked one
+    under the other in A (``a_rows`` rows), B (``b_rows_all`` rows: (K, N) or, ``b_kmajor``,
+    (N, K) per product) and C -> ``(b_rows, M, per, tiles)``: B's rows per product, one
+    product's rows, its tiles, and all products' tiles.  ``place(tile, per, M, N)`` ->
+    ``(product, m0, n0)``: tile ``tile`` of the walk is tile ``tile % per`` of product
+    ``tile // per`` (``tile_origin``'s order inside a product); its rows of A and C start
+    at ``product * M + m0``, its B at row ``product * b_rows``.  One product: the plain walk."""
+    B_KMAJOR = b_kmajor
+
+    @cuda.jit(device=True)
+    def walk(a_rows, K, N, b_rows_all):
+        b_rows = N if B_KMAJOR else K
+        M = a_rows // (b_rows_all // b_rows)
+        per = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
+        return b_rows, M, per, per * (b_rows_all // b_rows)
+
+    @cuda.jit(device=True)
+    def place(tile, per, M, N):
+        product = tile // per
+        m0, n0 = tile_origin(tile - product * per, M, N)
+        return product, m0, n0
+
+    return walk, place
+
+
 def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, tile_origin,
               load_stage, A_BYTES: int, STAGE_BYTES: int, finish=None, add_bias=None,
               b_kmajor: bool = False, a_layout: str = "MK"):
@@ -118,7 +145,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
     wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
     fewer, more = register_roles(REGS)
-    B_KMAJOR = b_kmajor
+    walk, place = batched_walk(BM, BN, b_kmajor, tile_origin)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
     @cuda.jit(**jit_opts)
@@ -131,11 +158,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
         N = C.shape[1]
         # A batched launch: several products' A, B and C, each under the previous one's in
         # the same arrays (and maps); the blocks walk every product's tiles in turn
-        b_rows = N if B_KMAJOR else K        # B's rows of one product
-        products = B.shape[0] // b_rows
-        M = a_m // products
-        per = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
-        tiles = per * products
+        b_rows, M, per, tiles = walk(a_m, K, N, B.shape[0])
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
         num_k = (K + BK - 1) // BK
@@ -152,8 +175,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
                 H.tensormap_acquire(maps + uint64(128))
                 it = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                    product = tile // per
-                    m0, n0 = tile_origin(tile - product * per, M, N)
+                    product, m0, n0 = place(tile, per, M, N)
                     for kt in range(num_k):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
@@ -166,9 +188,8 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
             slice_ = (wg - 1) * SLICE_BYTES
             it = 0
             for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
-                product = tile // per
+                product, m0, n0 = place(tile, per, M, N)
                 a_row = product * M
-                m0, n0 = tile_origin(tile - product * per, M, N)
                 for e in range(ACC):
                     acc[e] = float32(0.0)
                 for kt in range(num_k):

@@ -1,5 +1,5 @@
 """The path of a batch of 16-bit products as one launch: ``(b, M, K) @ (b, K, N)`` on
-a batched rung (``wgmma_ws`` on Hopper), where the operands allow it; else
+a batched rung (on Hopper ``select_batched``'s), where the operands allow it; else
 :func:`gemmlib.matmul` loops over the batch."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from gemmlib.backend import SIMULATOR
-from gemmlib.frontends.allocate import allocate_stack, host16, kernel_array, pointer
+from gemmlib.frontends.allocate import (allocate_stack, host16, kernel_array, like_input,
+                                        pointer)
 from gemmlib.frontends.checks import describe_bias, out_type
 from gemmlib.frontends.operand import KERNEL_TYPE, SIXTEEN, Operand, is_c_contiguous
 from gemmlib.frontends.torch_tensors import current_stream
@@ -18,8 +19,8 @@ from gemmlib.runtime.select import AUTO, select_batched
 
 
 def one_launch(A, B, a: Operand, b: Operand, batch: tuple, out, bias, kw):
-    """A batch of 16-bit products as one launch of a batched rung (``wgmma_ws`` on
-    Hopper, :func:`gemmlib.runtime.select.select_batched`), where the operands allow it:
+    """A batch of 16-bit products as one launch of a batched rung (on Hopper
+    :func:`gemmlib.runtime.select.select_batched`'s), where the operands allow it:
     the same batch shape (no broadcast), A a contiguous stack, B a contiguous stack of
     row-major matrices or of column-major ones (``K.transpose(-1, -2)``), 16-byte rows,
     and no ``out``, kernel or precision named.  None where not: the caller loops."""
@@ -46,10 +47,11 @@ def one_launch(A, B, a: Operand, b: Operand, batch: tuple, out, bias, kw):
         B2 = np.ascontiguousarray(bk).view(np.uint16).reshape(-1, bk.shape[-1])
         C = (host16(np.empty(batch + (M, N), np.uint16), o16, a) if o16 else
              np.empty(batch + (M, N), np.float32))
-        C2 = (C.view(np.uint16) if o16 else C).reshape(nb * M, N)
+        C2 = (getattr(C, "bits", C).view(np.uint16) if o16 else C).reshape(nb * M, N)
         Z = None if z is None else kernel_array(z, np).reshape(1, N)
         calls.run_arrays(call, A2, B2, C2, stream, bias=Z, bias_type=KERNEL_TYPE[a.dname])
-        return C
+        # in A's own type, as a loop's products are (a torch CPU tensor, bfloat16 included)
+        return C if isinstance(A, np.ndarray) else like_input(C, A)
     if a.kind == "torch" and stream is None:
         stream = current_stream(a.device)
     if a.ptr % 16 or b.ptr % 16:

@@ -410,8 +410,9 @@ def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
 def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (),
                  c_ptr: int = 0, graph: bool = False) -> int:
     """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``, then C's
-    (M x N) when ``c_ptr`` is given (a spec that stores C by TMA, and a C that can take it:
-    ``KernelSpec.c_map_ok``, decided by :func:`_maps_of`)."""
+    when ``c_ptr`` is given (a spec that stores C by TMA, and a C that can take it:
+    ``KernelSpec.c_map_ok``, decided by :func:`_maps_of`): 3-D, (batch, M, N), so that a
+    batched launch's boxes stop at their product's last row."""
     spec, M, N, K = p.spec, p.M, p.N, p.K
     ia, ib, ic = spec.kernel_dtypes
     name = TMA_DTYPE[spec.precision]
@@ -423,8 +424,8 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
     ops = [(a_ptr, a_shape, a_shape[1] * isz, name, box_a, sw),
            (b_ptr, b_shape, b_shape[1] * isz, name, box_b, sw)]
     if c_ptr:
-        ops.append((c_ptr, (M, N), N * np.dtype(ic).itemsize, np.dtype(ic).name,
-                    spec.tma_store_box, 128))
+        ops.append((c_ptr, (p.batch, M // p.batch, N), N * np.dtype(ic).itemsize,
+                    np.dtype(ic).name, spec.tma_store_box, 128))
     return maps.operand_maps(tuple(ops), stream, tuple(scales) if spec.scale_words else (),
                             graph=graph)
 
@@ -497,7 +498,8 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         if spec.tma_store_box:
             dC = _simulated_device_copy(C)
             if spec.c_map_ok(N, dC._ary.ctypes.data):   # the kernel's test, on its C
-                arrays, boxes = (A, B, dC._ary), spec.tma_boxes + (spec.tma_store_box,)
+                stack = dC._ary.reshape(p.batch, p.M // p.batch, N)   # as _tensor_maps: 3-D
+                arrays, boxes = (A, B, stack), spec.tma_boxes + (spec.tma_store_box,)
         where = tma.simulated_maps(arrays, boxes, spec.tma_swizzle,
                                    tuple(scales) if spec.scale_words else ())
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]

@@ -67,9 +67,9 @@ def plan(kernel, M: int, N: int, K: int, batch: int = 1) -> Plan:
     if batch != 1:
         if not spec.batched or splits > 1 or work or spec.b_prep is not None:
             raise ValueError(f"{spec.name} has no batched launch")
-        # one persistent block per SM walks every product's tiles
-        tiles = batch * cdiv(M, spec.tile[0]) * cdiv(N, spec.tile[1])
-        grid = (min(tiles, dev.sm_count), 1, 1)
+        # the rung's persistent grid for every product's tiles (as many as a matrix of
+        # batch * cdiv(M, BM) * BM rows has): at most one block per SM, walking them all
+        grid = spec.grid(batch * cdiv(M, spec.tile[0]) * spec.tile[0], N, K)
     STATS["plans"] += 1
     return _PLANS.put(key, Plan(spec, M * batch, N, K, grid, geo.block,
                                 geo.dynamic_shared_bytes, splits, work, batch))

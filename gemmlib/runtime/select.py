@@ -445,19 +445,55 @@ def with_bias(spec: KernelSpec) -> KernelSpec:
     return _rebuilt(spec, BIAS=True) or spec
 
 
+#: What runs a batch of (M, N, K) products in one launch on Hopper: the first row whose
+#: widest N (None: any) holds the products' N, as (widest N, rung, build parameters);
+#: ``precision``, ``OUT``, ``B_LAYOUT`` and ``BIAS`` are added.  At the batched shapes of
+#: attention (K = 64, 128: a tile is one or two k-tiles) writing C is most of the work, so
+#: the rung is ``wgmma_store``, whose copy engine writes C whole 128-byte lines at a time
+#: while the consumers compute the next tile; ``wgmma_ws`` (BATCHED_FALLBACK) wrote it from
+#: registers, 16 bytes per row per store, and ran 33-49% of torch.bmm
+#: (results/layouts-*-2026-11-27.json).  ``scripts/batched_gpu.py`` times the candidates.
+HOPPER_BATCHED = ((64, "wgmma_store", {"BN": 64, "STAGES": 8}),
+                  (128, "wgmma_store", {"BN": 128, "STAGES": 6}),
+                  (None, "wgmma_store", {"BN": 256, "STAGES": 4, "PIECES": 2}))
+#: where a row's build cannot be made for a call (a float32 C's stage and four stages of
+#: 128 x 256 do not fit: then the row's rung with its default ring) or cannot run its
+#: shape: ``wgmma_ws``, BN 128 up to N = 128
+BATCHED_FALLBACK = "wgmma_ws"
+
+
+def batched_row(N: int) -> tuple:
+    """The row of HOPPER_BATCHED for products of width N: (rung, params)."""
+    for widest, rung, params in HOPPER_BATCHED:
+        if widest is None or N <= widest:
+            return rung, params
+    return BATCHED_FALLBACK, {}
+
+
 def select_batched(precision: str, M: int, N: int, K: int, out: str, b_layout: str,
                    bias: bool = False) -> KernelSpec | None:
     """The rung that runs a batch of (M, N, K) products in one launch (``plan``'s
-    ``batch``): ``wgmma_ws`` on an H100/H200 (and in the simulator), its tile narrowed to
-    128 columns when N is no wider; None elsewhere (``gemmlib.matmul`` then loops)."""
+    ``batch``) on an H100/H200 (and in the simulator): HOPPER_BATCHED's row for N, or
+    BATCHED_FALLBACK where that build cannot be made or run; None elsewhere
+    (``gemmlib.matmul`` then loops)."""
     if precision not in ("fp16", "bf16") or not (
             SIMULATOR or tuple(backend.device_info().compute_capability) == (9, 0)):
         return None
-    params = {"precision": precision, "BN": 128 if N <= 128 else 256, "OUT": out,
-              "B_LAYOUT": b_layout, "BIAS": bias}
-    spec = build("wgmma_ws", {k: v for k, v in params.items()
-                              if v != {"OUT": "fp32", "B_LAYOUT": "KN", "BIAS": False}.get(k)})
-    return None if spec.failed_constraints(M, N, K, backend.device_info()) else spec
+    call = {"precision": precision, "OUT": out, "B_LAYOUT": b_layout, "BIAS": bias}
+    defaults = {"OUT": "fp32", "B_LAYOUT": "KN", "BIAS": False}
+    rung, params = batched_row(N)
+    tries = [(rung, params), (rung, {k: v for k, v in params.items() if k == "BN"}),
+             (BATCHED_FALLBACK, {"BN": 128 if N <= 128 else 256})]
+    dev = backend.device_info()
+    for rung, params in tries:
+        full = {k: v for k, v in dict(params, **call).items() if v != defaults.get(k)}
+        try:
+            spec = build(rung, full)
+        except (TypeError, ValueError):   # e.g. a float32 C's stage does not fit
+            continue
+        if spec.batched and not spec.failed_constraints(M, N, K, dev):
+            return spec
+    return None
 
 
 #: a C in the inputs' 16-bit type from one K slice of a 128 x 256 tile on Hopper: wgmma_store
