@@ -183,7 +183,7 @@ def test_a_batch_is_one_launch(b_layout, monkeypatch):
     C = gemmlib.matmul(X, Y, bias=z)
     ref = np.matmul(X.astype(np.float64), Y.astype(np.float64)) + z
     assert launches == [(launches[0][0], nb)]
-    assert launches[0][0].startswith(select.batched_row(N)[0])
+    assert launches[0][0].startswith(select.batched_row(N, K)[0])
     assert C.dtype == np.float16 and np.allclose(C.astype(np.float64), ref, atol=2e-2)
 
 
@@ -273,13 +273,14 @@ def test_batched_launch_of_each_batched_rung(rung, tile, precision, out, b_layou
 
 @pytest.mark.parametrize("out", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("b_layout", ["KN", "NK"])
-@pytest.mark.parametrize("N", [8, 64, 72, 128, 136, 4096])
-def test_the_batched_choice_builds_for_every_call(N, b_layout, out):
+@pytest.mark.parametrize("N, K", [(8, 64), (64, 128), (72, 64), (128, 128), (136, 64),
+                                  (4096, 64), (4096, 128)])
+def test_the_batched_choice_builds_for_every_call(N, K, b_layout, out):
     """select_batched's table gives a batched build for every output type and layout (a
     float32 C whose stage does not fit the row's ring: the row's rung, its default ring)."""
     precision = "bf16" if out == "bf16" else "fp16"
-    spec = select.select_batched(precision, 67, N, 64, out, b_layout, bias=N == 72)
-    rung, params = select.batched_row(N)
+    spec = select.select_batched(precision, 67, N, K, out, b_layout, bias=N == 72)
+    rung, params = select.batched_row(N, K)
     assert spec.batched and spec.name.startswith(rung) and spec.b_operand == b_layout
     assert spec.params.get("OUT", "fp32") == out and spec.tile[1] == params["BN"]
     assert spec.bias_arg == (N == 72)

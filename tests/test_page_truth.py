@@ -23,12 +23,7 @@ NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 
 #: Pages owned by others that still break a rule here, by rule: each owner removes their
 #: entry once the page passes (the test then fails until the entry is gone).
-# 17c's device-table cell ran on a GPU before the page showed the kernel's own table and the
-# driver's register count; only a GPU execution of the page can replace its stored output
-KNOWN_TODO = {
-    "one device table": {"17c-warp-specialisation.ipynb"},
-    "registers shown": {"17c-warp-specialisation.ipynb"},
-}
+KNOWN_TODO: dict[str, set] = {}
 
 GPU_MODEL = r"(?:NVIDIA\s+)?(?P<gpu>[A-Z]{1,3}\d{2,4}[A-Z]?|T4|L4|RTX\s?\d{3,4})"
 RAN_ON = re.compile(

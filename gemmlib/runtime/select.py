@@ -446,26 +446,29 @@ def with_bias(spec: KernelSpec) -> KernelSpec:
 
 
 #: What runs a batch of (M, N, K) products in one launch on Hopper: the first row whose
-#: widest N (None: any) holds the products' N, as (widest N, rung, build parameters);
-#: ``precision``, ``OUT``, ``B_LAYOUT`` and ``BIAS`` are added.  At the batched shapes of
-#: attention (K = 64, 128: a tile is one or two k-tiles) writing C is most of the work, so
-#: the rung is ``wgmma_store``, whose copy engine writes C whole 128-byte lines at a time
-#: while the consumers compute the next tile; ``wgmma_ws`` (BATCHED_FALLBACK) wrote it from
-#: registers, 16 bytes per row per store, and ran 33-49% of torch.bmm
-#: (results/layouts-*-2026-11-27.json).  ``scripts/batched_gpu.py`` times the candidates.
-HOPPER_BATCHED = ((64, "wgmma_store", {"BN": 64, "STAGES": 8}),
-                  (128, "wgmma_store", {"BN": 128, "STAGES": 6}),
-                  (None, "wgmma_store", {"BN": 256, "STAGES": 4, "PIECES": 2}))
+#: widest N and deepest K (None: any) hold the products', as (widest N, deepest K, rung,
+#: build parameters); ``precision``, ``OUT``, ``B_LAYOUT`` and ``BIAS`` are added.  At the
+#: batched shapes of attention (K = 64, 128: a tile is one or two k-tiles) writing C is most
+#: of the work, so the rung is ``wgmma_store``, whose copy engine writes C whole 128-byte
+#: lines at a time while the consumers compute the next tile; ``wgmma_ws`` (BATCHED_FALLBACK)
+#: wrote it from registers, 16 bytes per row per store, and ran 32-44% of torch.bmm.  On the
+#: H200 (results/batched-2026-11-27/): 128 x 256 tiles with four stages staged in halves
+#: 86-102% at K = 64, three whole stages 84-94% at K = 128 (the halves 80-89%); 128-column
+#: tiles with four stages 53-76% at N = 128 (3.5-10 us products).
+HOPPER_BATCHED = ((64, None, "wgmma_store", {"BN": 64, "STAGES": 8}),
+                  (128, None, "wgmma_store", {"BN": 128, "STAGES": 4}),
+                  (None, 64, "wgmma_store", {"BN": 256, "STAGES": 4, "PIECES": 2}),
+                  (None, None, "wgmma_store", {"BN": 256, "STAGES": 3}))
 #: where a row's build cannot be made for a call (a float32 C's stage and four stages of
 #: 128 x 256 do not fit: then the row's rung with its default ring) or cannot run its
 #: shape: ``wgmma_ws``, BN 128 up to N = 128
 BATCHED_FALLBACK = "wgmma_ws"
 
 
-def batched_row(N: int) -> tuple:
-    """The row of HOPPER_BATCHED for products of width N: (rung, params)."""
-    for widest, rung, params in HOPPER_BATCHED:
-        if widest is None or N <= widest:
+def batched_row(N: int, K: int) -> tuple:
+    """The row of HOPPER_BATCHED for products of width N and depth K: (rung, params)."""
+    for widest, deepest, rung, params in HOPPER_BATCHED:
+        if (widest is None or N <= widest) and (deepest is None or K <= deepest):
             return rung, params
     return BATCHED_FALLBACK, {}
 
@@ -473,7 +476,7 @@ def batched_row(N: int) -> tuple:
 def select_batched(precision: str, M: int, N: int, K: int, out: str, b_layout: str,
                    bias: bool = False) -> KernelSpec | None:
     """The rung that runs a batch of (M, N, K) products in one launch (``plan``'s
-    ``batch``) on an H100/H200 (and in the simulator): HOPPER_BATCHED's row for N, or
+    ``batch``) on an H100/H200 (and in the simulator): HOPPER_BATCHED's row for N and K, or
     BATCHED_FALLBACK where that build cannot be made or run; None elsewhere
     (``gemmlib.matmul`` then loops)."""
     if precision not in ("fp16", "bf16") or not (
@@ -481,7 +484,7 @@ def select_batched(precision: str, M: int, N: int, K: int, out: str, b_layout: s
         return None
     call = {"precision": precision, "OUT": out, "B_LAYOUT": b_layout, "BIAS": bias}
     defaults = {"OUT": "fp32", "B_LAYOUT": "KN", "BIAS": False}
-    rung, params = batched_row(N)
+    rung, params = batched_row(N, K)
     tries = [(rung, params), (rung, {k: v for k, v in params.items() if k == "BN"}),
              (BATCHED_FALLBACK, {"BN": 128 if N <= 128 else 256})]
     dev = backend.device_info()
