@@ -160,3 +160,69 @@ def plot_serving(data, title=None):
     from gemmcourse.viz import legible
 
     return legible(fig)
+
+
+# --------------------------------------------------------------------------
+# The measured table of 65-512 tokens (gemmlib.tune_hopper)
+
+
+def tuning_files(directory=None):
+    """The committed tuning runs, ``tune-<date>/tune-<gpu>.json``: [(file name, data)]."""
+    from gemmcourse.notebook import committed_json
+
+    return [(n, d) for n, d in committed_json("tune-*/tune-*.json", directory)
+            if isinstance(d, dict) and "classes" in d]
+
+
+def _gm(xs):
+    import math
+
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def tuning_rows(data, tokens=(128, 256, 512)) -> list[dict]:
+    """Per token count of a tuning run: the classes, how many the rule kept, and the
+    geometric means (over the training layers) of the rule's and of each class's winner's
+    % of torch."""
+    import math
+
+    from gemmlib import tuning
+
+    data = load(data)
+    by = {}
+    for r in data["rows"]:
+        if "pct_torch" in r:
+            by.setdefault((r["M"], r["N"], r["K"]), {})[r["candidate"]] = r["pct_torch"]
+    out = []
+    for M in tokens:
+        classes = {c: e for c, e in data["classes"].items()
+                   if c.startswith(f"m{1 << round(math.log2(M))}-")}
+        rule, best = [], []
+        for (m, N, K), cands in by.items():
+            e = classes.get(tuning.token_class(m, N, K))
+            if m == M and e and "rule" in cands:
+                rule.append(cands["rule"])
+                best.append(cands.get(e["candidate"]))
+        out.append(dict(M=M, classes=len(classes),
+                        kept=sum(e["candidate"] == "rule" for e in classes.values()),
+                        layers=len(rule), rule=_gm(rule), tuned=_gm(best)))
+    return out
+
+
+def held_out_rows(before, after, tokens=(128, 256, 512)) -> list[dict]:
+    """Per token count and precision: the geometric mean % of torch of two serving runs
+    (before and after a table) over the shapes both measured."""
+    before, after = load(before), load(after)
+    key = lambda r: (r["precision"], r["M"], r["N"], r["K"])   # noqa: E731
+    old = {key(r): r.get("pct_torch") for r in before["rows"] if "error" not in r}
+    out = []
+    for M in tokens:
+        for prec in ("fp16", "bf16"):
+            pairs = [(old[key(r)], r.get("pct_torch")) for r in after["rows"]
+                     if r["M"] == M and r["precision"] == prec and "error" not in r
+                     and old.get(key(r))]
+            if pairs:
+                out.append(dict(M=M, precision=prec, shapes=len(pairs),
+                                before=_gm(p[0] for p in pairs), after=_gm(p[1] for p in pairs)))
+    return out
