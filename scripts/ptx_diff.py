@@ -131,6 +131,49 @@ def sass(cubin: Path) -> str | None:
     return MANGLED.sub(lambda m: seen.setdefault(m.group(0), f"SYM{len(seen)}"), text)
 
 
+SASS_REG = re.compile(r"\bU?[RP]\d+\b")
+SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*/\* 0x[0-9a-f]+ \*/\s*$")
+
+
+SASS_ADDR = re.compile(r"0x[0-9a-f]+")
+
+
+#: the same integer operation, which ptxas issues on the IMAD or the ALU pipe as it balances
+#: them: an add (``IMAD.IADD d, a, 0x1, b`` is d = a * 1 + b) and a move
+ALIASES = ((re.compile(r"^IMAD\.IADD (\S+), (\S+), 0x1, (\S+) ;$"), r"IADD3 \1, \2, \3, RZ ;"),
+           (re.compile(r"^IMAD\.MOV\.U32 (\S+), RZ, RZ, (\S+) ;$"), r"MOV \1, \2 ;"))
+
+
+def alias(instruction: str) -> str:
+    for pattern, canonical in ALIASES:
+        instruction = pattern.sub(canonical, instruction)
+    return instruction
+
+
+def sass_diff(a: str, b: str) -> str:
+    """How the machine code ``b`` differs from ``a``: only in the registers of some
+    instructions (each at the same address), or the same instructions (registers and
+    addresses aside) in another order, or more."""
+    la = [m.groups() for m in map(SASS_LINE.match, a.splitlines()) if m]
+    lb = [m.groups() for m in map(SASS_LINE.match, b.splitlines()) if m]
+    if [p for p, _ in la] == [p for p, _ in lb] and all(
+            SASS_REG.sub("R", ia) == SASS_REG.sub("R", ib) for (_, ia), (_, ib) in zip(la, lb)):
+        changed = sum(ia != ib for (_, ia), (_, ib) in zip(la, lb))
+        return (f"SASS the same instructions at the same addresses, {changed} of {len(la)} "
+                "with other register numbers")
+
+    def shapes(lines):
+        return [SASS_ADDR.sub("A", SASS_REG.sub("R", alias(i))) for _, i in lines]
+
+    sa, sb = shapes(la), shapes(lb)
+    if collections.Counter(sa) == collections.Counter(sb):
+        sm = difflib.SequenceMatcher(None, sa, sb, autojunk=False)
+        moved = sum(i2 - i1 for tag, i1, i2, _, _ in sm.get_opcodes() if tag != "equal")
+        return (f"SASS the same instruction multiset ({len(sa)}; registers, addresses and the "
+                f"IMAD/ALU forms of an add or a move aside), {moved} in another place")
+    return "SASS DIFFERS"
+
+
 def compare(before: Path, after: Path, show: int) -> int:
     bad = 0
     for p in sorted(before.glob("*.ptx")):
@@ -161,6 +204,10 @@ def compare(before: Path, after: Path, show: int) -> int:
                 moved = sum(i2 - i1 for tag, i1, i2, _, _ in sm.get_opcodes() if tag != "equal")
                 verdict = (f"same instruction multiset ({len(ia)} lines, {moved} in another "
                            f"order), registers/labels differ ({envs})")
+                if 0 < moved <= 8:
+                    verdict += "; moved: " + ", ".join(
+                        " ".join(ib[j].split()) for tag, _, _, j1, j2 in sm.get_opcodes()
+                        if tag in ("insert", "replace") for j in range(j1, j2))
             else:
                 verdict = (f"DIFFERENT: -{sum((ca - cb).values())} +{sum((cb - ca).values())} "
                            f"instruction shapes")
@@ -171,7 +218,7 @@ def compare(before: Path, after: Path, show: int) -> int:
                         print("    " + ln)
         sa, sb = sass(p.with_suffix(".cubin")), sass(q.with_suffix(".cubin"))
         if sa is not None and sb is not None:
-            verdict += "; SASS identical" if sa == sb else "; SASS differs"
+            verdict += "; SASS identical" if sa == sb else "; " + sass_diff(sa, sb)
         if worse:
             bad += 1
             verdict += "; RESOURCES WORSE"
