@@ -62,7 +62,7 @@ from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, bias_code
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes
 from gemmlib.kernels.wgmma_ws import as_accumulated, check_tile, register_roles, regs_suffix
-from gemmlib.kernels.ws_pipeline import ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 #: blocks per cluster of the default build: 2 on a GPU, 1 in the simulator (see above)
@@ -173,8 +173,7 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 for i in range(first, supers, step):
                     m0, n0 = super_origin(i, M, N)

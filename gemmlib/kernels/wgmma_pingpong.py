@@ -70,7 +70,7 @@ from gemmlib.kernels.wgmma_async import (BK, bias_code, bias_entry, bias_fields,
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (batched_walk, check_tile, persistent_grid, register_roles,
                                       regs_suffix)
-from gemmlib.kernels.ws_pipeline import ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec
 
 #: dynamic shared memory one block may opt in to on an H100 / H200
@@ -134,8 +134,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 owner = 0                    # the consumer of this tile
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):

@@ -56,7 +56,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry,
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, batched_walk, check_tile,
                                       persistent_grid, register_roles, regs_suffix)
-from gemmlib.kernels.ws_pipeline import ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec
 
 #: bytes of one staged row of a box (the 128-byte swizzle's span) and rows per box
@@ -226,8 +226,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:                       # warp 0: one thread issues the loads
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
                     product, m0, n0 = place(tile, per, M, N)

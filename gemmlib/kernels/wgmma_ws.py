@@ -62,7 +62,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          out_ptx, out_suffix, rung_name, spec_fields,
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
-from gemmlib.kernels.ws_pipeline import ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -172,8 +172,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
                     product, m0, n0 = place(tile, per, M, N)

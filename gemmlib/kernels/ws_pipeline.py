@@ -29,7 +29,7 @@ arrival on its empty barrier; ``wgmma_cluster``'s tells every block of the clust
 
 from typing import NamedTuple
 
-from gemmlib.backend import cuda
+from gemmlib.backend import cuda, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.kernels.wgmma_async import BK
 from gemmlib.kernels.wgmma_tma import wait
@@ -40,6 +40,14 @@ class Ring(NamedTuple):
     fill: object
     mma: object
     drain: object
+
+
+@cuda.jit(device=True)
+def acquire_maps(maps):
+    """The producer's tensor maps of A and B (the first two of ``maps``) made visible to its
+    copies before the first of them."""
+    H.tensormap_acquire(maps)
+    H.tensormap_acquire(maps + uint64(128))
 
 
 def ring_parts(STAGES: int, STAGE_BYTES: int, A_BYTES: int, load_stage, k_tile, KT: int = BK,
