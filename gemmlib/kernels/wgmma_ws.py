@@ -38,7 +38,9 @@ B only when K is a whole number of k-tiles, so no product reads another's B).
 
 The producer starts with parity 1 on the empty barriers: a fresh barrier is
 in phase 0, and waiting for the phase *before* it (parity 1) returns at
-once, so the first STAGES fills go ahead without consumers.
+once, so the first STAGES fills go ahead without consumers.  The two roles'
+loops over the ring are ``ws_pipeline``'s (``fill``, ``mma``, ``drain``), which
+every warp-specialised rung after this one shares.
 
 Built with ``B_LAYOUT="NK"`` the rung takes B as (N, K) -- an ``nn.Linear``
 weight, C = A @ B.T -- and copies each k-tile of it as one BN x 64 box, K-major

@@ -10,11 +10,14 @@ built on it -- ``wgmma_ws`` (and through its kernel ``wgmma_tf32`` and ``wgmma_f
 ``wgmma_swap`` -- differ in the tiles they walk and what they do around the ring, so the
 ring's parts live here and each rung's kernel keeps only its own idea:
 
+* ``acquire_maps(maps)``: the producer's tensor maps of A and B, acquired once;
 * ``fill(ring, bars, full, it, k0, k1, maps, m0, n0, b_row) -> it``: the producer's copies
-  of one tile's k-tiles ``k0 .. k1`` into the ring from position ``it``;
+  of one tile's k-tiles ``k0 .. k1`` into the ring from position ``it`` (``m0, n0, b_row``
+  go to the rung's ``load_stage``);
 * ``mma(ring, bars, full, acc, slice_, it, ph, k0, k1, t, rank) -> (it, ph)``: a consumer's
-  wgmma over those k-tiles, each stage released once the next k-tile's wgmma is issued and
-  its own has finished (``wgmma.wait_group 1``), so one wgmma is always in flight;
+  wgmma over those k-tiles (``slice_``: the byte offset of its rows in A's tile), each stage
+  released once the next k-tile's wgmma is issued and its own has finished
+  (``wgmma.wait_group 1``), so one wgmma is always in flight;
 * ``drain(bars, it, k0, k1, t, rank)``: the last wgmma waited for, its stage released.
 
 ``full`` is the index of stage 0's full barrier in ``bars``, ``EMPTY`` (a build constant)
@@ -63,6 +66,7 @@ def ring_parts(STAGES: int, STAGE_BYTES: int, A_BYTES: int, load_stage, k_tile, 
     def fill(ring, bars, full, it, k0, k1, maps, m0, n0, b_row):
         for kt in range(k0, k1):
             s = it % STAGES
+            # the phase before this use: a fresh barrier passes it, so the first fills go
             wait(H.smem_addr(bars, EMPTY + s), ((it // STAGES) % 2) ^ 1)
             load_stage(ring, s, H.smem_addr(bars, full + s), maps, kt * KT, m0, n0, b_row)
             it += 1
