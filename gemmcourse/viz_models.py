@@ -515,11 +515,12 @@ def show_skinny_source(parts=SKINNY_PARTS) -> bool:
     return _show_parts(skinny_module(), "skinny", parts)
 
 
-#: the parts of wgmma_split_k that the chapter shows: the unit's k-tiles and the slices'
-#: sum (k_range, add_slices), then the consumers' loop over units
-SPLIT_K_PARTS = (("    def k_range(", "    @cuda.jit(**jit_opts)"),
+#: the parts of wgmma_split_k that the chapter shows: a block's units (slice_walk), the
+#: slices' sum (add_slices), then the consumers' loop over units
+SPLIT_K_PARTS = (("def slice_walk(", "@cuda.jit(device=True)"),
+                 ("    def add_slices(", "    def wgmma_split_k_kernel("),
                  ("        else:                                # ---- consumer",
-                  "    def slices("))
+                  "    wgmma_split_k_kernel.__name__"))
 
 
 def show_split_k_source(parts=SPLIT_K_PARTS) -> bool:

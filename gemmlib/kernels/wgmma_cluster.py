@@ -60,8 +60,9 @@ from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, bias_code
                                          layout_suffix, no_bias, out_fields, out_params,
                                          out_ptx, out_suffix, rung_name, spec_fields,
                                          tile_order, warpgroup_code)
-from gemmlib.kernels.wgmma_tma import tma_boxes, wait
+from gemmlib.kernels.wgmma_tma import tma_boxes
 from gemmlib.kernels.wgmma_ws import as_accumulated, check_tile, register_roles, regs_suffix
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 #: blocks per cluster of the default build: 2 on a GPU, 1 in the simulator (see above)
@@ -120,7 +121,6 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
     NT = 128 * (1 + CONSUMERS)
     ACC = BN // 2
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
-    wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
     fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
@@ -144,6 +144,9 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
                     H.mbarrier_arrive(bar)
                 else:
                     CL.mbarrier_arrive_peer(CL.peer_address(bar, r))
+
+    fill, mma, drain = ring_parts(STAGES, STAGE_BYTES, A_BYTES, load_stage, k_tile, BK,
+                                  release=release)
 
     @cuda.jit(**jit_opts)
     def wgmma_cluster_kernel(A, B, C, bias, maps):
@@ -170,17 +173,11 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 for i in range(first, supers, step):
                     m0, n0 = super_origin(i, M, N)
-                    for kt in range(num_k):
-                        s = it % STAGES
-                        wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK,
-                                   m0 + rank * BM, n0, rank)
-                        it += 1
+                    it = fill(ring, bars, 0, it, 0, num_k, maps, m0 + rank * BM, n0, rank)
         else:                                # ---- consumer warpgroups
             more()
             acc = cuda.local.array(ACC, float32)
@@ -190,20 +187,8 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
                 m0, n0 = super_origin(i, M, N)
                 for e in range(ACC):
                     acc[e] = float32(0.0)
-                for kt in range(num_k):
-                    s = it % STAGES
-                    wait(H.smem_addr(bars, s), (it // STAGES) % 2)
-                    H.wgmma_fence()
-                    k_tile(ring + s * STAGE_BYTES + slice_, ring + s * STAGE_BYTES + A_BYTES,
-                           acc)
-                    H.wgmma_commit()
-                    wait1()                  # the previous k-tile's wgmma is done:
-                    if kt > 0:               # its stage may be refilled, in every block
-                        release(bars, it - 1, t, rank)
-                    it += 1
-                wait0()
-                if num_k > 0:
-                    release(bars, it - 1, t, rank)
+                it, _ = mma(ring, bars, 0, acc, slice_, it, 0, 0, num_k, t, rank)
+                drain(bars, it, 0, num_k, t, rank)
                 finish(acc, maps)
                 add_bias(acc, bias, t % 128, n0, N)
                 store_acc(C, acc, t % 128, m0 + rank * BM + 64 * (wg - 1), n0, M, N)

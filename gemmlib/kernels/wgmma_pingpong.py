@@ -70,6 +70,7 @@ from gemmlib.kernels.wgmma_async import (BK, bias_code, bias_entry, bias_fields,
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (batched_walk, check_tile, persistent_grid, register_roles,
                                       regs_suffix)
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec
 
 #: dynamic shared memory one block may opt in to on an H100 / H200
@@ -80,6 +81,15 @@ def deepest_ring(BM: int, BN: int) -> int:
     """The most stages of (BM + BN) x 64 halves (at most 8) that fit SMEM_MAX, with the
     1024 bytes the ring's alignment may take."""
     return min(8, (SMEM_MAX - 1024) // ((BM + BN) * BK * 2))
+
+
+@cuda.jit(device=True)
+def take_own(bars, full, s, it, phases):
+    """Wait on my own full barrier of stage ``s`` for the parity of my next use of it (bit s
+    of ``phases``, then flipped): the ring's ``take`` for a consumer that skips the other's
+    k-tiles."""
+    wait(H.smem_addr(bars, full + s), (phases >> s) & 1)
+    return phases ^ (1 << s)
 
 
 def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, store_acc,
@@ -95,7 +105,8 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
     ACC = BM // 64 * BN // 2                 # fp32 accumulators per consumer thread
     EMPTY, TURN = 2 * STAGES, 3 * STAGES     # full[c][s] = c * STAGES + s, empty[s], turn[c]
     NBARS = 3 * STAGES + 2
-    wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
+    fill, mma, drain = ring_parts(STAGES, STAGE_BYTES, A_BYTES, load_stage, k_tile,
+                                  EMPTY=EMPTY, take=take_own)
     fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
@@ -123,18 +134,13 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 owner = 0                    # the consumer of this tile
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
                     product, m0, n0 = place(tile, per, M, N)
-                    for kt in range(num_k):
-                        s = it % STAGES
-                        wait(H.smem_addr(bars, EMPTY + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, owner * STAGES + s), maps,
-                                   kt * BK, product * M + m0, n0, product * b_rows)
-                        it += 1
+                    it = fill(ring, bars, owner * STAGES, it, 0, num_k, maps, product * M + m0,
+                              n0, product * b_rows)
                     owner ^= 1
         else:                                # ---- consumers 0 and 1, a tile each in turn
             more()
@@ -150,22 +156,10 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
                     acc[e] = float32(0.0)
                 if ORDERED:                  # my turn: the other has issued its tile
                     wait(H.smem_addr(bars, TURN + c), (j % 2) ^ (1 - c))
-                for kt in range(num_k):
-                    s = it % STAGES
-                    wait(H.smem_addr(bars, c * STAGES + s), (phases >> s) & 1)
-                    phases ^= 1 << s
-                    H.wgmma_fence()
-                    k_tile(ring + s * STAGE_BYTES, ring + s * STAGE_BYTES + A_BYTES, acc)
-                    H.wgmma_commit()
-                    wait1()                  # the previous k-tile's wgmma is done:
-                    if kt > 0:               # its stage may be refilled
-                        H.mbarrier_arrive(H.smem_addr(bars, EMPTY + (it - 1) % STAGES))
-                    it += 1
+                it, phases = mma(ring, bars, c * STAGES, acc, 0, it, phases, 0, num_k, t, 0)
                 if ORDERED:                  # the other's turn, while my wgmma finish
                     H.mbarrier_arrive(H.smem_addr(bars, TURN + 1 - c))
-                wait0()
-                if num_k > 0:
-                    H.mbarrier_arrive(H.smem_addr(bars, EMPTY + (it - 1) % STAGES))
+                drain(bars, it, 0, num_k, t, 0)
                 add_bias(acc, bias, t % 128, n0, N)
                 store_acc(C, acc, t % 128, a_row + m0, n0, a_row + M, N)
                 it += num_k                  # the other consumer's tile

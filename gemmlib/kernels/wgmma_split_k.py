@@ -57,8 +57,9 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          layout_suffix, out_fields, out_params, out_ptx,
                                          out_suffix, rung_name, spec_fields, tile_order,
                                          warpgroup_code)
-from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
+from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
 from gemmlib.kernels.wgmma_ws import check_tile, register_roles, regs_suffix
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 #: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
@@ -233,7 +234,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
     sum_slices = _sum_slices(QUADS, NC, SUM)
     SHARED = STAGES * STAGE_BYTES + 1024
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
-    wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
+    fill, mma, drain = ring_parts(STAGES, STAGE_BYTES, A_BYTES, load_stage, k_tile, KT)
     fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
@@ -276,8 +277,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 j = 0
                 while True:
@@ -286,11 +286,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
                         break
                     j += 1
                     m0, n0 = tile_origin(tile, M, N)
-                    for kt in range(k0, k1):
-                        s = it % STAGES
-                        wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * KT, m0, n0, 0)
-                        it += 1
+                    it = fill(ring, bars, 0, it, k0, k1, maps, m0, n0, 0)
         else:                                # ---- consumer warpgroups
             more()
             acc = cuda.local.array(ACC, float32)
@@ -306,20 +302,8 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
                 m0, n0 = tile_origin(tile, M, N)
                 for e in range(ACC):
                     acc[e] = float32(0.0)
-                for kt in range(k0, k1):
-                    s = it % STAGES
-                    wait(H.smem_addr(bars, s), (it // STAGES) % 2)
-                    H.wgmma_fence()
-                    k_tile(ring + s * STAGE_BYTES + slice_, ring + s * STAGE_BYTES + A_BYTES,
-                           acc)
-                    H.wgmma_commit()
-                    wait1()
-                    if kt > k0:
-                        H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
-                    it += 1
-                wait0()
-                if k1 > k0:
-                    H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
+                it, _ = mma(ring, bars, 0, acc, slice_, it, 0, k0, k1, t, 0)
+                drain(bars, it, k0, k1, t, 0)
                 rows0 = m0 + 64 * (wg - 1)
                 # this thread's first row of C (H.accumulator_coords): past M it holds none
                 mine = rows0 + 16 * ((t % 128) // 32) + (t % 32) // 4 < M

@@ -56,6 +56,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry,
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, batched_walk, check_tile,
                                       persistent_grid, register_roles, regs_suffix)
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec
 
 #: bytes of one staged row of a box (the 128-byte swizzle's span) and rows per box
@@ -194,7 +195,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
     EPI_FULL = 2 * STAGES                     # + consumer: its tile is staged
     EPI_EMPTY = 2 * STAGES + CONSUMERS        # + consumer: the copy engine has read it
     NBARS = 2 * STAGES + 2 * CONSUMERS
-    wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
+    fill, mma, drain = ring_parts(STAGES, STAGE_BYTES, A_BYTES, load_stage, k_tile)
     fewer, more = register_roles(REGS)
     finish = as_accumulated
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
@@ -225,17 +226,12 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:                       # warp 0: one thread issues the loads
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
                     product, m0, n0 = place(tile, per, M, N)
-                    for kt in range(num_k):
-                        s = it % STAGES
-                        wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK,
-                                   product * M + m0, n0, product * b_rows)
-                        it += 1
+                    it = fill(ring, bars, 0, it, 0, num_k, maps, product * M + m0, n0,
+                              product * b_rows)
             elif to_tma and t % 32 == 0 and t // 32 <= CONSUMERS:   # warps 1, 2: storers
                 c = t // 32 - 1              # the consumer this thread stores for
                 cmap = maps + uint64(256)
@@ -267,20 +263,8 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                 product, m0, n0 = place(tile, per, M, N)
                 for i in range(ACC):
                     acc[i] = float32(0.0)
-                for kt in range(num_k):
-                    s = it % STAGES
-                    wait(H.smem_addr(bars, s), (it // STAGES) % 2)
-                    H.wgmma_fence()
-                    k_tile(ring + s * STAGE_BYTES + slice_, ring + s * STAGE_BYTES + A_BYTES,
-                           acc)
-                    H.wgmma_commit()
-                    wait1()                  # the previous k-tile's wgmma is done:
-                    if kt > 0:               # its stage may be refilled
-                        H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
-                    it += 1
-                wait0()
-                if num_k > 0:
-                    H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
+                it, _ = mma(ring, bars, 0, acc, slice_, it, 0, 0, num_k, t, 0)
+                drain(bars, it, 0, num_k, t, 0)
                 finish(acc, maps)
                 add_bias(acc, bias, t % 128, n0, N)
                 if to_tma:                   # stage it once the storer has read the last

@@ -38,7 +38,9 @@ B only when K is a whole number of k-tiles, so no product reads another's B).
 
 The producer starts with parity 1 on the empty barriers: a fresh barrier is
 in phase 0, and waiting for the phase *before* it (parity 1) returns at
-once, so the first STAGES fills go ahead without consumers.
+once, so the first STAGES fills go ahead without consumers.  The two roles'
+loops over the ring are ``ws_pipeline``'s (``fill``, ``mma``, ``drain``), which
+every warp-specialised rung after this one shares.
 
 Built with ``B_LAYOUT="NK"`` the rung takes B as (N, K) -- an ``nn.Linear``
 weight, C = A @ B.T -- and copies each k-tile of it as one BN x 64 box, K-major
@@ -61,7 +63,8 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          layout_suffix, no_bias, out_fields, out_params,
                                          out_ptx, out_suffix, rung_name, spec_fields,
                                          tile_order, warpgroup_code)
-from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
+from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
+from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -143,7 +146,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     NT = 128 * (1 + CONSUMERS)
     ACC = BN // 2                            # fp32 accumulators per consumer thread
     NBARS = 2 * STAGES                       # full[s] = s, empty[s] = STAGES + s
-    wait0, wait1 = H.wgmma_wait(0), H.wgmma_wait(1)
+    fill, mma, drain = ring_parts(STAGES, STAGE_BYTES, A_BYTES, load_stage, k_tile, BK)
     fewer, more = register_roles(REGS)
     walk, place = batched_walk(BM, BN, b_kmajor, tile_origin)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
@@ -171,17 +174,12 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                H.tensormap_acquire(maps)
-                H.tensormap_acquire(maps + uint64(128))
+                acquire_maps(maps)
                 it = 0
                 for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
                     product, m0, n0 = place(tile, per, M, N)
-                    for kt in range(num_k):
-                        s = it % STAGES
-                        wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK,
-                                   product * M + m0, n0, product * b_rows)
-                        it += 1
+                    it = fill(ring, bars, 0, it, 0, num_k, maps, product * M + m0, n0,
+                              product * b_rows)
         else:                                # ---- consumer warpgroups
             more()
             acc = cuda.local.array(ACC, float32)
@@ -192,20 +190,8 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
                 a_row = product * M
                 for e in range(ACC):
                     acc[e] = float32(0.0)
-                for kt in range(num_k):
-                    s = it % STAGES
-                    wait(H.smem_addr(bars, s), (it // STAGES) % 2)
-                    H.wgmma_fence()
-                    k_tile(ring + s * STAGE_BYTES + slice_, ring + s * STAGE_BYTES + A_BYTES,
-                           acc)
-                    H.wgmma_commit()
-                    wait1()                  # the previous k-tile's wgmma is done:
-                    if kt > 0:               # its stage may be refilled
-                        H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
-                    it += 1
-                wait0()
-                if num_k > 0:
-                    H.mbarrier_arrive(H.smem_addr(bars, STAGES + (it - 1) % STAGES))
+                it, _ = mma(ring, bars, 0, acc, slice_, it, 0, 0, num_k, t, 0)
+                drain(bars, it, 0, num_k, t, 0)
                 finish(acc, maps)
                 add_bias(acc, bias, t % 128, n0, N)
                 store_acc(C, acc, t % 128, a_row + m0 + 64 * (wg - 1), n0, a_row + M, N)
