@@ -17,6 +17,12 @@ sleeps on a condition that a thread notifies when it blocks in ``syncthreads``
 or finishes.  Kernels, their results and their error messages are unchanged; only
 the waiting is.  Set ``GEMMLIB_SIM_SCHEDULER=numba`` to keep numba's own.
 
+It also lengthens the interpreter's switch interval to :data:`SWITCH_INTERVAL_S`
+(unless it was set longer): a block's threads hand the GIL to one another where
+they wait (``syncthreads``, a warp's exchange, an mbarrier), so the 5 ms default
+only adds forced switches between threads that are all runnable -- about a sixth
+of the simulator's CPU time in the test suite.
+
 gemmlib.backend installs it when the simulator is on.  Remove once numba-cuda's
 simulator stops polling.
 """
@@ -24,11 +30,15 @@ simulator stops polling.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import numpy as np
 
 _installed = False
+
+#: the switch interval (seconds) the simulator runs with; Python's default is 0.005
+SWITCH_INTERVAL_S = 0.05
 
 
 def install() -> bool:
@@ -119,5 +129,7 @@ def install() -> bool:
     BlockThread.run = run_thread
     BlockThread.syncthreads = syncthreads
     BlockManager.run = run_block
+    if sys.getswitchinterval() < SWITCH_INTERVAL_S:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
     _installed = True
     return True
