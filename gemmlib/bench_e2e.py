@@ -325,30 +325,39 @@ def _version(name: str) -> str:
         return "not installed"
 
 
-def header(torch, p: Plan, model=None) -> dict:
-    """The file's ``meta``: the GPU as torch and nvidia-smi see it (name, capability, SMs,
-    clocks, driver), the versions of the software, and the plan.  Nothing here imports CuPy:
-    the suite measures a torch user's process."""
+def torch_gpu_meta(torch, suite: str, **more) -> dict:
+    """The fields every torch suite's ``meta`` starts with: date, the GPU as torch sees it
+    (name, slug, capability, SMs, memory, L2) and the versions of the software; ``more``
+    after them."""
     import datetime as dt
     import platform
     import re
 
     from gemmlib import __version__
-    from gemmlib.bench import _nvidia_smi
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    meta = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                simulated=False, suite="e2e", gpu=props.name,
+    return dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                simulated=False, suite=suite, gpu=props.name,
                 gpu_slug=re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-"),
                 compute_capability=f"{props.major}.{props.minor}",
                 sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
                 l2_bytes=getattr(props, "L2_cache_size", None), python=platform.python_version(),
                 gemmlib=__version__, torch=torch.__version__, cuda_runtime=torch.version.cuda,
-                transformers=_version("transformers"), numba=_version("numba"),
-                numba_cuda=_version("numba-cuda"), numpy=_version("numpy"), plan=asdict(p),
-                model="transformers LlamaForCausalLM, Llama 3.1 8B sizes, random weights",
-                timing="CUDA events around the timed region after an untimed warm-up run; "
-                       "median of the repeats")
+                numba=_version("numba"), numba_cuda=_version("numba-cuda"),
+                numpy=_version("numpy"), **more)
+
+
+def header(torch, p: Plan, model=None) -> dict:
+    """The file's ``meta``: the GPU as torch and nvidia-smi see it (name, capability, SMs,
+    clocks, driver), the versions of the software, and the plan.  Nothing here imports CuPy:
+    the suite measures a torch user's process."""
+    from gemmlib.bench import _nvidia_smi
+
+    meta = torch_gpu_meta(
+        torch, "e2e", transformers=_version("transformers"), plan=asdict(p),
+        model="transformers LlamaForCausalLM, Llama 3.1 8B sizes, random weights",
+        timing="CUDA events around the timed region after an untimed warm-up run; "
+               "median of the repeats")
     meta.update({f"smi_{k.replace('.', '_')}": v for k, v in _nvidia_smi(
         "driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,"
         "temperature.gpu").items()})
@@ -675,13 +684,9 @@ def cli(args) -> int:
              dtype=args.dtype, quick=args.quick, new_tokens=args.new_tokens)
     from gemmlib import backend
 
-    try:
-        import torch
+    from gemmlib.bench_models import torch_gpu
 
-        cuda = torch.cuda.is_available()
-    except ImportError:
-        cuda = False
-    if backend.SIMULATOR or not cuda:
+    if backend.SIMULATOR or not torch_gpu():
         for s in describe(p):
             print(s)
         print("the e2e suite times a model on a GPU (torch with CUDA, and transformers): "

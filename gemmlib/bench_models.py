@@ -193,6 +193,15 @@ class _CuPy:
         return float(self.cp.linalg.norm(C[:r] - ref) / self.cp.linalg.norm(ref))
 
 
+def torch_gpu() -> bool:
+    """Whether torch is installed with a CUDA GPU it can use (the torch suites' condition)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def framework(name: str):
     return {"torch": _Torch, "cupy": _CuPy}[name]()
 

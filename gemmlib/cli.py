@@ -17,6 +17,7 @@ examples:
   python -m gemmlib bench --out results            # full sweep, written as JSON + CSV
   python -m gemmlib bench --suite models --out results   # model projections, torch inputs
   python -m gemmlib bench --suite e2e --out results      # a Llama model, patched vs torch
+  python -m gemmlib bench --suite serving --out results  # x @ W.T of 7 models vs torch, Triton
 
 Figures from result files: python -m gemmcourse plot results/bench-*.json --out figures
 
@@ -145,6 +146,10 @@ def cmd_bench(args) -> int:
         from gemmlib import bench_e2e
 
         return bench_e2e.cli(args)
+    if args.suite == "serving":
+        from gemmlib import bench_serving
+
+        return bench_serving.cli(args)
     if args.host_cost:
         from gemmlib import backend
         from gemmlib.bench import first_call, host_costs, save_host_costs
@@ -216,18 +221,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kernel: events around the launch alone (default); call: around "
                    "gemmlib.matmul(A, B, out=C) as users call it, with host us per call "
                    "(file stem gets -call); both")
-    s.add_argument("--suite", choices=("sweep", "models", "layouts", "e2e"), default="sweep",
+    s.add_argument("--suite", choices=("sweep", "models", "layouts", "e2e", "serving"),
+                   default="sweep",
                    help="sweep: the ladder over squares and odd shapes (default); models: the "
                    "projections of Llama 3.1 8B and Qwen2.5 72B at 1..16384 tokens, timed as a "
                    "loop of calls against torch.matmul/cupy.matmul -> models-<gpu>-<date>.json; "
                    "layouts: NN/NT/TN/TT views and batched products against torch "
                    "-> layouts-<gpu>-<date>.json; e2e: transformers' LlamaForCausalLM at "
                    "Llama 3.1 8B sizes, gemmlib.patch against torch: prefill, decode, a "
-                   "training step -> e2e-<gpu>-<date>.json")
-    s.add_argument("--precisions", nargs="*", help="models suite: fp16 bf16 3xtf32 (default)")
+                   "training step -> e2e-<gpu>-<date>.json; serving: x @ W.T (nn.Linear's "
+                   "weight) for the projections of 7 public models at 1..4096 tokens, "
+                   "gemmlib.matmul against torch.matmul and a Triton GEMM -> "
+                   "serving-<gpu>-<date>.json")
+    s.add_argument("--precisions", nargs="*",
+                   help="models suite: fp16 bf16 3xtf32 (default); serving: fp16 bf16 (default)")
     s.add_argument("--inputs", nargs="*", choices=("torch", "cupy"),
                    help="models suite: torch (default) and/or cupy operands")
-    s.add_argument("--models", nargs="*", help="models suite: llama-3.1-8b qwen2.5-72b")
+    s.add_argument("--models", nargs="*",
+                   help="models suite: llama-3.1-8b qwen2.5-72b; serving suite: mistral-7b-v0.3 "
+                   "qwen2.5-7b gemma-2-9b llama-3.2-3b phi-3-mini mixtral-8x7b "
+                   "qwen1.5-moe-a2.7b (default: all)")
     s.add_argument("--layouts", nargs="*", choices=("NN", "NT", "TN", "TT"),
                    help="layouts suite: the layouts (default all four)")
     s.add_argument("--squares", nargs="*", type=int,
@@ -235,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--linear-tokens", nargs="*", type=int,
                    help="layouts suite: token counts timed in NN and NT only (default 1 16 128)")
     s.add_argument("--tokens", nargs="*", type=int,
-                   help="models suite: token counts (M); e2e: prefill lengths (512 2048)")
+                   help="models and serving suites: token counts (M); e2e: prefill lengths "
+                   "(512 2048)")
     s.add_argument("--phases", nargs="*", choices=("prefill", "decode", "train"),
                    help="e2e suite: the phases (default all three)")
     s.add_argument("--batches", nargs="*", type=int, help="e2e suite: decode batches (1 16 64)")
@@ -243,7 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=("bf16", "fp16"), help="e2e suite: weights (bf16)")
     s.add_argument("--new-tokens", type=int, help="e2e suite: tokens decoded per run (32)")
     s.add_argument("--quick", action="store_true",
-                   help="e2e suite: a fast smoke run (1 layer, short prompts, fewer repeats)")
+                   help="e2e suite: a fast smoke run (1 layer, short prompts, fewer repeats); "
+                   "serving suite: 5 shapes at 1 16 256 4096 tokens, 3 short loops")
+    s.add_argument("--no-triton", action="store_true",
+                   help="serving suite: leave out the Triton column")
     s.add_argument("--host-cost", action="store_true",
                    help="instead: where one call's host time goes (64^3, step by step) and "
                    "the first call in a fresh process -> host-cost-<gpu>-<date>.json")

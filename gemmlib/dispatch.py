@@ -28,10 +28,12 @@ from gemmlib.runtime.memory import stream_handle  # noqa: F401
 from gemmlib.runtime.plans import Plan, plan  # noqa: F401
 from gemmlib.runtime.select import (AUTO, AUTO_RUNG, AUTO_SHAPE, HOPPER_AUTO,  # noqa: F401
                                     HOPPER_BM64_MMAX, HOPPER_BM64_MMAX_NARROW, HOPPER_OUT16,
-                                    HOPPER_SPLIT, HOPPER_TF32, HOPPER_TF32_FILL, OUT16_RUNGS,
+                                    HOPPER_SPLIT, HOPPER_SWAP, HOPPER_SWAP_KT,
+                                    HOPPER_SWAP_MMAX, HOPPER_TF32, HOPPER_TF32_FILL, OUT16_RUNGS,
                                     SKINNY_FP32_MMAX, SKINNY_MMAX, SKINNY_RUNG, SM75_AUTO,
                                     SPLIT_RUNG, TC_AUTO, TC_RUNGS, build, get_spec,
                                     resident_blocks, rung_of, select, select_batched,
-                                    select_hopper, select_out, select_skinny, select_tc,
+                                    select_hopper, select_out, select_skinny, select_swap,
+                                    select_tc,
                                     skinny_limit, tc_tuning_key, with_a_layout, with_bias,
                                     with_layout, with_out)

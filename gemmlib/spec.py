@@ -183,11 +183,23 @@ class KernelSpec:
     #: matrices one under the other (``gemmlib.dispatch.plan`` with ``batch``); the kernel
     #: counts the products from B's rows
     batched: bool = False
+    #: swap-AB rungs (``wgmma_swap``): the kernel computes C^T = B^T A^T -- its A is the
+    #: caller's B (as ``b_operand`` lays it), its B the caller's A (M, K), and it writes C
+    #: transposed back -- so the runtime passes and maps the two operands exchanged
+    swap_ab: bool = False
 
     @property
     def b_kmajor(self) -> bool:
         """The main kernel takes B as (N, K): given so (``b_operand == "NK"``) or made so."""
         return self.b_operand == "NK" or self.b_prep is not None
+
+    def kernel_operands(self, M: int, N: int, K: int, batch: int = 1) -> tuple:
+        """((rows, cols), (rows, cols)): the memory of the kernel's A and B arguments for the
+        caller's (M, N, K) -- ``batch`` products one under the other -- as laid out by
+        ``a_operand``, ``b_operand`` (or ``b_prep``) and exchanged for ``swap_ab``."""
+        a = (K, M) if self.a_operand == "KM" else (M, K)
+        b = (batch * N, K) if self.b_kmajor else (batch * K, N)
+        return (b, a) if self.swap_ab else (a, b)
 
     @property
     def code_params(self) -> dict:

@@ -10,7 +10,8 @@ Its forward is :func:`gemmlib.matmul` on the tensors as torch holds them (a tran
 is read in place where a rung reads that layout).  Its backward runs gemmlib too, in the
 layouts the transposes give: dA = dC @ B^T (B read column-major), dB = A^T @ dC (A read
 column-major), each summed over broadcast batch dimensions; the bias's gradient is dC
-summed over every dimension but the last.  Importing this module imports torch; the rest
+summed over every dimension but the last.  Under ``torch.autocast`` the op casts its
+inputs as ``torch.matmul`` does (:func:`_autocast_rule`).  Importing this module imports torch; the rest
 of gemmlib never does.
 """
 
@@ -63,6 +64,34 @@ def _backward(ctx, grad):
 
 
 _matmul_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _autocast_rule(device_type: str):
+    """The op's kernel for ``device_type``'s autocast key: as ``torch.matmul`` under
+    ``torch.autocast``, floating inputs other than float64 are cast to the autocast dtype
+    of the moment (float16 or bfloat16: torch's own rule reads it at each call, which
+    ``torch.library.register_autocast``'s fixed dtype cannot), then the op runs with
+    autocast off for it."""
+    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    off = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+
+    def cast(t, dt):
+        if t is None or not t.is_floating_point() or t.dtype in (dt, torch.float64):
+            return t
+        return t.to(dt)
+
+    def kernel(_keyset, a, b, bias=None, out_dtype=None):
+        dt = torch.get_autocast_dtype(device_type)
+        with torch._C._ExcludeDispatchKeyGuard(off):
+            return _matmul_op(cast(a, dt), cast(b, dt), cast(bias, dt), out_dtype)
+
+    return key, kernel
+
+
+_LIB = torch.library.Library("gemmlib", "FRAGMENT")
+for _device in ("cuda", "cpu"):
+    _key, _kernel = _autocast_rule(_device)
+    _LIB.impl("matmul", _kernel, _key, with_keyset=True)
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, *, bias: Optional[torch.Tensor] = None,

@@ -73,8 +73,11 @@ DEFAULT_SHAPES = "67x45x37,tile+"
 HOPPER_SHAPES = DEFAULT_SHAPES + ",300x520x528@4/3"
 
 SHAPE = re.compile(r"^(tile\+|\d+x\d+x\d+)(?:@(\d+))?(?:/(\d+))?$")
-#: a kernel whose blocks walk the tiles (or units) with a grid stride: any grid is right
-GRID_STRIDE = re.compile(r"range\(\s*cuda\.blockIdx\.x\s*,\s*\w+\s*,\s*cuda\.gridDim\.x\s*\)")
+#: a kernel whose blocks walk the tiles (or units) with a grid stride, or by a walk of
+#: ``wgmma_split_k.split_kernel`` (``unit_at``: slices or stream-K, for any gridDim.x): any
+#: grid is right
+GRID_STRIDE = re.compile(r"range\(\s*cuda\.blockIdx\.x\s*,\s*\w+\s*,\s*cuda\.gridDim\.x\s*\)"
+                         r"|\bunit_at\(")
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,7 +85,8 @@ def hopper() -> tuple[str, ...]:
     """Every Hopper rung (``min_cc`` 9.0: wgmma_async, wgmma_tma, wgmma_ws, wgmma_split_k,
     wgmma_tf32, wgmma_fp8 and any later one) in each precision it computes in: fp16 and
     bf16 where it takes them, the FP8 rung in :data:`FP8_FORMS`, else its own (tf32); then
-    the build ``auto`` runs for a 16-bit C (:data:`gemmlib.dispatch.HOPPER_OUT16`)."""
+    the builds ``auto`` runs for a 16-bit C (:data:`gemmlib.dispatch.HOPPER_OUT16`) and at
+    a few tokens (``wgmma_swap``, ``KT=HOPPER_SWAP_KT``)."""
     out = []
     for rung in LADDER:
         if tuple(get(rung).min_cc) < (9, 0):
@@ -102,6 +106,9 @@ def hopper() -> tuple[str, ...]:
     rung, params = dispatch.HOPPER_OUT16
     kv = "".join(f":{k}={v}" for k, v in params.items())
     out += [f"{rung}:{p}:OUT={p}{kv}" for p in ("fp16", "bf16")]
+    # and swap-AB as auto builds it at a few tokens: stages two k-tiles deep, B as (K, N)
+    out += [f"{dispatch.HOPPER_SWAP}:{p}:KT={dispatch.HOPPER_SWAP_KT}:STAGES=0:B_LAYOUT=KN"
+            for p in ("fp16", "bf16")]
     return tuple(out)
 
 

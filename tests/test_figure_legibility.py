@@ -123,6 +123,28 @@ def _launches():
     return viz_e2e.plot_launches(step, launch_us=16, replay_us=10)
 
 
+def _serving():
+    """The serving suite's figure, from rows made as the suite makes them (all 23 shapes,
+    both precisions, every token count; one row failed, one without a Triton time)."""
+    from gemmlib import bench_serving as sv
+
+    rows = []
+    for i, s in enumerate(sv.suite_shapes()):
+        for prec in sv.PRECISIONS:
+            for M in sv.TOKENS:
+                t = 8.0 + M * s.N * s.K / 3e8
+                rows.append(sv.make_row(s, prec, M, gpu="NVIDIA H200", copy_gbps=4300.0,
+                                        us={"torch": t, "gemmlib": t * (0.9 + 0.02 * (i % 7)),
+                                            "triton": t * (1.1 + 0.05 * (i % 5))}))
+    rows[0] = sv.make_row(sv.suite_shapes()[0], "fp16", 1, us={"torch": 8.0},
+                          errors={"gemmlib": "RuntimeError: no kernel"})
+    rows[1] = sv.make_row(sv.suite_shapes()[0], "fp16", 2, us={"torch": 8.0, "gemmlib": 9.0},
+                          errors={"triton": "triton is not importable"})
+    from gemmcourse import viz_serving
+
+    return viz_serving.plot_serving({"meta": {"gpu": "NVIDIA H200"}, "rows": rows})
+
+
 #: name -> a function drawing the figure(s) the book shows
 HELPERS = {
     "viz.plot_thread_map": lambda: viz.plot_thread_map(gemmlib.get_kernel("naive"), 64, 64),
@@ -176,6 +198,7 @@ HELPERS = {
     "vh.plot_b_landing": lambda: _vh().plot_b_landing(n=16, k=16, BN=128),
     "viz_e2e.plot_e2e": _e2e,
     "viz_e2e.plot_launches": _launches,
+    "viz_serving.plot_serving": _serving,
     "vh.plot_steady_pair": lambda: _vh().plot_steady_pair(_vh().steady_files()),
     "vh.plot_steady_pair auto16": lambda: _vh().plot_steady_pair(_vh().final_files(),
                                                                   key="auto16"),

@@ -311,8 +311,8 @@ def test_call_keys_and_choices_include_the_output_type():
 def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
     """On an H100/H200 (faked here) "auto" with a 16-bit out runs wgmma_store (four stages,
     the tile staged in two halves) built with OUT where wgmma_split_k keeps one slice with a
-    128-row tile (wgmma_ws with a 64-row one), and wgmma_split_k built with OUT where it cuts
-    K (the last slice rounds the sum), and the skinny rung built with OUT at decode sizes."""
+    128-row tile, wgmma_split_k built with OUT where it cuts K (the last slice rounds the
+    sum), and at up to 64 tokens the swap-AB rung built with OUT."""
     import dataclasses
 
     fake = dataclasses.replace(backend.device_info(), compute_capability=(9, 0), sm_count=132)
@@ -327,16 +327,16 @@ def test_hopper_auto_writes_16_bits_in_the_kernel(monkeypatch):
             assert (big.params["STAGES"], big.params["PIECES"]) == (4, 2)
             assert big.out_dtype == "uint16"
             assert dispatch.select_tc(prec, 4096, 4096, 4096).name.startswith("wgmma_split_k")
-            small = dispatch.select_tc(prec, 64, 4096, 4096, out=prec)   # 16 tiles: split K
+            small = dispatch.select_tc(prec, 128, 4096, 4096, out=prec)   # 32 tiles: split K
             assert small.name.startswith("wgmma_split_k") and small.name.endswith("_o16")
             assert small.out_dtype == "uint16" and small.params["OUT"] == prec
-            assert small.params["BM"] == dispatch.select_tc(prec, 64, 4096, 4096).params["BM"]
-            wide64 = dispatch.select_tc(prec, 64, 32768, 1024, out=prec)  # 128 tiles
-            assert wide64.out_dtype == "uint16" and wide64.params["BM"] == 64
-            assert dispatch.rung_of(wide64) == "wgmma_ws"
-            decode = dispatch.select_tc(prec, 1, 4096, 4096, out=prec)
-            assert decode.name.startswith("skinny") and decode.out_dtype == "uint16"
-            assert decode.name.endswith("_o16") and decode.params["OUT"] == prec
+            assert small.params["BM"] == dispatch.select_tc(prec, 128, 4096, 4096).params["BM"]
+            wide = dispatch.select_tc(prec, 128, 32768, 1024, out=prec)   # 256 tiles
+            assert wide.out_dtype == "uint16" and dispatch.rung_of(wide) == "wgmma_store"
+            for M in (1, 64):   # swap-AB, its epilogue writing the 16-bit C
+                few = dispatch.select_tc(prec, M, 4096, 4096, out=prec)
+                assert dispatch.rung_of(few) == "wgmma_swap" and few.out_dtype == "uint16"
+                assert few.params["OUT"] == prec and "_o16" in few.name
     finally:
         select._CHOICES.clear()
 

@@ -71,3 +71,21 @@ def test_one_graph_under_compile_and_export():
     graph = torch.export.export(M(), (x, w.detach())).graph
     assert [n.target for n in graph.nodes if n.op == "call_function"
             and "gemmlib" in str(n.target)] == [torch.ops.gemmlib.matmul.default]
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_autocast_casts_the_op_inputs_like_torch_matmul(dt):
+    """Under torch.autocast the op computes in the autocast dtype of the moment, as
+    torch.matmul does, gradients included."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(5, 9, generator=g, requires_grad=True)
+    b = torch.randn(9, 4, generator=g)
+    with torch.autocast("cpu", dtype=dt):
+        y = torch.ops.gemmlib.matmul(a, b)
+        want = torch.matmul(a, b)
+    assert y.dtype == want.dtype == dt
+    ref = a.detach().to(dt).double() @ b.to(dt).double()
+    assert (y.double() - ref).abs().max().item() <= 1e-2 * (1 + ref.abs().max().item())
+    y.float().sum().backward()
+    assert a.grad.dtype == torch.float32 and a.grad.shape == a.shape
+    assert torch.allclose(a.grad, b.sum(1).expand(5, 9).to(dt).float(), atol=5e-2)

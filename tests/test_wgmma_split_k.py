@@ -40,7 +40,7 @@ def test_slices_fill_the_gpu_only_when_the_tiles_do_not(shape, S):
 
 def test_workspace_shapes_and_grid():
     s = W.build(BM=64, BN=128, SPLITS=3)
-    assert s.workspace_dtypes == ("float32", "int32") and s.launch_only == ("SPLITS",)
+    assert s.workspace_dtypes == ("float32", "int32") and s.launch_only == ("SPLITS", "GRID")
     assert s.array_dtypes == ("uint16", "uint16", "float32", "float32", "int32")
     (w, lw), (r, c, dt) = s.workspace(100, 200, 64 * 9)[0][:2], s.workspace(100, 200, 576)[1]
     tiles = 2 * 2
@@ -83,6 +83,17 @@ def test_slices_add_up_in_the_simulator(precision):
     check_twice(spec, precision, 67, 72, 300, np.random.default_rng(7))
 
 
+@pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins (GPU: below)")
+@pytest.mark.parametrize("precision, grid", [("fp16", 3), ("bf16", 5)])
+def test_stream_k_builds_add_up_in_the_simulator(precision, grid):
+    """STREAM: 2 x 2 tiles of 5 k-tiles shared by 3 or 5 blocks at uneven cuts (tiles split
+    between blocks, pieces summed by tickets in block order); odd M, N, K."""
+    spec = W.build(precision, BM=64, BN=64, STAGES=2, STREAM=True, GRID=grid)
+    assert spec.grid(67, 72, 300) == (grid, 1, 1) and spec.name.endswith(f"_stream{grid}")
+    assert dispatch.plan(spec, 67, 72, 304).workspace[0][0] == W.stream_k_pieces(4, 5, grid)
+    check_twice(spec, precision, 67, 72, 300, np.random.default_rng(11))
+
+
 @pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins")
 def test_rows_past_m_take_no_ticket():
     """M = 5 in a 64-row tile: only the 20 threads of warp 0 whose first row (lane // 4)
@@ -116,8 +127,9 @@ def test_split_k_on_hopper_gpu(precision):
     rng = np.random.default_rng()
     shapes = [(1, 1, 1), (16, 4096, 4096), (128, 4096, 4096), (37, 1000, 3001),
               (1024, 1024, 8192), (9, 4104, 14336), (200, 264, 640), (3, 8, 5000)]
-    for BM, S in ((128, 0), (64, 0), (128, 5), (64, 32)):
-        spec = W.build(precision, BM=BM, SPLITS=S)
+    for BM, S in ((128, 0), (64, 0), (128, 5), (64, 32), (128, "stream")):
+        spec = (W.build(precision, BM=BM, STREAM=True) if S == "stream"
+                else W.build(precision, BM=BM, SPLITS=S))
         for M, N, K in shapes:
             check_twice(spec, precision, M, N, K, rng)
 

@@ -64,3 +64,36 @@ def step_us(products: int, others: int, product_host_us: float, other_host_us: f
     if graphs:
         return replay_us + gpu_us
     return max(products * product_host_us + others * other_host_us, gpu_us)
+
+
+# --------------------------------------------------------------------------
+# Chapter 18.8: swap-AB and stream-K (gemmlib.kernels.wgmma_swap)
+
+
+def swap_blocks_of_tile(tiles: int, num_k: int, G: int, tile: int) -> int:
+    """How many blocks share tile ``tile`` in a stream-K launch of ``G`` blocks over
+    ``tiles`` tiles of ``num_k`` k-tiles: the kernel's own walk, run block by block."""
+    from gemmcourse import viz_swap as vs
+
+    return len(vs.stream_k_assignment(tiles, num_k, G)["pieces"][tile])
+
+
+def swap_first_block(tiles: int, num_k: int, G: int, tile: int) -> int:
+    """The block that takes tile ``tile``'s first k-tile in the same launch."""
+    from gemmcourse import viz_swap as vs
+
+    return vs.stream_k_assignment(tiles, num_k, G)["owner"][tile][0]
+
+
+def swap_width(M: int) -> int:
+    """The token width (wgmma's n) ``wgmma_swap`` runs M tokens in."""
+    from gemmlib.kernels.wgmma_swap import width_for
+
+    return width_for(M)
+
+
+def swap_stages(BM: int, BN: int) -> int:
+    """The ring depth ``wgmma_swap`` builds for BM weight rows and BN tokens per tile."""
+    from gemmlib.kernels.wgmma_swap import stages_for
+
+    return stages_for(BM, BN)

@@ -40,6 +40,7 @@ LADDER: tuple[str, ...] = (
     "wgmma_cluster",
     "wgmma_pingpong",
     "wgmma_store",
+    "wgmma_swap",
 )
 
 

@@ -58,7 +58,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          out_suffix, rung_name, spec_fields, tile_order,
                                          warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
-from gemmlib.kernels.wgmma_ws import register_roles, regs_suffix
+from gemmlib.kernels.wgmma_ws import check_tile, register_roles, regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
 
 #: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
@@ -157,32 +157,77 @@ def _sum_slices(quads: int, nc: int, groups: int = SUM_GROUPS):
     return f
 
 
-def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
-          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
-          SUM: int = SUM_GROUPS, OUT: str = "fp32", B_LAYOUT: str = "KN",
-          BIAS: bool = False, A_LAYOUT: str = "MK") -> KernelSpec:
-    """``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
-    the last slice's thread rounds the slices' float32 sum once, in ``wgmma_ws``'s 16-bit
-    epilogue (``wgmma_async.out_store``).  ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s; the
-    bias is added once, by the thread that finishes the slices' sum, before that rounding.
-    ``A_LAYOUT``: as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
-    check_a_layout(A_LAYOUT, precision)
-    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
-        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
-                         f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
+@cuda.jit(device=True)
+def slice_walk(j, S, tiles, num_k):
+    """Unit j of this block (the persistent blocks take units blockIdx.x, + gridDim.x, ...;
+    unit u is slice u % S of tile u // S): (tile, k0, k1, slice, slices), tile -1 past
+    the last.  Slice z holds k-tiles [z * per, (z + 1) * per), per = ceil(num_k / S)."""
+    unit = cuda.blockIdx.x + j * cuda.gridDim.x
+    if unit >= tiles * S:
+        return -1, 0, 0, 0, S
+    per = (num_k + S - 1) // S
+    k0 = (unit % S) * per
+    return unit // S, k0, min(num_k, k0 + per), unit % S, S
+
+
+@cuda.jit(device=True)
+def owner(i, G, T):
+    """The block whose share holds k-iteration i of T (block c's: [c T / G, (c + 1) T / G))."""
+    return ((i + 1) * G - 1) // T
+
+
+@cuda.jit(device=True)
+def stream_k_walk(j, S, tiles, num_k):
+    """Stream-K: the tiles' k-tiles in a row, T = tiles * num_k iterations, block c takes
+    [c T / G, (c + 1) T / G) of them, G = gridDim.x -- every block the same share to
+    within one k-tile, whatever the tile count.  Its j-th unit is the part of that range
+    in its j-th tile: (tile, k0, k1, piece, pieces), the piece's index among the blocks
+    that share the tile (in block order) and how many there are; tile -1 past the last."""
+    G = cuda.gridDim.x
+    T = tiles * num_k
+    c = cuda.blockIdx.x
+    start = (c * T) // G
+    end = ((c + 1) * T) // G
+    tile = start // num_k + j
+    first = tile * num_k
+    if start >= end or first >= end:
+        return -1, 0, 0, 0, 1
+    k0 = max(start, first) - first
+    k1 = min(end - first, num_k)
+    lead = owner(first, G, T)
+    return tile, k0, k1, c - lead, owner(first + num_k - 1, G, T) - lead + 1
+
+
+def stream_k_pieces(tiles: int, num_k: int, G: int) -> int:
+    """The most blocks one tile's k-tiles are shared by in :func:`stream_k_walk`."""
+    T = tiles * num_k
+    if T == 0:
+        return 1
+
+    def own(i):
+        return ((i + 1) * G - 1) // T
+
+    return max(own(t * num_k + num_k - 1) - own(t * num_k) + 1 for t in range(tiles))
+
+
+def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_acc,
+                 add_bias, tile_origin, load_stage, A_BYTES: int, STAGE_BYTES: int, dims,
+                 c_cols, jit_name: str = "wgmma_split_k_kernel", stream_k: bool = False,
+                 KT: int = BK):
+    """The persistent split-K kernel ``kernel(A, B, C, bias, W, L, maps)`` around its
+    per-build pieces: ``k_tile``, ``load_stage`` (the ring's wgmma and TMA copies),
+    ``store_acc(C, acc, t, m0, n0, M, N)`` and ``add_bias(acc, bias, t, m0, n0, M, N)``
+    (the epilogue of a finished tile, in the kernel's (M, N)), ``tile_origin`` (the tile
+    order), ``dims(A) -> (M, K)`` and ``c_cols(B, C) -> N`` (the kernel's N: C's columns,
+    or -- ``wgmma_swap``, whose C is the kernel's product transposed -- B's rows).
+    ``stream_k``: the blocks' work is the walk of :func:`stream_k_walk` (even shares of all
+    tiles' k-tiles) instead of S slices per tile (:func:`slice_walk`); W's rows are then
+    the most pieces a tile can be cut into.  ``KT``: the k elements one stage holds (a
+    multiple of 64: ``load_stage`` copies and ``k_tile`` computes them all).
+    Returns (kernel, threads, shared bytes, the workspace function of (M, N, K, S))."""
     CONSUMERS = BM // 64
     NT = 128 * (1 + CONSUMERS)
     NC = 128 * CONSUMERS                      # consumer threads: one ticket counter each
-    if REGS is not None and 128 * (REGS[0] + CONSUMERS * REGS[1]) > 65536:
-        raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
-                         "SM's 65536 registers")
-    check_out(precision, OUT)
-    check_layout(B_LAYOUT)
-    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
-    dims = a_dims(A_LAYOUT)
-    add_bias = bias_code(precision, BN, 1, BIAS)
-    tile_origin = tile_order(BM, BN, GROUP_M)
-    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
     ACC = BN // 2
     QUADS = ACC // 4                          # 16-byte groups of a thread's accumulators
     sum_slices = _sum_slices(QUADS, NC, SUM)
@@ -192,12 +237,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     fewer, more = register_roles(REGS)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, 1)}
 
-    @cuda.jit(device=True)
-    def k_range(unit, S, num_k):
-        """The k-tiles [k0, k1) of unit ``unit``: slice unit % S of its tile's k-tiles."""
-        per = (num_k + S - 1) // S
-        k0 = (unit % S) * per
-        return k0, min(num_k, k0 + per)
+    unit_at = stream_k_walk if stream_k else slice_walk
 
     @cuda.jit(device=True)
     def add_slices(W, L, acc, tile, z, tc, S):
@@ -215,19 +255,18 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         L[tile, tc] = 0                      # ready for the next launch
         return True
 
-    @cuda.jit(**jit_opts)
     def wgmma_split_k_kernel(A, B, C, bias, W, L, maps):
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
         wg = t // 128
         M, K = dims(A)                       # A given as (M, K) or (K, M)
-        N = C.shape[1]
+        N = c_cols(B, C)
         S = W.shape[0]                       # the slices: a launch choice, not compiled in
         pad = ((1024 - H.smem_addr(sm, 0) % 1024) % 1024) // 2
         ring = H.smem_addr(sm, pad)
-        units = ((M + BM - 1) // BM) * ((N + BN - 1) // BN) * S
-        num_k = (K + BK - 1) // BK
+        tiles = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
+        num_k = (K + KT - 1) // KT
         if t == 0:
             for s in range(STAGES):
                 H.mbarrier_init(H.smem_addr(bars, s), 1)             # full: the producer
@@ -240,13 +279,17 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                 H.tensormap_acquire(maps)
                 H.tensormap_acquire(maps + uint64(128))
                 it = 0
-                for unit in range(cuda.blockIdx.x, units, cuda.gridDim.x):
-                    m0, n0 = tile_origin(unit // S, M, N)
-                    k0, k1 = k_range(unit, S, num_k)
+                j = 0
+                while True:
+                    tile, k0, k1, z, pieces = unit_at(j, S, tiles, num_k)
+                    if tile < 0:
+                        break
+                    j += 1
+                    m0, n0 = tile_origin(tile, M, N)
                     for kt in range(k0, k1):
                         s = it % STAGES
                         wait(H.smem_addr(bars, STAGES + s), ((it // STAGES) % 2) ^ 1)
-                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * BK, m0, n0, 0)
+                        load_stage(ring, s, H.smem_addr(bars, s), maps, kt * KT, m0, n0, 0)
                         it += 1
         else:                                # ---- consumer warpgroups
             more()
@@ -254,10 +297,13 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
             slice_ = (wg - 1) * SLICE_BYTES
             tc = t - 128
             it = 0
-            for unit in range(cuda.blockIdx.x, units, cuda.gridDim.x):
-                tile = unit // S
+            j = 0
+            while True:
+                tile, k0, k1, z, pieces = unit_at(j, S, tiles, num_k)
+                if tile < 0:
+                    break
+                j += 1
                 m0, n0 = tile_origin(tile, M, N)
-                k0, k1 = k_range(unit, S, num_k)
                 for e in range(ACC):
                     acc[e] = float32(0.0)
                 for kt in range(k0, k1):
@@ -277,29 +323,85 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                 rows0 = m0 + 64 * (wg - 1)
                 # this thread's first row of C (H.accumulator_coords): past M it holds none
                 mine = rows0 + 16 * ((t % 128) // 32) + (t % 32) // 4 < M
-                if S > 1 and mine:
-                    mine = add_slices(W, L, acc, tile, unit % S, tc, S)
+                if pieces > 1 and mine:
+                    mine = add_slices(W, L, acc, tile, z, tc, pieces)
                 if mine:                     # the tile's sum is final here: bias once
-                    add_bias(acc, bias, t % 128, n0, N)
+                    add_bias(acc, bias, t % 128, rows0, n0, M, N)
                     store_acc(C, acc, t % 128, rows0, n0, M, N)
 
-    wgmma_split_k_kernel = bias_entry(wgmma_split_k_kernel, BIAS, jit_opts)
+    wgmma_split_k_kernel.__name__ = wgmma_split_k_kernel.__qualname__ = jit_name
+    kernel = cuda.jit(**jit_opts)(wgmma_split_k_kernel)
+
+    def workspace(M, N, K, S):
+        """(rows, cols, dtype) of W (partials, one row per slice) and L (tickets)."""
+        if S == 1:
+            return ((1, 4, "float32"), (1, 1, "int32"))
+        tiles = cdiv(M, BM) * cdiv(N, BN)
+        return ((S, tiles * ACC * NC, "float32"), (tiles, NC, "int32"))
+
+    return kernel, NT, SHARED, workspace
+
+
+def column_bias(add_bias):
+    """``add_bias(acc, bias, t, m0, n0, M, N)`` of a (1, N) bias from
+    ``wgmma_async.bias_code``'s ``(acc, bias, t, n0, N)``."""
+    @cuda.jit(device=True)
+    def add_column_bias(acc, bias, t, m0, n0, M, N):
+        add_bias(acc, bias, t, n0, N)
+
+    return add_column_bias
+
+
+@cuda.jit(device=True)
+def c_columns(B, C):
+    """The kernel's N: C's columns."""
+    return C.shape[1]
+
+
+def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3,
+          GROUP_M: int = 8, REGS: tuple | None = (40, 232), SPLITS: int = 0,
+          SUM: int = SUM_GROUPS, OUT: str = "fp32", B_LAYOUT: str = "KN",
+          BIAS: bool = False, A_LAYOUT: str = "MK", STREAM: bool = False,
+          GRID: int = 0) -> KernelSpec:
+    """``STREAM``: the blocks share all tiles' k-tiles evenly (:func:`stream_k_walk`) instead
+    of taking S slices per tile; ``GRID`` (a launch choice) is then their number (0: one per
+    SM) and ``SPLITS`` is not used.  ``OUT``: C as float32, or in the inputs' own 16-bit type (``"fp16"`` / ``"bf16"``):
+    the last slice's thread rounds the slices' float32 sum once, in ``wgmma_ws``'s 16-bit
+    epilogue (``wgmma_async.out_store``).  ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s; the
+    bias is added once, by the thread that finishes the slices' sum, before that rounding.
+    ``A_LAYOUT``: as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
+    check_a_layout(A_LAYOUT, precision)
+    check_tile(BM, BN, STAGES, REGS)
+    check_out(precision, OUT)
+    check_layout(B_LAYOUT)
+    k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
+    load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
+    jit_opts = {} if SIMULATOR else {"launch_bounds": (128 * (1 + BM // 64), 1)}
+    kernel, NT, SHARED, work = split_kernel(
+        BM, BN, STAGES, REGS, SUM, k_tile, store_acc,
+        column_bias(bias_code(precision, BN, 1, BIAS)), tile_order(BM, BN, GROUP_M),
+        load_stage, A_BYTES, STAGE_BYTES, a_dims(A_LAYOUT), c_columns, stream_k=STREAM)
+    wgmma_split_k_kernel = bias_entry(kernel, BIAS, jit_opts)
 
     def slices(M, N, K):
         S = SPLITS or splits_for(M, N, K, BM, BN)
         return effective_splits(S, K)
 
+    def blocks(M, N, K):   # STREAM: the blocks sharing the k-tiles
+        iters = cdiv(M, BM) * cdiv(N, BN) * cdiv(max(K, 1), BK)
+        return max(1, min(GRID or backend.device_info().sm_count, iters))
+
     def grid(M, N, K):
+        if STREAM:
+            return (blocks(M, N, K), 1, 1)
         units = cdiv(M, BM) * cdiv(N, BN) * slices(M, N, K)
         return (min(units, backend.device_info().sm_count), 1, 1)
 
     def workspace(M, N, K):
-        """(rows, cols, dtype) of W (partials, one row per slice) and L (tickets)."""
-        S = slices(M, N, K)
-        if S == 1:
-            return ((1, 4, "float32"), (1, 1, "int32"))
-        tiles = cdiv(M, BM) * cdiv(N, BN)
-        return ((S, tiles * ACC * NC, "float32"), (tiles, NC, "int32"))
+        if STREAM:
+            return work(M, N, K, stream_k_pieces(cdiv(M, BM) * cdiv(N, BN),
+                                                 cdiv(max(K, 1), BK), blocks(M, N, K)))
+        return work(M, N, K, slices(M, N, K))
 
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_split_k", precision, default, BM, BN, STAGES, GROUP_M)
@@ -308,6 +410,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         name += f"_k{SPLITS}"
     if SUM != SUM_GROUPS:
         name += f"_g{SUM}"
+    if STREAM:
+        name += "_stream" + (f"{GRID}" if GRID else "")
     name += out_suffix(OUT) + layout_suffix(B_LAYOUT, A_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
         name=name,
@@ -320,11 +424,12 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         grid=grid,
         params=dict(precision=precision, BM=BM, BN=BN, BK=BK, STAGES=STAGES, GROUP_M=GROUP_M,
                     REGS=REGS, SPLITS=SPLITS, SUM=SUM, **out_params(OUT),
-                    **layout_params(B_LAYOUT, A_LAYOUT), **bias_params(BIAS)),
+                    **layout_params(B_LAYOUT, A_LAYOUT), **bias_params(BIAS),
+                    **({"STREAM": True, "GRID": GRID} if STREAM else {})),
         shared_bytes=SHARED,
         tma_boxes=tma_boxes(BM, BN, B_LAYOUT, A_LAYOUT),
         tma_swizzle=128,
-        launch_only=("SPLITS",),
+        launch_only=("SPLITS", "GRID"),
         workspace=workspace,
         workspace_dtypes=("float32", "int32"),
         ptx_must=(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16",

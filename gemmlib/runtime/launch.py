@@ -80,10 +80,9 @@ class _Bound:
         spec, M, N, K = p.spec, p.M, p.N, p.K
         ia, ib, ic = (np.dtype(d).itemsize for d in spec.kernel_dtypes)
         item = ic
-        b_rows, b_cols = p.b_rows, (K if spec.b_kmajor else N)
         c_rows = M * p.splits  # the workspace when K is split
         self.fn = compiled_spec(spec).function(ctx, p.shared_bytes)
-        a_rows, a_cols = (K, M) if spec.a_operand == "KM" else (M, K)   # A given as (K, M)
+        (a_rows, a_cols), (b_rows, b_cols) = _operand_shapes(p)
         self.words = (_array_words(0, a_rows, a_cols, ia) + _array_words(0, b_rows, b_cols, ib)
                       + _array_words(0, c_rows, N, ic))
         #: rungs with a bias epilogue: the bias row's words right after C ((0, N): none)
@@ -141,6 +140,12 @@ class _Bound:
             pointers = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
             blk = blks[which] = (values, ctypes.addressof(pointers), pointers)
         return blk[0], blk[1]
+
+
+def _operand_shapes(p: Plan) -> tuple:
+    """The (rows, cols) of the kernel's A and B memory for plan ``p`` (a batched plan's M
+    counts every product's rows)."""
+    return p.spec.kernel_operands(p.M, p.N, p.K, p.batch)
 
 
 def _cluster_grid(fn: int, p: Plan) -> tuple[int, int, int]:
@@ -287,6 +292,8 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
     captured (the workspace and maps are the graph's own)."""
     if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
         b_ptr = _prepared_b(b, p, b_ptr, stream, graph)
+    if p.spec.swap_ab:       # the kernel's A is the caller's B, its B the caller's A
+        a_ptr, b_ptr = b_ptr, a_ptr
     values, pointers = b.parameters()
     values[_A_WORD] = a_ptr
     values[_B_WORD] = b_ptr
@@ -410,10 +417,9 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
     name = TMA_DTYPE[spec.precision]
     (box_a, box_b), sw = spec.tma_boxes, spec.tma_swizzle
     isz = np.dtype(ia).itemsize
-    b_shape = (p.b_rows, K) if spec.b_kmajor else (p.b_rows, N)
     if spec.scale_words and len(scales) != 2:
         raise ValueError(f"{spec.name} needs the device addresses of its two scales")
-    a_shape = (K, M) if spec.a_operand == "KM" else (M, K)   # A given as (K, M): its memory
+    a_shape, b_shape = _operand_shapes(p)   # the kernel's A and B, as their memory lies
     ops = [(a_ptr, a_shape, a_shape[1] * isz, name, box_a, sw),
            (b_ptr, b_shape, b_shape[1] * isz, name, box_b, sw)]
     if c_ptr:
@@ -485,6 +491,8 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
             Bt = np.empty((N, K), dtype=B.dtype)
             spec.b_prep[spec.b_prep_grid(K, N), spec.b_prep_block, s](B, Bt)
             B = Bt
+        if spec.swap_ab:   # as on the GPU (_launch_main): the kernel's A is B
+            A, B = B, A
         arrays, boxes, dC = (A, B), spec.tma_boxes, None
         if spec.tma_store_box:
             dC = _simulated_device_copy(C)

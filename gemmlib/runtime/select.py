@@ -211,7 +211,7 @@ def select_skinny(precision: str, M: int, N: int, K: int) -> KernelSpec | None:
 def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
               out: str = "fp32", b_layout: str = "KN") -> KernelSpec:
     """What ``kernel="auto"`` runs in a tensor-core ``precision``: on an H100/H200 in fp16
-    or bf16 :func:`select_hopper`'s choice (``wgmma_split_k`` / ``skinny``); at decode
+    or bf16 :func:`select_hopper`'s choice (``wgmma_swap`` / ``wgmma_split_k``); at decode
     sizes (M <= SKINNY_MMAX) the ``skinny`` rung -- in fp32 for tf32 and 3xtf32 calls
     (see SKINNY_MMAX); on sm_75 (a T4) in fp16 the sm_75 form of ``mma_swizzle``
     (SM75_AUTO); otherwise ``mma_pipeline`` with the tile the autotuner measured fastest
@@ -223,19 +223,12 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
     returned and ``gemmlib.matmul`` casts its result.
 
     ``b_layout`` "NK" (a column-major B, ``W.t()``): the choice's K-major build where the
-    rung has one (else the row-major choice, and ``gemmlib.matmul`` copies B).  On Hopper
-    the decode rung gives way to ``wgmma_split_k``'s 64-row tiles there: at M = 1 its
-    K-major build took 56-92% of skinny's K-major time on 5 of 6 layer shapes of an H100
-    (results/layouts-nvidia-h100-80gb-hbm3-2026-11-27.json, its M = 16 rows against M = 1)."""
+    rung has one (else the row-major choice, and ``gemmlib.matmul`` copies B)."""
     if b_layout != "KN":
         key = ("tc", precision, M, N, K, slug, out, b_layout)
         spec = _CHOICES.get(key)
         if spec is None:
             base = select_tc(precision, M, N, K, slug, out)
-            if (rung_of(base) == SKINNY_RUNG and precision in ("fp16", "bf16") and not SIMULATOR
-                    and tuple(backend.device_info().compute_capability) == (9, 0)):
-                base = select_out(build(HOPPER_SPLIT, {"precision": precision, "BM": 64}),
-                                  out, M, N, K)
             spec = _CHOICES.put(key, with_layout(base, b_layout) or base)
         return spec
     if out != "fp32":
@@ -290,23 +283,37 @@ HOPPER_BM64_MMAX = 64
 HOPPER_BM64_MMAX_NARROW = 128
 
 
+#: Hopper, fp16/bf16: swap-AB tiles (gemmlib.kernels.wgmma_swap) up to this many tokens
+HOPPER_SWAP_MMAX = 64
+HOPPER_SWAP = "wgmma_swap"
+#: its stages two k-tiles deep: 0.3-5.1 points of torch ahead of one k-tile on all 24
+#: (layer, M) cases of the H100 sweep (results/swap-2026-11-27/kt-h100.json)
+HOPPER_SWAP_KT = 128
+
+
+def select_swap(precision: str, M: int, N: int, K: int) -> KernelSpec:
+    """``wgmma_swap`` for M tokens: the narrowest token width that holds them, the weight
+    rows per tile and the block count from its launch model (``plan_for``), stages of
+    HOPPER_SWAP_KT k elements, the deepest ring that fits; B as (K, N) (``with_layout``
+    gives the ``nn.Linear`` build)."""
+    from gemmlib.kernels.wgmma_swap import plan_for, width_for
+
+    BM, grid = plan_for(M, N, K, backend.device_info())
+    return build(HOPPER_SWAP, {"precision": precision, "BM": BM, "BN": width_for(M),
+                               "GRID": grid, "B_LAYOUT": "KN", "KT": HOPPER_SWAP_KT})
+
+
 def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
     """fp16/bf16 on an H100/H200, from the per-shape measurements of every candidate
-    (kernel loops, ``scripts/tc_shapes_gpu.py``; ``results/tc-shapes-*.json``): the
-    ``skinny`` rung at decode sizes on layers too narrow to fill the GPU with tiles;
-    else ``wgmma_split_k`` -- 64-row tiles at small M, 128-row above -- with its slices
-    from its cost model (one where the tiles fill the GPU: then it is ``wgmma_ws``)."""
-    dev = backend.device_info()
-    narrow = cdiv(N, 256) < dev.sm_count / 2
-    # skinny only at M = 1: kernels alone on an H100, wgmma_split_k's 64-row tiles beat it
-    # at M = 2-4 on all 11 layer shapes measured, fp16 and bf16, by 3-19%
-    # (results/out16-2026-11-26/decode-kernels-m2to4-h100.json); at M = 1 skinny is 10-13%
-    # ahead at 4096 x 4096 (decode-kernels-unroll-h100.json).  Not measured on an H200
-    if narrow and M == 1:
-        skinny = select_skinny(precision, M, N, K)
-        if skinny is not None:
-            return skinny
-    few = cdiv(N, 256) <= dev.sm_count // 4
+    (kernel loops: ``scripts/tc_shapes_gpu.py``, ``scripts/swap_gpu.py``): up to
+    HOPPER_SWAP_MMAX tokens ``wgmma_swap`` (:func:`select_swap`; it beat the decode rung
+    ``skinny`` at M = 1 on every layer of results/swap-2026-11-27/); above, ``wgmma_split_k``
+    -- 64-row tiles on narrow layers up to HOPPER_BM64_MMAX_NARROW rows, 128-row otherwise --
+    with its slices from its cost model (one where the tiles fill the GPU: then it is
+    ``wgmma_ws``)."""
+    if M <= HOPPER_SWAP_MMAX:
+        return select_swap(precision, M, N, K)
+    few = cdiv(N, 256) <= backend.device_info().sm_count // 4
     BM = 64 if M <= HOPPER_BM64_MMAX or (M <= HOPPER_BM64_MMAX_NARROW and few) else 128
     return build(HOPPER_SPLIT, {"precision": precision, "BM": BM})
 
@@ -314,7 +321,7 @@ def select_hopper(precision: str, M: int, N: int, K: int) -> KernelSpec:
 #: rungs whose epilogue writes C in the inputs' own 16-bit type when built with
 #: ``OUT="fp16"`` / ``"bf16"`` (``gemmlib.kernels.wgmma_async.out_store``; skinny's own)
 OUT16_RUNGS = ("wgmma_ws", "wgmma_cluster", "wgmma_pingpong", "wgmma_store", "wgmma_split_k",
-               "skinny")
+               "wgmma_swap", "skinny")
 
 
 def rung_of(spec: KernelSpec) -> str:
