@@ -129,7 +129,54 @@ def install() -> bool:
     BlockThread.run = run_thread
     BlockThread.syncthreads = syncthreads
     BlockManager.run = run_block
+    _hold_module_swaps(K)
     if sys.getswitchinterval() < SWITCH_INTERVAL_S:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
     _installed = True
     return True
+
+
+def _hold_module_swaps(K) -> None:
+    """A device function's module keeps the simulated ``cuda`` until the launch ends.
+
+    numba calls each device function inside ``swapped_cuda_module``: the module's globals
+    that name ``cuda`` are pointed at the kernel's fake module on entry and restored when
+    the last thread leaves, so a module of helpers (the intrinsics' twins) is scanned and
+    swapped again on nearly every call, under two locks.  Here the first call in a launch
+    enters the same context and the launch leaves it; what each call sees is unchanged.
+    """
+    from numba.cuda.simulator import kernelapi
+
+    FakeCUDAKernel = K.FakeCUDAKernel
+    numba_call = FakeCUDAKernel.__call__
+    held: dict = {}   # id(module globals) -> the swap entered for this launch
+    lock = threading.Lock()
+
+    def release():
+        with lock:
+            swaps = list(held.values())
+            held.clear()
+        for swap in swaps:
+            swap.__exit__(None, None, None)
+
+    def call(self, *args):
+        ctx = K._kernel_context
+        if ctx is None:
+            if self._device:   # called from the host: numba's way
+                return numba_call(self, *args)
+            try:               # a launch
+                return numba_call(self, *args)
+            finally:
+                release()
+        fn = self.fn
+        key = id(fn.__globals__)
+        if key not in held:
+            with lock:
+                if key not in held:
+                    swap = kernelapi.swapped_cuda_module(fn, ctx)
+                    swap.__enter__()
+                    held[key] = swap
+        return fn(*args)
+
+    FakeCUDAKernel.__call__ = call
+
