@@ -202,19 +202,25 @@ def _exchange(value, width: int = 32, once=None):
 class _Exchange:
     """One warp's (or warpgroup's) meeting point: each round, every lane leaves its value and
     waits until the last lane has; all then read the same list (a new one every round, so a
-    lane may start the next round while others still read this one)."""
+    lane may start the next round while others still read this one).
+
+    The waiting lanes queue on the round's gate, a lock held until the last lane arrives and
+    releases it; each lane then takes it and hands it on.  So the lanes wake one after another
+    instead of all at once competing for the GIL, and no Condition is made per wait."""
 
     def __init__(self, width):
         self.width, self.lock = width, threading.Lock()
         self._new_round()
 
     def _new_round(self):
-        self.values, self.count, self.done = [None] * self.width, 0, threading.Event()
+        self.values, self.count = [None] * self.width, 0
+        self.gate = threading.Lock()
+        self.gate.acquire()
         self.result = []   # once's (ok, value or exception) of this round
 
     def swap(self, lane, value, once=None):
         with self.lock:
-            values, done, result = self.values, self.done, self.result
+            values, gate, result = self.values, self.gate, self.result
             values[lane] = value
             self.count += 1
             last = self.count == self.width
@@ -226,8 +232,10 @@ class _Exchange:
                     result.append((True, once(values)))
                 except Exception as e:
                     result.append((False, e))
-            done.set()
-        elif not done.wait(timeout=120):
+            gate.release()
+        elif gate.acquire(timeout=120):
+            gate.release()
+        else:
             raise FragmentError(f"not all {self.width} threads of the "
                                 f"{'warp' if self.width == 32 else 'warpgroup'} reached the "
                                 "collective instruction (divergent control flow around "
