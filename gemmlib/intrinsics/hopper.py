@@ -518,9 +518,9 @@ def _nothing(*args):
 
 
 def wgmma_wait_py():
-    """``wgmma.wait_group``: the twin's wgmma reads its operands when called, each thread
-    for itself, so the wait is where the warpgroup meets -- past it every thread's reads are
-    done, as the instruction's are on the GPU (a single thread may then release the stage)."""
+    """``wgmma.wait_group``: where the warpgroup meets, as on the GPU -- past it the
+    operands have been read (the twin's wgmma reads them once, when the warpgroup's last
+    thread calls it), so a single thread may then release the stage."""
     from gemmlib.intrinsics.mma import _exchange
 
     _exchange(None, width=128)
