@@ -213,6 +213,17 @@ class Table:
         return "\n".join(([self.caption] if self.caption else []) + body)
 
 
+class Tables(tuple):
+    """Several :class:`Table` s shown one under the other by one ``display`` call: a wide
+    record split so that each part fits the text column."""
+
+    def _repr_html_(self):
+        return "\n".join(t._repr_html_() for t in self)
+
+    def __repr__(self):
+        return "\n\n".join(map(repr, self))
+
+
 def hardware_table(spec=None) -> Table:
     """The device limits that matter for GEMM, read from the driver.  Chapter 1 shows it;
     the other chapters link there and show only :func:`kernel_table` (with ``spec`` the

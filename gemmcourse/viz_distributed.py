@@ -861,6 +861,23 @@ def scaling_rows(data) -> list[tuple]:
     return out
 
 
+def configuration_tables(data, where: str):
+    """:func:`scaling_rows` as two tables (a :class:`gemmcourse.notebook.Tables`), each
+    narrow enough for the text column: the time of every configuration, then the recorded
+    timeline's busy times of those that have one."""
+    from gemmcourse import notebook as nb
+
+    rows = [(f"{r[0]} {r[1]}", *r[2:]) for r in scaling_rows(data)]
+    key = ("run", "algorithm", "engine", "options")
+    return nb.Tables((
+        nb.Table(key + ("ms", "TFLOP/s", "efficiency"), [r[:7] for r in rows],
+                 caption=f"{where}: every configuration (the slowest GPU, median)"),
+        nb.Table(key + ("compute ms", "comm ms", "overlap ms"),
+                 [r[:4] + r[7:] for r in rows if r[7:] != ("-", "-", "-")],
+                 caption=f"{where}: one more call, recorded: the time spent computing, "
+                         "communicating and both at once (median over the GPUs)")))
+
+
 def show_distributed_results(directory=None, timelines: bool = True, gpu=PAGE_GPU) -> int:
     """Every row of each committed multi-GPU run (of ``gpu``, as in :func:`distributed_files`):
     NCCL's all-gather bandwidth, the rows, the targets, and (``timelines``) the first two
@@ -885,10 +902,7 @@ def show_distributed_results(directory=None, timelines: bool = True, gpu=PAGE_GP
                            f"{r['algbw_gbs']:.0f}", f"{r['busbw_gbs']:.0f}")
                           for r in data.get("allgather_bandwidth", [])],
                          caption=f"NCCL's all-gather on {where}"))
-        display(nb.Table(("dtype", "scaling", "algorithm", "engine", "options", "ms",
-                          "TFLOP/s", "efficiency", "compute ms", "comm ms", "overlap ms"),
-                         scaling_rows(data), caption=f"{where}: every configuration (the "
-                                                     "slowest GPU, median)"))
+        display(configuration_tables(data, where))
         for t in data.get("targets", []):
             print(("[met]    " if t["met"] else "[missed] ") + t["what"])
         if timelines:

@@ -200,12 +200,14 @@ def position_table(roof: dict, records=None, tokens=None):
                      f"{d['intensity']:.1f}", "memory" if d["intensity"] < R else "compute",
                      f"{bound_us(d['M'], d['N'], d['K'], roof):.1f}",
                      f"{attainable_tflops(d['intensity'], roof):.0f}"))
-    return Table(("model", "layer", "tokens", "M x N x K", "FLOP/byte", "bound by",
-                  "roofline bound, us", "attainable TFLOP/s"), body,
+    # Headers of short words, so the table fits the text column
+    return Table(("model", "layer", "tokens", "M x N x K", "FLOP per byte", "bound by",
+                  "min time, us", "roof TFLOP/s"), body,
                  caption=f"Computed from the shapes (fp16 in, fp32 out) against {roof['name']}: "
                          f"{roof['tc_tflops']:.0f} TFLOP/s fp16 tensor cores, "
                          f"{roof['dram_gbps']:.0f} GB/s ({roof['bw_source']}); ridge "
-                         f"{R:.0f} FLOP/byte")
+                         f"{R:.0f} FLOP/byte. Min time: the roofline's lower bound; roof TFLOP/s: "
+                         f"the rate it allows at the shape's intensity")
 
 
 # --------------------------------------------------------------------------

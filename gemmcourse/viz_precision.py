@@ -206,25 +206,44 @@ def _short(shape) -> str:
 
 
 def precision_table(data: dict, name: str = "", timing=None):
-    """An HTML :class:`gemmcourse.notebook.Table` of :func:`precision_records`
-    (``timing``: "kernel" or "call" to keep one timing mode)."""
-    from gemmcourse.notebook import Table
+    """:func:`precision_records` as two HTML tables (a :class:`gemmcourse.notebook.Tables`),
+    each narrow enough for the text column: the speed against cuBLAS with the verdict (the
+    targets in its caption), and the errors against float64 with the configuration that ran
+    (one row for the timings that share them).  ``timing``: "kernel" or "call" to keep one
+    timing mode."""
+    from gemmcourse.notebook import Table, Tables
 
     recs = [d for d in precision_records(data) if timing in (None, d["timing"])]
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
-    body = [(d["precision"], d["label"], d["timing"], f(d["tflops"], ".1f"),
-             f"{f(d['cublas_tflops'], '.1f')} ({d['cublas_precision']})",
-             "-" if d["pct"] is None else f"{d['pct']:.1f}%",
-             f(d["rel_error"], ".2e"), f(d["cublas_rel_error"], ".2e"), d["target"],
-             "-" if d["met"] is None else ("met" if d["met"] else "missed"), d["config"])
-            for d in recs]
+    speed = [(d["precision"], d["label"], d["timing"], f(d["tflops"], ".1f"),
+              f(d["cublas_tflops"], ".1f") + ("" if d["cublas_precision"] == d["precision"]
+                                              else f" ({d['cublas_precision']})"),
+              "-" if d["pct"] is None else f"{d['pct']:.1f}%",
+              "-" if d["met"] is None else ("met" if d["met"] else "missed"))
+             for d in recs]
+    errors = {}
+    for d in recs:
+        key = (d["precision"], d["label"], f(d["rel_error"], ".2e"),
+               f(d["cublas_rel_error"], ".2e"), d["config"])
+        errors.setdefault(key, []).append(d["timing"])
+    targets = {}
+    for d in recs:
+        targets.setdefault(d["target"], []).append(d["precision"])
     meta = data.get("meta", {}) if isinstance(data, dict) else {}
-    cap = (f"gemmlib (kernel='auto': the tuned mma_pipeline) against cuBLAS in the same "
-           f"precision (3xtf32: cuBLAS fp32 SGEMM): {meta.get('gpu', '?')}, "
-           f"{str(meta.get('date', ''))[:10]}" + (f" ({name})" if name else ""))
-    header = ("precision", "M x N x K", "timing", "TFLOP/s", "cuBLAS TFLOP/s", "% of cuBLAS",
-              "error", "cuBLAS error", "target", "", "configuration")
-    return Table(header, body, caption=cap)
+    where = (f"{meta.get('gpu', '?')}, {str(meta.get('date', ''))[:10]}"
+             + (f" ({name})" if name else ""))
+    aims = "; ".join(f"{', '.join(dict.fromkeys(p))} {t}" for t, p in targets.items() if t != "-")
+    return Tables((
+        Table(("precision", "M x N x K", "timing", "TFLOP/s", "cuBLAS TFLOP/s", "% of cuBLAS",
+               "target"), speed,
+              caption=f"gemmlib (kernel='auto': the tuned mma_pipeline) against cuBLAS in the "
+                      f"same precision (3xtf32: cuBLAS fp32 SGEMM): {where}"
+                      + (f"; targets: {aims}" if aims else "")),
+        Table(("precision", "M x N x K", "timing", "error", "cuBLAS error", "configuration"),
+              [(p, label, ", ".join(t), e, ce, config)
+               for (p, label, e, ce, config), t in errors.items()],
+              caption=f"Relative errors against float64 (Frobenius) and the configuration "
+                      f"that ran: {where}")))
 
 
 def targets_line(data: dict, timing: str = "kernel") -> str:

@@ -17,6 +17,12 @@ sleeps on a condition that a thread notifies when it blocks in ``syncthreads``
 or finishes.  Kernels, their results and their error messages are unchanged; only
 the waiting is.  Set ``GEMMLIB_SIM_SCHEDULER=numba`` to keep numba's own.
 
+It also lengthens the interpreter's switch interval to :data:`SWITCH_INTERVAL_S`
+(unless it was set longer): a block's threads hand the GIL to one another where
+they wait (``syncthreads``, a warp's exchange, an mbarrier), so the 5 ms default
+only adds forced switches between threads that are all runnable -- about a sixth
+of the simulator's CPU time in the test suite.
+
 gemmlib.backend installs it when the simulator is on.  Remove once numba-cuda's
 simulator stops polling.
 """
@@ -24,11 +30,15 @@ simulator stops polling.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import numpy as np
 
 _installed = False
+
+#: the switch interval (seconds) the simulator runs with; Python's default is 0.005
+SWITCH_INTERVAL_S = 0.05
 
 
 def install() -> bool:
@@ -119,5 +129,54 @@ def install() -> bool:
     BlockThread.run = run_thread
     BlockThread.syncthreads = syncthreads
     BlockManager.run = run_block
+    _hold_module_swaps(K)
+    if sys.getswitchinterval() < SWITCH_INTERVAL_S:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
     _installed = True
     return True
+
+
+def _hold_module_swaps(K) -> None:
+    """A device function's module keeps the simulated ``cuda`` until the launch ends.
+
+    numba calls each device function inside ``swapped_cuda_module``: the module's globals
+    that name ``cuda`` are pointed at the kernel's fake module on entry and restored when
+    the last thread leaves, so a module of helpers (the intrinsics' twins) is scanned and
+    swapped again on nearly every call, under two locks.  Here the first call in a launch
+    enters the same context and the launch leaves it; what each call sees is unchanged.
+    """
+    from numba.cuda.simulator import kernelapi
+
+    FakeCUDAKernel = K.FakeCUDAKernel
+    numba_call = FakeCUDAKernel.__call__
+    held: dict = {}   # id(module globals) -> the swap entered for this launch
+    lock = threading.Lock()
+
+    def release():
+        with lock:
+            swaps = list(held.values())
+            held.clear()
+        for swap in swaps:
+            swap.__exit__(None, None, None)
+
+    def call(self, *args):
+        ctx = K._kernel_context
+        if ctx is None:
+            if self._device:   # called from the host: numba's way
+                return numba_call(self, *args)
+            try:               # a launch
+                return numba_call(self, *args)
+            finally:
+                release()
+        fn = self.fn
+        key = id(fn.__globals__)
+        if key not in held:
+            with lock:
+                if key not in held:
+                    swap = kernelapi.swapped_cuda_module(fn, ctx)
+                    swap.__enter__()
+                    held[key] = swap
+        return fn(*args)
+
+    FakeCUDAKernel.__call__ = call
+

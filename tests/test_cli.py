@@ -35,14 +35,24 @@ def test_bench_in_simulator_says_timings_mean_nothing(capsys, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written: no fake numbers
 
 
-def test_bench_has_an_auto_row_by_default():
+def test_bench_has_an_auto_row_by_default(monkeypatch):
     # "auto" is what matmul runs when no kernel is named: the bench reports it beside the rungs.
+    # The simulated bench checks each kernel once (gemmlib.verify.check_once); that check of
+    # every rung is test_kernels.py's, so here it only records which specs it was given.
+    import importlib
+    from types import SimpleNamespace
+
     from gemmlib.bench import benchmark
     from gemmlib.kernels import LADDER, SCALED
 
+    checked = []
+    verify = importlib.import_module("gemmlib.verify")   # (gemmlib.verify is also a function)
+    monkeypatch.setattr(verify, "check_once", lambda spec, M, N, K: (
+        checked.append(spec), SimpleNamespace(rel_error=0.0))[1])
     rows = benchmark(shapes=[(5, 6, 7)], reps=2, budget_s=1, progress=False).rows
     kernels = [r.kernel for r in rows]
     assert "auto" in kernels and all(k in kernels for k in LADDER if k not in SCALED)
+    assert len(checked) == len(rows) and all(hasattr(s, "kernel") for s in checked)
 
 
 def test_help_mentions_every_command(capsys):

@@ -15,10 +15,10 @@ UNSCALED = [n for n in LADDER if n not in SCALED]
 
 def edge_shapes(spec):
     """1x1x1; primes, K past two k-tiles with a partial third (no further: each k-tile is
-    a pass of every simulated thread); one past / one short of the tile; K below one
-    k-tile."""
+    a pass of every simulated thread); one past / one short of the tile with K below one
+    k-tile.  (Tiny outputs with K = 1 beyond 1x1x1: test_properties' K = 1 family.)"""
     tm, tn = spec.tile
-    return [(1, 1, 1), (37, 29, min(53, 2 * spec.k_tile + 5)), (tm + 1, tn - 1, 3), (2, 3, 1)]
+    return [(1, 1, 1), (37, 29, min(53, 2 * spec.k_tile + 5)), (tm + 1, tn - 1, 3)]
 
 
 @pytest.mark.parametrize("name", UNSCALED)
@@ -27,7 +27,7 @@ def test_kernel_correct_on_odd_shapes(name):
     if not backend.SIMULATOR and tuple(backend.device_info().compute_capability) < spec.min_cc:
         pytest.skip(f"{name} needs sm_{spec.min_cc[0]}{spec.min_cc[1]}+")
     report = gemmlib.verify(spec, edge_shapes(spec))
-    assert report.ok and len(report.checks) == 4
+    assert report.ok and len(report.checks) == 3
 
 
 @pytest.mark.parametrize("name", UNSCALED)

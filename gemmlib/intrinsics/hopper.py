@@ -49,6 +49,8 @@ TMA + mbarrier feeding wgmma all give the right products.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from gemmlib.backend import SIMULATOR
@@ -293,6 +295,9 @@ def _block_state():
     import threading
 
     t = threading.current_thread()
+    st = getattr(t, "_gemmlib_hopper", None)   # a simulated thread keeps its block's
+    if st is not None:
+        return st
     mgr = getattr(t, "_manager", None)
     if mgr is None:
         raise HopperOnly("Hopper intrinsics run only inside a (simulated) kernel")
@@ -301,6 +306,7 @@ def _block_state():
         st = blocks.get(tuple(t.blockIdx))
         if st is None:
             st = blocks[tuple(t.blockIdx)] = {"bases": [], "next": 1024, "bars": {}}
+    t._gemmlib_hopper = st
     return st
 
 
@@ -405,16 +411,18 @@ def _wgmma_py(n: int, ab: str, trans_b: bool = False, in_place: bool = False,
             return fp8_values(ab)[x]
         return x
 
-    def wgmma(da, db, scale_d, *acc):
-        vals, t = _exchange((int(da), int(db)), width=128)
+    def product(vals):   # the warpgroup's, once: its operands read as the last thread arrives
         if any(v != vals[0] for v in vals):
             raise HopperOnly("the 128 threads of a warpgroup passed different descriptors")
         A = value(_operand(vals[0][0], 64, dtype, mn_major=trans_a))
         B = value(_operand(vals[0][1], n, dtype, mn_major=trans_b))
-        # einsum, not @: 128 simulated threads at once in OpenBLAS overrun its buffer slots
-        D = np.einsum("mk,nk->mn", A.astype(np.float64), B.astype(np.float64))
-        return tuple(np.float32((float(c) if int(scale_d) else 0.0) + D[rc])
-                     for c, rc in zip(acc, accumulator_coords(t, n)))
+        # einsum, not @: simulated threads at once in OpenBLAS overrun its buffer slots
+        return np.einsum("mk,nk->mn", A.astype(np.float64), B.astype(np.float64))
+
+    def wgmma(da, db, scale_d, *acc):
+        (_, D), t = _exchange((int(da), int(db)), width=128, once=product)
+        base = np.array([float(c) for c in acc]) if int(scale_d) else 0.0
+        return tuple((base + D[_accumulator_index(t, n)]).astype(np.float32))
 
     wgmma.__name__ = f"wgmma_m64n{n}k{WGMMA_K[ab]}_{ab}" + ("_ta" if trans_a else "") + "_py"
     if not in_place:
@@ -510,9 +518,9 @@ def _nothing(*args):
 
 
 def wgmma_wait_py():
-    """``wgmma.wait_group``: the twin's wgmma reads its operands when called, each thread
-    for itself, so the wait is where the warpgroup meets -- past it every thread's reads are
-    done, as the instruction's are on the GPU (a single thread may then release the stage)."""
+    """``wgmma.wait_group``: where the warpgroup meets, as on the GPU -- past it the
+    operands have been read (the twin's wgmma reads them once, when the warpgroup's last
+    thread calls it), so a single thread may then release the stage."""
     from gemmlib.intrinsics.mma import _exchange
 
     _exchange(None, width=128)
@@ -618,6 +626,13 @@ def _device_desc():
 
 
 smem_desc = _device_desc()
+
+
+@functools.lru_cache(maxsize=None)
+def _accumulator_index(t: int, n: int):
+    """(rows, cols) arrays of :func:`accumulator_coords`, to index the product with."""
+    rows, cols = zip(*accumulator_coords(t, n))
+    return np.array(rows), np.array(cols)
 
 
 def accumulator_coords(t: int, n: int):

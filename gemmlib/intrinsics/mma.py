@@ -61,6 +61,7 @@ in CI, not only on a GPU.
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import numpy as np
@@ -165,7 +166,7 @@ class FragmentError(RuntimeError):
 _registry_lock = threading.Lock()
 
 
-def _exchange(value, width: int = 32):
+def _exchange(value, width: int = 32, once=None):
     """Give ``value`` to the other lanes of this warp; return all 32, by lane.
 
     Every lane of the warp must call it (as on the GPU, where mma and ldmatrix
@@ -175,6 +176,10 @@ def _exchange(value, width: int = 32):
     ``threading.Barrier``: every wake-up of a simulated thread costs a GIL hand-off,
     and the barrier's two phases made the tensor-core rungs' simulation about half
     waiting.
+
+    ``once``: a function of the round's values, called by the last lane to arrive before
+    any lane goes on (the warp's product of an mma, computed once instead of by every
+    lane); the values are then returned as ``(values, once(values))``.
     """
     t = threading.current_thread()
     mgr = getattr(t, "_manager", None)
@@ -191,36 +196,56 @@ def _exchange(value, width: int = 32):
         slot = table.get(key)
         if slot is None:
             slot = table[key] = _Exchange(width)
-    return slot.swap(lane, value), lane
+    return slot.swap(lane, value, once), lane
 
 
 class _Exchange:
     """One warp's (or warpgroup's) meeting point: each round, every lane leaves its value and
     waits until the last lane has; all then read the same list (a new one every round, so a
-    lane may start the next round while others still read this one)."""
+    lane may start the next round while others still read this one).
+
+    The waiting lanes queue on the round's gate, a lock held until the last lane arrives and
+    releases it; each lane then takes it and hands it on.  So the lanes wake one after another
+    instead of all at once competing for the GIL, and no Condition is made per wait."""
 
     def __init__(self, width):
         self.width, self.lock = width, threading.Lock()
         self._new_round()
 
     def _new_round(self):
-        self.values, self.count, self.done = [None] * self.width, 0, threading.Event()
+        self.values, self.count = [None] * self.width, 0
+        self.gate = threading.Lock()
+        self.gate.acquire()
+        self.result = []   # once's (ok, value or exception) of this round
 
-    def swap(self, lane, value):
+    def swap(self, lane, value, once=None):
         with self.lock:
-            values, done = self.values, self.done
+            values, gate, result = self.values, self.gate, self.result
             values[lane] = value
             self.count += 1
-            if self.count == self.width:   # the last lane: the round is complete
+            last = self.count == self.width
+            if last:   # the round is complete
                 self._new_round()
-                done.set()
-                return list(values)
-        if not done.wait(timeout=120):
+        if last:
+            if once is not None:
+                try:
+                    result.append((True, once(values)))
+                except Exception as e:
+                    result.append((False, e))
+            gate.release()
+        elif gate.acquire(timeout=120):
+            gate.release()
+        else:
             raise FragmentError(f"not all {self.width} threads of the "
                                 f"{'warp' if self.width == 32 else 'warpgroup'} reached the "
                                 "collective instruction (divergent control flow around "
                                 "mma/ldmatrix/wgmma)")
-        return list(values)
+        if once is None:
+            return list(values)
+        ok, out = result[0]
+        if not ok:   # every lane raises it (a copy each: one traceback per thread)
+            raise (out if last else copy.copy(out))
+        return list(values), out
 
 
 _TABLES: dict = {}
@@ -261,12 +286,16 @@ def _mma_py(kind: str, a, b, c):
     atom = _atom(kind)
     m, n, k = atom["shape"]
     ia, ib, ic = _tables(kind)
-    regs, lane = _exchange((tuple(int(x) for x in a), tuple(int(x) for x in b)))
-    A = np.zeros(m * k)
-    B = np.zeros(k * n)
-    A[ia] = _decode([r[0] for r in regs], atom.get("input", kind))
-    B[ib] = _decode([r[1] for r in regs], atom.get("input", kind))
-    D = A.reshape(m, k) @ B.reshape(k, n)
+
+    def product(regs):   # the warp's, once
+        A = np.zeros(m * k)
+        B = np.zeros(k * n)
+        A[ia] = _decode([r[0] for r in regs], atom.get("input", kind))
+        B[ib] = _decode([r[1] for r in regs], atom.get("input", kind))
+        return A.reshape(m, k) @ B.reshape(k, n)
+
+    (_, D), lane = _exchange((tuple(int(x) for x in a), tuple(int(x) for x in b)),
+                             once=product)
     return tuple(np.float32(np.float64(c[v]) + D.flat[ic[lane, v]]) for v in range(4))
 
 
