@@ -348,8 +348,10 @@ def plot_accumulators(n: int = 16):
 def sync_lines(module, words=("fence", "wgmma_commit", "wait0", "wait1", "syncthreads",
                               "mbarrier", "wait(", "load_stage(", "setmaxnreg", "more()",
                               "fewer()")):
-    """[(line number, stripped line)] of ``module``'s source lines (a kernel module) that
-    contain one of ``words``: where a rung fences, commits, waits and synchronises."""
+    """[(line number, stripped line)] of ``module``'s source lines (a kernel module, from its
+    kernel to its ``grid``; a module of device functions, such as ``ws_pipeline``, whole)
+    that contain one of ``words`` outside docstrings: where a rung fences, commits, waits
+    and synchronises."""
     import inspect
 
     src = inspect.getsource(module).splitlines()
@@ -357,9 +359,14 @@ def sync_lines(module, words=("fence", "wgmma_commit", "wait0", "wait1", "syncth
     stop = next((i for i, ln in enumerate(src) if i > start
                  and ln.lstrip().startswith("def grid(")), len(src))
     out = []
+    in_doc = False
     for i, ln in enumerate(src[start:stop], start + 1):
         body = ln.split("#")[0]
-        if body.lstrip().startswith(("def ", '"""')):
+        quotes = body.count('"""')
+        if in_doc or quotes:
+            in_doc = in_doc != (quotes % 2 == 1)
+            continue
+        if body.lstrip().startswith("def "):
             continue
         if any(w in body for w in words):
             out.append((i, ln.strip()))

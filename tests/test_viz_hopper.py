@@ -428,12 +428,15 @@ def test_the_chapters_figures_are_legible_at_the_size_the_page_shows():
 
 
 def test_sync_lines_find_the_fences():
-    from gemmlib.kernels import wgmma_async, wgmma_ws
+    from gemmlib.kernels import wgmma_async, wgmma_ws, ws_pipeline
 
     a = " ".join(ln for _, ln in vh.sync_lines(wgmma_async))
     assert "fence_proxy_async" in a and "wgmma_commit" in a and "ptx_must" not in a
     w = " ".join(ln for _, ln in vh.sync_lines(wgmma_ws))
-    assert "mbarrier_arrive" in w and "wait1()" in w
+    assert "mbarrier_init" in w and "fewer()" in w
+    ring = " ".join(ln for _, ln in vh.sync_lines(ws_pipeline))   # the ring's loops
+    assert "mbarrier_arrive" in ring and "wait1()" in ring
+    assert "copies the KT" not in ring and "guarded by" not in ring   # no docstring text
 
 
 def test_runs_here(monkeypatch, capsys):
