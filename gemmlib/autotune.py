@@ -39,7 +39,7 @@ from pathlib import Path
 
 from gemmlib import backend, dispatch
 from gemmlib.tuning import (  # noqa: F401  (the tuning data API, re-exported here)
-    _LOCK, PACKAGE_TUNING_DIR, _read, _write, best_entry, best_params, cache_paths,
+    _LOCK, PACKAGE_TUNING_DIR, _read, _write, best_entry, best_params, cache_paths, update,
     gpu_slug, nearest_class, shape_class, user_cache_dir)
 
 DEFAULT_KERNEL = "warptile"
@@ -359,25 +359,25 @@ def record(result: TuneResult, path: Path | None = None, slug: str | None = None
     slug = slug or gpu_slug(dev.name)
     path = Path(path) if path else user_cache_dir() / f"{slug}.json"
     M, N, K = result.shape
-    with _LOCK:
-        data = _read(path) or {}
-        data = json.loads(json.dumps(data))  # a private copy
+    entry = {"params": best.params, "splits": best.splits, "shape": [M, N, K],
+             "ms": round(best.ms, 4),
+             "tflops": round(best.tflops, 2),
+             "cublas_ms": round(result.cublas_ms, 4),
+             "pct_of_cublas": round(100 * result.cublas_ms / best.ms, 1),
+             "registers": best.registers, "local_bytes": best.local_bytes,
+             "shared_bytes": best.shared_bytes,
+             "candidates_timed": sum(t.status == "timed" for t in result.trials),
+             "candidates_rejected": sum(t.status == "rejected" for t in result.trials),
+             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def change(data):
         data.update(gpu=dev.name, gpu_slug=slug,
                     compute_capability=f"{dev.compute_capability[0]}.{dev.compute_capability[1]}",
                     sm_count=dev.sm_count)
-        entry = {"params": best.params, "splits": best.splits, "shape": [M, N, K],
-                 "ms": round(best.ms, 4),
-                 "tflops": round(best.tflops, 2),
-                 "cublas_ms": round(result.cublas_ms, 4),
-                 "pct_of_cublas": round(100 * result.cublas_ms / best.ms, 1),
-                 "registers": best.registers, "local_bytes": best.local_bytes,
-                 "shared_bytes": best.shared_bytes,
-                 "candidates_timed": sum(t.status == "timed" for t in result.trials),
-                 "candidates_rejected": sum(t.status == "rejected" for t in result.trials),
-                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         data.setdefault("kernels", {}).setdefault(result.kernel, {})[
             shape_class(M, N, K)] = entry
-        _write(path, data)
+
+    update(path, change)
     return path
 
 

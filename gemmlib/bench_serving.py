@@ -126,7 +126,11 @@ TIMING = ("CUDA events around a loop of back-to-back calls cycling through opera
 
 def projections(model: str) -> list[tuple[str, int, int]]:
     """(projection, N, K) of one layer of ``model``, as nn.Linear weights (N, K)."""
-    c = MODELS[model]
+    return projections_of(MODELS[model])
+
+
+def projections_of(c: dict) -> list[tuple[str, int, int]]:
+    """(projection, N, K) of one layer of a model of config ``c`` (MODELS' fields)."""
     h, D = c["hidden_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
     out = [("qkv", q + 2 * kv, h), ("o", h, q)]

@@ -73,20 +73,12 @@ def applies(name: str, M: int) -> bool:
 
 def layer_shapes(models=None) -> list[tuple[str, int, int]]:
     """("model proj", N, K) of the training models' projections, each (N, K) once."""
-    from gemmlib.bench_serving import MODELS, projections
+    from gemmlib.bench_serving import projections_of
 
     seen = {}
     for m in models or TRAINING:
-        saved = MODELS.get(m)
-        MODELS[m] = TRAINING[m]
-        try:
-            for proj, N, K in projections(m):
-                seen.setdefault((N, K), f"{m} {proj}")
-        finally:
-            if saved is None:
-                del MODELS[m]
-            else:
-                MODELS[m] = saved
+        for proj, N, K in projections_of(TRAINING[m]):
+            seen.setdefault((N, K), f"{m} {proj}")
     return [(use, N, K) for (N, K), use in seen.items()]
 
 
@@ -207,10 +199,12 @@ def record(classes: dict, path: Path | None = None, slug: str | None = None) -> 
     dev = backend.device_info()
     slug = slug or tuning.gpu_slug(dev.name)
     path = Path(path) if path else tuning.user_cache_dir() / f"{slug}.json"
-    data = json.loads(json.dumps(tuning._read(path) or {}))
-    data.update(gpu=dev.name, gpu_slug=slug, sm_count=dev.sm_count)
-    data.setdefault("kernels", {})[HOPPER_TUNED] = classes
-    tuning._write(path, data)
+
+    def change(data):
+        data.update(gpu=dev.name, gpu_slug=slug, sm_count=dev.sm_count)
+        data.setdefault("kernels", {})[HOPPER_TUNED] = classes
+
+    tuning.update(path, change)
     return path
 
 

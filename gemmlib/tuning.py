@@ -100,6 +100,16 @@ def _write(path: Path, data: dict) -> None:
         _MEMO.pop(str(path), None)
 
 
+def update(path: Path, change) -> None:
+    """Read the tuning file at ``path`` (empty if absent), let ``change(data)`` edit a private
+    copy in place, and replace the file with it -- under the lock, so that concurrent
+    updates of one file do not lose each other's entries."""
+    with _LOCK:
+        data = json.loads(json.dumps(_read(path) or {}))
+        change(data)
+        _write(path, data)
+
+
 # --------------------------------------------------------------------------
 # Shape classes
 

@@ -47,27 +47,17 @@ MID = {"sk128x128s4": dict(BM=128, BN=128, STAGES=4), "sk128x256s4": dict(BM=128
 MID_SWAP = [(128, 128, 128), (64, 128, 128), (128, 256, 64), (64, 256, 64)]
 
 
-def even_grid(tiles: int, K: int, KT: int, sms: int) -> int:
-    """The most blocks (at most one per SM) that share the tiles evenly: whole tiles per
-    block, or each tile in S equal pieces."""
-    even = [tiles // d for d in range(1, tiles + 1) if tiles % d == 0 and tiles // d <= sms]
-    even += [tiles * s for s in range(2, 17) if tiles * s <= sms and K >= KT * s]
-    return max(even)
-
-
 def mid_candidates(precision: str, M: int, N: int, K: int) -> dict:
-    from gemmlib import backend
+    from gemmlib.kernels.wgmma_swap import even_grid
     from gemmlib.runtime import select as S
 
-    sms = backend.device_info().sm_count
     c = {name: S.with_layout(S.select_out(S.build("wgmma_split_k", dict(p, precision=precision)),
                                           precision, M, N, K), "NK")
          for name, p in MID.items() if not (p["BM"] == 64 and M > 128)}
     for BM, BN, KT in MID_SWAP:
         if BN > 2 * M:
             continue
-        tiles = -(-N // BM) * -(-M // BN)
-        for grid in (even_grid(tiles, K, KT, sms), 0):
+        for grid in (even_grid(M, N, K, BM, BN), 0):
             if grid == 0 and (BM, BN) != (128, 128):
                 continue
             c[f"swap{BM}x{BN}kt{KT}g{grid}"] = S.build("wgmma_swap", dict(
