@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
