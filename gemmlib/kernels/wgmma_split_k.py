@@ -52,13 +52,12 @@ from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a lite
 from gemmlib.intrinsics.vector import load4, store4
 from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bias_entry,
                                          bias_fields, bias_params, bias_suffix,
-                                         check_a_layout, check_layout, check_out,
                                          layout_fields, layout_params, layout_ptx,
                                          layout_suffix, out_fields, out_params, out_ptx,
                                          out_suffix, rung_name, spec_fields, tile_order,
                                          warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
-from gemmlib.kernels.wgmma_ws import check_tile, register_roles, regs_suffix
+from gemmlib.kernels.wgmma_ws import check_build, register_roles, regs_suffix
 from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
@@ -354,10 +353,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     epilogue (``wgmma_async.out_store``).  ``B_LAYOUT``, ``BIAS``: as ``wgmma_ws``'s; the
     bias is added once, by the thread that finishes the slices' sum, before that rounding.
     ``A_LAYOUT``: as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
-    check_a_layout(A_LAYOUT, precision)
-    check_tile(BM, BN, STAGES, REGS)
-    check_out(precision, OUT)
-    check_layout(B_LAYOUT)
+    check_build(precision, BM, BN, STAGES, REGS, OUT, B_LAYOUT, A_LAYOUT)
     k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (128 * (1 + BM // 64), 1)}

@@ -47,14 +47,13 @@ from gemmlib.intrinsics import tma_store as T
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
 from gemmlib.intrinsics.vector import aligned16
 from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry, bias_fields,
-                                         bias_params, bias_suffix, a_dims, check_a_layout,
-                                         check_layout, check_out,
-                                         compile_sources, layout_fields, layout_params,
-                                         layout_ptx, layout_suffix, no_bias, out_fields,
+                                         bias_params, bias_suffix, a_dims, compile_sources,
+                                         layout_fields, layout_params, layout_ptx,
+                                         layout_suffix, no_bias, out_fields,
                                          out_params, out_ptx, out_suffix, rung_name, spec_fields,
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
-from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, batched_walk, check_tile,
+from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, batched_walk, check_build,
                                       persistent_grid, register_roles, regs_suffix)
 from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
 from gemmlib.spec import KernelSpec
@@ -300,10 +299,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     16-bit C in two pieces leaves room for a fourth stage of the ring.  ``B_LAYOUT``,
     ``BIAS``: as ``wgmma_ws``'s (the bias is added before the tile is staged).  ``A_LAYOUT``:
     as ``wgmma_ws``'s ("KM": A given as (K, M), a column-major A)."""
-    check_a_layout(A_LAYOUT, precision)
-    check_tile(BM, BN, STAGES, REGS)
-    check_out(precision, OUT)
-    check_layout(B_LAYOUT)
+    check_build(precision, BM, BN, STAGES, REGS, OUT, B_LAYOUT, A_LAYOUT)
     PIECES = stage_shape(BN, OUT, PIECES)[0]
     split = PIECES != default_pieces(OUT)
     if BM != 128:

@@ -209,6 +209,15 @@ def check_tile(BM: int, BN: int, STAGES: int, REGS=None) -> None:
                          "SM's 65536 registers")
 
 
+def check_build(precision: str, BM: int, BN: int, STAGES: int, REGS, OUT: str, B_LAYOUT: str,
+                A_LAYOUT: str) -> None:
+    """The parameter checks of a build of the wgmma_ws family (ws, split-K, TMA store)."""
+    check_a_layout(A_LAYOUT, precision)
+    check_tile(BM, BN, STAGES, REGS)
+    check_out(precision, OUT)
+    check_layout(B_LAYOUT)
+
+
 def persistent_grid(BM: int, BN: int):
     """``grid(M, N, K)``: one block per tile, at most one per SM (the blocks walk the rest)."""
     def grid(M, N, K):
@@ -227,10 +236,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     ``A_LAYOUT``: A as (M, K), or "KM" -- its (K, M) row-major memory, a column-major A
     (``X.t()``): C = X.T @ B, A's tile MN-major (wgmma's trans-a; fp16/bf16 only).  A KM
     build has no batched launch."""
-    check_a_layout(A_LAYOUT, precision)
-    check_tile(BM, BN, STAGES, REGS)
-    check_out(precision, OUT)
-    check_layout(B_LAYOUT)
+    check_build(precision, BM, BN, STAGES, REGS, OUT, B_LAYOUT, A_LAYOUT)
     k_tile, store_acc = warpgroup_code(precision, BN, 1, OUT, B_LAYOUT, A_LAYOUT)
     load_stage, A_BYTES, STAGE_BYTES = tma_loader(BM, BN, B_LAYOUT, A_LAYOUT)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,
