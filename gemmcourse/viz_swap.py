@@ -407,29 +407,6 @@ def plot_grid(rows: list, M: int = 16, BM: int = 64, dev=None):
     return _legible(fig)
 
 
-def grid_lines(rows: list, M: int = 16, dev=None, planned=None) -> list[str]:
-    """Per shape of the sweep: what ``plan_for`` picks and what that measured -- in the
-    sweep, or (for a count the sweep did not try) as ``auto`` in ``planned``'s data."""
-    from gemmlib.kernels import wgmma_swap as S
-    from gemmlib.spec import cdiv
-
-    dev = dev or h100()
-    out = []
-    for N, K in grid_shapes(rows):
-        BM, g = S.plan_for(M, N, K, dev)
-        tiles = cdiv(N, BM) * cdiv(M, S.width_for(M))
-        pts = dict((p[0], p[1]) for p in grid_points(rows, M, N, K, BM, dev.sm_count))
-        if g in pts:
-            got = f"{pts[g]:.0f}% of torch in the sweep"
-        else:
-            auto = [r["pct_of_torch"] for r in (planned or {}).get("rows", [])
-                    if (r["M"], r["N"], r["K"], r["candidate"]) == (M, N, K, "auto")]
-            got = (f"{auto[0]:.0f}% of torch as auto" if auto else "not in the sweep")
-        out.append(f"{N} x {K}: plan_for takes {BM}-row tiles, {g} blocks "
-                   f"({share_text(tiles, g, cdiv(K, 64))}): {got}")
-    return out
-
-
 # --------------------------------------------------------------------------
 # The launch model
 
