@@ -471,8 +471,7 @@ def test_batched_launch_of_each_batched_rung_gpu(rung, tile, precision):
 @pytest.mark.parametrize("b_layout", ["KN", "NK"])
 def test_a_repeated_batch_takes_the_lean_path(b_layout):
     """The second call of a batch described alike launches from the remembered plan
-    (``torch_repeat``), on new data, with a bias, and is right; an unaligned view of the
-    same description falls back to the checked path."""
+    (``torch_repeat``), on new data, with a bias, and is right."""
     from _reliability import HOPPER
     from gemmlib.paths.repeat import TORCH_CALLS, torch_key
 
