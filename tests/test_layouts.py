@@ -465,3 +465,34 @@ def test_batched_launch_of_each_batched_rung_gpu(rung, tile, precision):
         assert bool(torch.isfinite(C).all()), (spec.name, nb, M, N, K, "unwritten")
         err = float((C.double() - ref).abs().max() / ref.abs().max())
         assert err <= spec_tolerance(spec, K), (spec.name, nb, M, N, K, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b_layout", ["KN", "NK"])
+def test_a_repeated_batch_takes_the_lean_path(b_layout):
+    """The second call of a batch described alike launches from the remembered plan
+    (``torch_repeat``), on new data, with a bias, and is right."""
+    from _reliability import HOPPER
+    from gemmlib.paths.repeat import TORCH_CALLS, torch_key
+
+    if not HOPPER:
+        pytest.skip("one batched launch needs an H100/H200")
+    torch = pytest.importorskip("torch")
+    nb, M, N, K = 6, 200, 136, 64
+
+    def operands(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        A = torch.rand((nb, M, K), generator=g, device="cuda").sub_(0.5).half()
+        mem = torch.rand((nb, K, N) if b_layout == "KN" else (nb, N, K), generator=g,
+                         device="cuda").sub_(0.5).half()
+        z = torch.rand(N, generator=g, device="cuda").half()
+        return A, (mem if b_layout == "KN" else mem.transpose(1, 2)), z
+
+    for seed in (1, 2, 3):
+        A, B, z = operands(seed)
+        C = gemmlib.matmul(A, B, bias=z)
+        ref = torch.bmm(A.double(), B.double()) + z.double()
+        assert C.shape == (nb, M, N) and C.dtype == torch.float16
+        assert float((C.double() - ref).norm() / ref.norm()) < 2e-3, seed
+        f = TORCH_CALLS.get(torch_key(A, B, None, z, False, None))
+        assert f is not None and f.known.plan.batch == nb

@@ -12,6 +12,7 @@ from gemmlib.frontends.allocate import (allocate_stack, host16, kernel_array, li
 from gemmlib.frontends.checks import describe_bias, out_type
 from gemmlib.frontends.operand import KERNEL_TYPE, SIXTEEN, Operand, is_c_contiguous
 from gemmlib.frontends.torch_tensors import current_stream
+from gemmlib.paths.repeat import RECORD
 from gemmlib.runtime import calls
 from gemmlib.runtime.caches import LRU
 from gemmlib.runtime.memory import stream_handle
@@ -59,6 +60,7 @@ def one_launch(A, B, a: Operand, b: Operand, batch: tuple, out, bias, kw):
     C = allocate_stack(batch + (M, N), o16 or "float32", a)
     bias_arg = () if z is None else (z.ptr, KERNEL_TYPE[z.dname])
     calls.run(call, a.ptr, b.ptr, pointer(C), stream_handle(stream), bias=bias_arg)
+    RECORD.known = call   # a torch caller's lean path may remember it (remember_torch)
     return C
 
 

@@ -101,10 +101,13 @@ class TorchCall:
     """A torch call's description whose every check an earlier call passed: what a repeat
     launches (the plan, in ``known``) and the few checks that depend on the pointers."""
 
-    __slots__ = ("known", "shape", "strides", "dtype", "spans", "bias_type", "devices")
+    __slots__ = ("known", "shape", "strides", "dtype", "spans", "bias_type", "devices",
+                 "align")
 
     def __init__(self, known, shape, dtype, spans, bias_type):
         self.known, self.shape, self.dtype = known, shape, dtype
+        # a batched launch never pads: its checked path loops over unaligned stacks
+        self.align = bool(known.align) or known.plan.batch != 1
         self.strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
         self.spans = spans            # bytes A, B and C reach from their first element
         self.bias_type = bias_type    # "fp32"/"fp16"/"bf16", or None: no bias
@@ -132,16 +135,19 @@ def span(t) -> int:
 def remember_torch(A, B, out, bias, transpose_b, out_dtype, C) -> None:
     """The checked call just launched its plan on these tensors as they lie (``RECORD``):
     remember the description for the lean path, when a repeat can launch the same way --
-    2-D operands, or an A of (..., M, K) whose rows are one contiguous (M, K) matrix."""
+    2-D operands, an A of (..., M, K) whose rows are one contiguous (M, K) matrix, or a
+    stack launched as one batch (``paths.batched.one_launch``: C allocated)."""
     global _TORCH
     k = RECORD.known   # (left set: an outer call of a flattened stack remembers it too)
     _TORCH = torch_module()   # (the lean path's torch: a global, as cheap as it gets)
     p = k.plan
-    if not A.is_cuda or B.dim() != 2 or (A.dim() != 2 and not A.is_contiguous()):
+    if not A.is_cuda or (A.dim() != 2 and not A.is_contiguous()):
+        return
+    if B.dim() != 2 and not _one_batch(A, B, out, p):
         return
     if out is not None and not out.is_contiguous():
         return
-    if (A.dim() == 2 and tuple(A.shape) != (p.M, p.K)) or p.batch != 1:
+    if (A.dim() == 2 and tuple(A.shape) != (p.M, p.K)) or (p.batch != 1 and B.dim() == 2):
         return
     bias_type = None if bias is None else KERNEL_TYPE.get(str(bias.dtype)[6:])
     if bias is not None and (bias_type is None or not bias.is_contiguous()):
@@ -149,6 +155,13 @@ def remember_torch(A, B, out, bias, transpose_b, out_dtype, C) -> None:
     spans = (span(A), span(B), span(C))
     TORCH_CALLS.put(torch_key(A, B, out, bias, transpose_b, out_dtype),
                     TorchCall(k, tuple(C.shape), C.dtype, spans, bias_type))
+
+
+def _one_batch(A, B, out, p) -> bool:
+    """Whether plan ``p`` ran the stacks A and B as one batched launch (not the last of a
+    loop over their products): the same batch shape, as many products as the plan's."""
+    return (out is None and A.dim() == B.dim() and A.shape[:-2] == B.shape[:-2]
+            and p.batch != 1 and p.batch == A.numel() // max(A.shape[-2] * A.shape[-1], 1))
 
 
 def torch_repeat(A, B, out, bias, transpose_b, out_dtype):
@@ -166,7 +179,7 @@ def torch_repeat(A, B, out, bias, transpose_b, out_dtype):
         return None
     k = f.known
     a_ptr, b_ptr = A.data_ptr(), B.data_ptr()
-    if k.align and (a_ptr | b_ptr) & 15:
+    if f.align and (a_ptr | b_ptr) & 15:
         return None
     z = ()
     if bias is not None:
