@@ -56,6 +56,10 @@ CANDIDATES = {
     "split128x256s4": dict(rung="wgmma_split_k", params=dict(BM=128, BN=256, STAGES=4)),
     "swap64x128": dict(rung="wgmma_swap", params=dict(BM=64, BN=128, KT=128), grid="even"),
     "swap64x256": dict(rung="wgmma_swap", params=dict(BM=64, BN=256, KT=64), grid="even"),
+    # 128 weight rows by 64 or 128 tokens, 8 and 6 stages: the tiles cuBLAS ran at 256 and
+    # 512 tokens in the H100 profile (results/ncu-serving-2026-11-27/)
+    "swap128x64": dict(rung="wgmma_swap", params=dict(BM=128, BN=64, KT=64), grid="even"),
+    "swap128x128": dict(rung="wgmma_swap", params=dict(BM=128, BN=128, KT=64), grid="even"),
 }
 
 

@@ -37,8 +37,17 @@ CASES = [
 HOPPER_CASES = [("fp16", 2048, 2048, 2048), ("fp16", 4096, 4096, 4096),
                 ("bf16", 4096, 4096, 4096), ("fp16", 8192, 8192, 8192),
                 ("fp16", 4096, 28672, 4096)]
-if __import__("os").environ.get("NCU_CASES") == "hopper":
+#: ``NCU_CASES=serving``: issue 34's 128-512 token rows, the weight as ``nn.Linear`` keeps
+#: it (``x @ W.t()``, a bf16 C): Mistral-7B's o, qkv, gate_up and down, Qwen2.5-7B's qkv, down
+SERVING_CASES = [("bf16", 256, 4096, 4096), ("bf16", 512, 4096, 4096),
+                 ("bf16", 256, 6144, 4096), ("bf16", 256, 28672, 4096),
+                 ("bf16", 512, 4096, 14336), ("bf16", 128, 4608, 3584),
+                 ("bf16", 512, 3584, 18944)]
+_SET = __import__("os").environ.get("NCU_CASES")
+if _SET == "hopper":
     CASES = HOPPER_CASES
+elif _SET == "serving":
+    CASES = SERVING_CASES
 
 
 def run(profile: bool) -> None:
@@ -50,15 +59,18 @@ def run(profile: bool) -> None:
     meta = []
     for prec, M, N, K in CASES:
         A, B = fw.operands(prec, M, N, K, 0)
+        if CASES is SERVING_CASES:   # W (N, K) as nn.Linear holds it; the product reads W.t()
+            B = B.t().contiguous().t()
         call_prec = prec if prec == "3xtf32" else None
-        C = gemmlib.matmul(A, B, precision=call_prec)      # compiles; then a checked result
+        kw = dict(out_dtype=A.dtype) if CASES is SERVING_CASES else dict(precision=call_prec)
+        C = gemmlib.matmul(A, B, **kw)      # compiles; then a checked result
         err = fw.rel_error(C, A, B, M)
         name = dispatch.select_tc(prec, M, N, K).name
         meta.append(dict(precision=prec, M=M, N=N, K=K, kernel=name, rel_error=err))
         print(f"{prec:6s} {M:5d}x{N:5d}x{K:5d} {name} err {err:.1e}", flush=True)
         if profile:
             torch.cuda.profiler.start()
-            gemmlib.matmul(A, B, precision=call_prec)
+            gemmlib.matmul(A, B, **kw)
             if CASES is HOPPER_CASES:   # the epilogue that writes the inputs' 16-bit type
                 gemmlib.matmul(A, B, out_dtype=A.dtype)
             torch.matmul(A, B)

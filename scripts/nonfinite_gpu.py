@@ -285,7 +285,7 @@ def run_case(case, precision, kernel, xp):
     Ad, Bd = dev(A), dev(B)
     Cb = xp.full((M, N), np.nan, np.float32)
     backend.cublas_gemm(Ad, Bd, Cb, CUBLAS[precision])
-    C = gemmlib.matmul(Ad, Bd, precision=precision,
+    C = gemmlib.matmul(Ad, Bd, precision=precision, out_dtype=np.float32,  # cuBLAS's C type
                        kernel=None if kernel == "auto" else kernel)
     C, Cb = backend.to_host(C), backend.to_host(Cb)
     tol = bound(precision, K)

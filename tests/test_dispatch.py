@@ -377,7 +377,8 @@ def test_gpu_driver_launch_matches_numba_launch():
             continue  # e.g. a Hopper rung on another GPU
         A, B = precision_operands(spec.precision, M, N, K, seed=0)
         Bk = cp.ascontiguousarray(B.T) if spec.b_operand == "NK" else B
-        C1 = gemmlib.matmul(A, Bk, kernel=spec, transpose_b=spec.b_operand == "NK")
+        C1 = gemmlib.matmul(A, Bk, kernel=spec, transpose_b=spec.b_operand == "NK",
+                            out_dtype=np.float32)   # the kernel's own C type
         direct = (spec.reduce_kernel is None and not spec.tma_boxes
                   and not spec.dynamic_shared and spec.workspace is None)
         if direct:

@@ -5,6 +5,7 @@ the kernels take (16-bit bits), host results of the caller's type, and their add
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -53,6 +54,8 @@ def allocate16(M: int, N: int, o16: str, a: Operand):
         return allocate_output(M, N, np.float16, like=a)
     from gemmlib.precision import BF16Array
 
+    if a.kind == "numba":   # a BF16Array holds CuPy bits, whoever brought the inputs
+        a = dataclasses.replace(a, kind="cupy")
     return BF16Array(allocate_output(M, N, np.uint16, like=a))
 
 

@@ -123,6 +123,7 @@ def launched(a: Operand, b: Operand, c: Operand | None, out, z: Operand | None,
     # Every copy below runs on the kernel's stream, in order with the caller's work.
     with (nullcontext() if a.on_host else stream_context(stream) if a.kind == "torch"
           else staging_stream(stream)):
+        given = a   # C comes back in the caller's array type, not a staged copy's
         a, b, spec, copied = _fit_layouts(a, b, spec, stream)
         nk = spec.b_operand == "NK"
         km = spec.a_operand == "KM"
@@ -141,12 +142,12 @@ def launched(a: Operand, b: Operand, c: Operand | None, out, z: Operand | None,
         if out is not None:
             C = c.obj if a.on_host else out  # host: the NumPy view of out (a torch CPU tensor)
         elif o16 is not None:
-            C = allocate16(M, N, o16, a)
+            C = allocate16(M, N, o16, given)
         elif a.on_host:
             C = np.empty((M, N), dtype=np.dtype(spec.out_dtype) if spec.precision == "fp32"
                          else np.float32)
         else:
-            C = allocate_output(M, N, np.float32, like=a)
+            C = allocate_output(M, N, np.float32, like=given)
         # dst: what the kernel writes when N is not padded (16-bit C: its bits)
         dst = C if o16 is None else bits_of(C, a.on_host, xp)
         Ck = dst if Np == N else xp.empty((M, Np), dtype=np.float32 if o16 is None else np.uint16)
