@@ -60,6 +60,11 @@ CANDIDATES = {
     # 512 tokens in the H100 profile (results/ncu-serving-2026-11-27/)
     "swap128x64": dict(rung="wgmma_swap", params=dict(BM=128, BN=64, KT=64), grid="even"),
     "swap128x128": dict(rung="wgmma_swap", params=dict(BM=128, BN=128, KT=64), grid="even"),
+    # the token width fitted to the shape: tiles that fill the SMs (cuBLAS's 80-, 96- and
+    # 112-wide tiles in the same profile do this on its side)
+    "swap64xfit": dict(rung="wgmma_swap", params=dict(BM=64, KT=64), width="fit", grid="even"),
+    "swap128xfit": dict(rung="wgmma_swap", params=dict(BM=128, KT=64), width="fit",
+                        grid="even"),
 }
 
 
@@ -70,7 +75,7 @@ def applies(name: str, M: int) -> bool:
     p = entry.get("params", {})
     if entry["rung"] == "wgmma_split_k" and p["BM"] == 64:
         return M <= 256
-    if entry["rung"] == "wgmma_swap":
+    if entry["rung"] == "wgmma_swap" and "BN" in p:
         return p["BN"] <= 2 * M
     return True
 

@@ -69,6 +69,7 @@ def test_stream_k_walk_gives_every_k_tile_to_one_block_and_numbers_the_pieces(mo
     ("bf16", 2, 72, 72, 8, "KN", 1, "bf16", False, 128),
     ("fp16", 19, 72, 136, 8, "NK", 3, "fp16", True, 64),       # three token tiles
     ("bf16", 130, 72, 72, 128, "NK", 2, "bf16", False, 64),    # a prefill chunk's width
+    ("fp16", 83, 72, 136, 88, "NK", 2, "fp16", True, 64),      # a fitted width (fit_width)
 ])
 def test_swapped_products_in_the_simulator(precision, M, N, K, BN, layout, grid, out, bias, kt):
     """Odd shapes (K and N padded to 8s by matmul, M not), tiles shared by blocks or not, a
@@ -153,3 +154,19 @@ def test_plan_for_shares_the_tiles_evenly_where_that_fills_the_sms():
     for M, N, K in ((1, 8, 8), (64, 100, 9000), (7, 130000, 64)):
         BM, g = S.plan_for(M, N, K, h100)
         assert BM in (64, 128) and 1 <= g <= 132
+
+
+def test_fit_width_fills_the_sms_where_powers_of_two_leave_them_idle():
+    """512 tokens on a 4608-output layer: 128 x 128 tiles make 144 (two rounds on 132 SMs),
+    the fitted width 108 tiles in one; a width is a multiple of 8 that holds the tokens in
+    equal tiles, and a shape the round widths already fill keeps them."""
+    BN = S.fit_width(512, 4608, 3584, 128, 132)
+    tiles = -(-4608 // 128) * -(-512 // BN)
+    assert BN % 8 == 0 and BN <= 256 and tiles <= 132 and tiles >= 100
+    assert S.fit_width(512, 4096, 4096, 128, 132) == 256
+    assert S.fit_width(128, 4096, 4096, 128, 132) == 128
+    for M in (65, 100, 333, 1000):
+        w = S.fit_width(M, 4096, 4096, 64, 132)
+        t = -(-M // w)   # tiles of w tokens: equal up to the rounding to 8
+        assert w % 8 == 0 and 8 <= w <= 256 and t * w - M < 8 * t
+

@@ -41,6 +41,8 @@ its pieces added in block order (deterministic).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics.index import uidx
@@ -123,6 +125,29 @@ def even_counts(tiles: int, K: int, sms: int) -> set:
     divisor of the tile count), or each tile in S equal pieces of at least 128 k."""
     even = {tiles // d for d in range(1, tiles + 1) if tiles % d == 0 and tiles // d <= sms}
     return even | {tiles * s for s in range(2, 17) if tiles * s <= sms and K >= 128 * s}
+
+
+#: what a narrower token tile costs, in tokens: each tile streams its BM weight rows once
+#: for its BN tokens, so a tile of BN tokens does BN / (BN + FIT_OVERHEAD) of a wide one's work
+#: per byte of weight (the fit's trade of SM share against width)
+FIT_OVERHEAD = 32
+
+
+@lru_cache(maxsize=4096)
+def fit_width(M: int, N: int, K: int, BM: int, sms: int) -> int:
+    """The token width (a multiple of 8 up to 256) whose BM x BN tiles keep the most SMs
+    busy: M tokens cut into t equal tiles of BN = M / t (rounded up to 8), the tiles shared
+    evenly by :func:`even_counts` blocks.  At 512 tokens on a 4608-output layer, 128 x 128
+    tiles make 144 (two rounds on 132 SMs: 55% busy) where 128 x 176 make 108 (82%).  Each
+    width's busy share is weighed by BN / (BN + FIT_OVERHEAD); ties go to the wider."""
+    best = None
+    for t in range(cdiv(M, 256), cdiv(M, 8) + 1):
+        BN = 8 * cdiv(cdiv(M, t), 8)
+        share = max(even_counts(cdiv(N, BM) * cdiv(M, BN), K, sms)) / sms
+        key = (share * BN / (BN + FIT_OVERHEAD), BN)
+        if best is None or key > best:
+            best = key
+    return best[1]
 
 
 def even_grid(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:

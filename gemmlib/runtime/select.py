@@ -325,9 +325,14 @@ def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None
 
 def hopper_candidate(entry: dict, precision: str, M: int, N: int, K: int):
     """The spec of a tuning entry ({"rung", "params", "grid"}) for (M, N, K), or None where
-    it cannot run the shape.  ``grid`` "even": the most blocks that share the tiles evenly
-    (``wgmma_swap.even_grid``)."""
+    it cannot run the shape.  ``width`` "fit": the token width that keeps the most SMs busy
+    (``wgmma_swap.fit_width``); ``grid`` "even": the most blocks that share the tiles
+    evenly (``wgmma_swap.even_grid``)."""
     params = dict(entry.get("params", {}), precision=precision)
+    if entry.get("width") == "fit":
+        from gemmlib.kernels.wgmma_swap import fit_width
+
+        params["BN"] = fit_width(M, N, K, params["BM"], backend.device_info().sm_count)
     if entry.get("grid") == "even":
         from gemmlib.kernels.wgmma_swap import even_grid
 
