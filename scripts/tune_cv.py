@@ -1,18 +1,13 @@
 """Leave-one-model-out check of how ``auto`` picks among the tuner's candidates at 65-512
 tokens, on the rows of ``python -m gemmlib tune --out`` (no GPU: it replays measurements).
 
-For each training model in turn, the choice for its layers is made from the other models'
-rows only, and the chosen candidate's *measured* % of torch on the held-out layer is what
-counts.  Two ways to choose are compared with the rule alone and with the best candidate
-(the oracle):
+For each training model in turn, the table is made from the other models' rows only
+(``tune_hopper.table``), and the candidate it gives the held-out model's layers
+(their class's winner, or the nearest class's: ``tuning.nearest_class``) counts with its
+*measured* % of torch there.  Printed beside the rule alone and the best candidate (the
+oracle).
 
-* ``class``: the winner of the layer's (tokens, outputs, K) power-of-two class
-  (``tune_hopper.table`` + ``tuning.nearest_class``);
-* ``model``: per candidate, the measured efficiency of its nearest rows divided by the
-  share of the SMs it kept busy there (``tuning.sm_share``), times its share on the new
-  layer (``tune_hopper.predict``).
-
-    python3 scripts/tune_cv.py results/tune-2026-11-27/tune-h100-b.json
+    python3 scripts/tune_cv.py results/tune-2026-11-27/tune-h100.json
 """
 from __future__ import annotations
 
@@ -26,22 +21,13 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 
 def main(path: str) -> None:
-    from dataclasses import replace
-
-    from gemmlib import backend, tune_hopper, tuning
+    from gemmlib import tune_hopper, tuning
 
     data = json.load(open(path))
-    sms = data["meta"].get("sm_count", 132)
-    dev = replace(backend.device_info(), sm_count=sms, max_sm_clock_mhz=1980.0,
-                  memory_clock_khz=2619000, memory_bus_bits=5120, simulated=False)
-    backend.device_info = lambda device_id=None: dev
-    rows = [r for r in data["rows"] if "pct_torch" in r]
-    model_of = {}
-    for use, N, K in tune_hopper.layer_shapes():
-        model_of[(N, K)] = use.split()[0]
-    shares = tune_hopper.with_shares(rows, data["meta"]["precision"])
+    shares = [r for r in data["rows"] if "pct_torch" in r]
+    model_of = {(N, K): use.split()[0] for use, N, K in tune_hopper.layer_shapes()}
     models = sorted(set(model_of.values()))
-    out = {k: [] for k in ("rule", "class", "model", "oracle")}
+    out = {k: [] for k in ("rule", "class", "oracle")}
     for held in models:
         train = [r for r in shares if model_of[(r["N"], r["K"])] != held]
         test = [r for r in shares if model_of[(r["N"], r["K"])] == held]
@@ -53,8 +39,7 @@ def main(path: str) -> None:
             cls = tuning.token_class(M, N, K)
             key = cls if cls in classes else tuning.nearest_class(cls, classes)
             c_class = classes[key]["candidate"] if key else "rule"
-            c_model = tune_hopper.predict(train, M, N, K, {n: r["share"] for n, r in got.items()})
-            pick = {"rule": "rule", "class": c_class, "model": c_model,
+            pick = {"rule": "rule", "class": c_class,
                     "oracle": max(got, key=lambda n: got[n]["pct_torch"])}
             line = []
             for how, name in pick.items():
