@@ -105,8 +105,19 @@ def spec_of(name: str, precision: str, M: int, N: int, K: int):
     return S.with_layout(S.select_out(spec, precision, M, N, K), "NK")
 
 
+def warm_up(torch, seconds: float = 1.0) -> None:
+    """Products back to back for ``seconds``: the first rows then run at the clocks the rest
+    do (an idle GPU starts low)."""
+    x = torch.rand(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            x @ x
+        torch.cuda.synchronize()
+
+
 def measure(precision: str = "bf16", tokens=TOKENS, models=None, budget: float = 0,
-            loops: int = 3, target_ms: float = 3.0, progress: bool = True) -> list[dict]:
+            loops: int = 5, target_ms: float = 3.0, progress: bool = True) -> list[dict]:
     """Rows {use, M, N, K, precision, candidate, us, torch_us, pct_torch | error}."""
     import torch
     from tqdm import tqdm
@@ -123,6 +134,7 @@ def measure(precision: str = "bf16", tokens=TOKENS, models=None, budget: float =
     rows = []
     bar = tqdm(total=len(shapes) * len(tokens), disable=not progress, desc="tune")
     g = torch.Generator(device="cuda").manual_seed(0)
+    warm_up(torch)
     for use, N, K in shapes:
         for M in tokens:
             bar.update()
@@ -159,11 +171,15 @@ def measure(precision: str = "bf16", tokens=TOKENS, models=None, budget: float =
                     failed[name] = f"{type(e).__name__}: {e}"[:300]
                     torch.cuda.synchronize()
             times, _ = time_rounds(fw, calls, target_ms=target_ms, loops=loops)
-            t_torch = statistics.median(times.pop("torch")) * 1e3
-            base = dict(use=use, M=M, N=N, K=K, precision=precision, torch_us=t_torch)
+            torch_ms = times.pop("torch")
+            base = dict(use=use, M=M, N=N, K=K, precision=precision,
+                        torch_us=statistics.median(torch_ms) * 1e3)
             for name, ts in times.items():
-                us = statistics.median(ts) * 1e3
-                rows.append(dict(base, candidate=name, us=us, pct_torch=100 * t_torch / us))
+                # torch's loop and the candidate's ran in the same round: their ratio per
+                # round, then the median, so a round slowed for both (clocks) cancels
+                pct = statistics.median(100 * t / c for t, c in zip(torch_ms, ts))
+                rows.append(dict(base, candidate=name, us=statistics.median(ts) * 1e3,
+                                 pct_torch=pct))
             rows += [dict(base, candidate=n, error=why) for n, why in failed.items()]
             del xs, Ws, Cs, ref, calls
     bar.close()
