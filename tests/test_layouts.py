@@ -467,6 +467,19 @@ def test_batched_launch_of_each_batched_rung_gpu(rung, tile, precision):
         assert err <= spec_tolerance(spec, K), (spec.name, nb, M, N, K, err)
 
 
+def _lean_state(seed, A, B) -> str:
+    """What the lean path holds, for a failure's message."""
+    from gemmlib.paths import batched
+    from gemmlib.paths.repeat import RECORD, TORCH_CALLS
+
+    k = getattr(RECORD, "known", None)
+    plans = [(key[2], key[4], key[5], bool(v)) for key, v in batched._BATCHED.items()]
+    return (f"seed {seed}: RECORD.known {k and (k.plan.spec.name, k.plan.batch)}; "
+            f"batched plans {plans}; torch calls {len(TORCH_CALLS)}; "
+            f"A {tuple(A.shape)} {A.stride()} ptr%16 {A.data_ptr() % 16}, "
+            f"B {tuple(B.shape)} {B.stride()} ptr%16 {B.data_ptr() % 16}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("b_layout", ["KN", "NK"])
 def test_a_repeated_batch_takes_the_lean_path(b_layout):
@@ -495,4 +508,4 @@ def test_a_repeated_batch_takes_the_lean_path(b_layout):
         assert C.shape == (nb, M, N) and C.dtype == torch.float16
         assert float((C.double() - ref).norm() / ref.norm()) < 2e-3, seed
         f = TORCH_CALLS.get(torch_key(A, B, None, z, False, None))
-        assert f is not None and f.known.plan.batch == nb
+        assert f is not None and f.known.plan.batch == nb, _lean_state(seed, A, B)

@@ -1,6 +1,7 @@
 """gemmlib.runtime and the tensor maps' slots, without a GPU: the store kernel's PTX
 assembles, slots never overlap, a captured call's maps and buffers are the graph's own
-(never reused, never freed), and importing the torch front end leaves CuPy out."""
+(CuPy's memory: never reused, never freed; torch's: the graph's temporaries), and
+importing the torch front end leaves CuPy out."""
 
 import shutil
 import subprocess
@@ -107,6 +108,37 @@ def test_a_graphs_workspace_is_kept_for_good(fake_device, monkeypatch):
     assert ("w", 7, False) not in b.scratch
     assert len(memory.GRAPH_OWNED) == before + 1
     memory.GRAPH_OWNED.pop()
+
+
+class _Freed:
+    """A buffer that notes when its last reference goes (torch's allocator takes it back)."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __del__(self):
+        self.log.append(self.name)
+
+
+def test_a_captured_torch_calls_buffers_are_the_graphs_temporaries(fake_device):
+    """With torch's memory (the graph's private pool) the buffers and map slot a captured
+    call makes are held until its launches are recorded, then handed back -- nested calls
+    share the outer scope -- and nothing is kept with the plan or for good."""
+    class Bound:
+        scratch = {}
+
+    b, freed = Bound(), []
+    before = len(memory.GRAPH_OWNED)
+    with memory.CapturedCall():
+        assert memory.holding()
+        launch._keep(b, ("w", 9, True), (_Freed(freed, "work"), 123), 10**9, graph=True)
+        slot = maps.operand_maps((_op(1 << 30), _op(2 << 30)), stream=9, graph=True)
+        assert fake_device["stores"][-1][0] == slot and not maps._GRAPH_KEPT
+        with memory.CapturedCall():   # a call inside the call (the rounding, a bias)
+            memory.keep_for_graphs(_Freed(freed, "inner"))
+        assert freed == []            # held until the outer call's launches are recorded
+    assert sorted(freed) == ["inner", "work"] and not memory.holding()
+    assert b.scratch == {} and len(memory.GRAPH_OWNED) == before
 
 
 def test_the_torch_front_end_does_not_import_cupy():

@@ -151,15 +151,19 @@ def test_fp8_with_tensor_scales_under_a_graph():
 
 @gpu
 @needs_gpu
-def test_compile_fullgraph_on_the_gpu():
+@pytest.mark.parametrize("tokens, features", [((4, 32), (256, 384)), ((8,), (4096, 4096))])
+def test_compile_fullgraph_on_the_gpu(tokens, features):
+    """Default and reduce-overhead (CUDA graphs that torch records, whose pool may hold
+    nothing but their outputs); (8,) x 4096: a decode batch, on Hopper ``wgmma_swap`` with
+    its tiles' tickets in a workspace -- a temporary of the graph."""
     import gemmlib.torch_op as gop
 
-    lin = torch.nn.Linear(256, 384, device="cuda", dtype=torch.bfloat16)
+    lin = torch.nn.Linear(*features, device="cuda", dtype=torch.bfloat16)
 
     def f(x):
         return torch.relu(gop.linear(x, lin.weight, lin.bias)) * 2
 
-    x = torch.randn(4, 32, 256, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(*tokens, features[0], device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         want = torch.relu(torch.nn.functional.linear(x.double(), lin.weight.double(),
                                                       lin.bias.double())) * 2

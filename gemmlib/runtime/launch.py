@@ -203,6 +203,15 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     # (gemmlib.runtime.memory); a plan that needs none launches as it would eagerly.
     if graph is None:
         graph = b.needs_buffers and memory.capturing(stream)
+    if graph and memory.graph_temporaries():
+        with memory.CapturedCall():
+            _run(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph)
+        return
+    _run(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph)
+
+
+def _run(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
+         scales: tuple, bias: tuple, graph: bool) -> None:
     if bias and not p.spec.bias_arg:
         _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32", graph)
         return
@@ -234,6 +243,15 @@ def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: i
     b = bound or _bound(p)
     if graph is None:   # (a float32 buffer: always one to keep right)
         graph = memory.capturing(stream)
+    if graph and memory.graph_temporaries():
+        with memory.CapturedCall():
+            _run_rounded(b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph)
+        return
+    _run_rounded(b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph)
+
+
+def _run_rounded(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str,
+                 stream: int, bias: tuple, graph: bool) -> None:
     if bias:   # the sum, the bias and the rounding in one more kernel
         _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, (), bias, out, graph)
         return
@@ -361,11 +379,13 @@ def _scratch(b: "_Bound", p: Plan, stream: int, graph: bool = False):
 def _keep(b: "_Bound", key, value, nbytes: int, graph: bool = False):
     """Keep ``value`` (scratch buffers and their addresses) as ``b.scratch[key]``, within
     SCRATCH_BYTES for all plans and streams together: past it the oldest go.  A captured
-    graph's buffers (``graph``) are kept for good: the graph may replay at any time."""
-    b.scratch[key] = value
+    graph's buffers (``graph``) are the captured call's (memory.CapturedCall), else kept
+    for good: the graph may replay at any time."""
     if graph:
-        memory.keep_for_graphs(value)
-        return value
+        if not memory.holding():
+            b.scratch[key] = value
+        return memory.keep_for_graphs(value)
+    b.scratch[key] = value
     with LOCK:
         _SCRATCH[(id(b), key)] = (b, nbytes)
         while sum(n for _, n in _SCRATCH.values()) > SCRATCH_BYTES and len(_SCRATCH) > 1:

@@ -13,8 +13,9 @@ The bytes reach device memory through a one-thread kernel that takes them as its
 parameter block (:func:`_store`), launched on the call's stream: in order with the GEMM,
 no host memory the copy must outlive, no host synchronisation, and a CUDA-graph capture
 records the write with the kernel.  Under a capture the maps get slots of the graph's
-own (``graph=True``), never used again for anything else, and each captured call records
-its write, so a replay is right whatever ran before it.
+own (``graph=True``: with torch's memory the captured call's temporaries, with CuPy's
+slots never used again for anything else), and each captured call records its write, so
+a replay is right whatever ran before it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def operand_maps(operands, stream: int = 0, words: tuple = (), graph: bool = Fal
     addresses of FP8 scales); written on ``stream`` the first time (``graph``: the
     stream is being captured: the graph's own slot, written in the graph)."""
     key = tuple(operands) + tuple(words)
+    if graph and memory.holding():   # a slot of the captured call's own (memory.CapturedCall)
+        slot = memory.keep_for_graphs(memory.allocate(SLOT_BYTES, stream))
+        _store(slot.ptr, _encoded(operands, words), stream)
+        return slot.ptr
     if graph:
         hit = _GRAPH_KEPT.get(key)
         if hit is None:

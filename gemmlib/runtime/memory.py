@@ -10,13 +10,18 @@ which is the only stream its kernels use.
 CUDA graphs.  A graph bakes in the addresses its kernels were captured with and
 replays them for as long as it lives, with no way for gemmlib to learn when it dies.
 So a call made while its stream is being captured (:func:`capturing`) gets buffers of
-its own -- allocated (and zeroed) inside the capture, never shared with eager calls,
-never freed -- and eager calls never hand the graph's buffers out again.
+its own, allocated (and zeroed) inside the capture and never shared with eager calls.
+With torch's memory they are the graph's temporaries (:class:`CapturedCall`): torch puts
+what a capture asks for in the graph's private pool and keeps the pool while the graph
+lives, so the buffers go back to it once the call's launches are recorded, as any torch
+op's temporaries do (``torch.compile``'s CUDA graphs require it: their pool may hold
+nothing but their outputs).  With CuPy's they are kept for good.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from contextlib import nullcontext
 
 import numpy as np
@@ -85,11 +90,42 @@ def capturing(stream: int) -> bool:
 
 #: buffers made for calls under capture: kept for the life of the process (see above)
 GRAPH_OWNED: list = []
+_CALL = threading.local()   # .held: the buffers of the captured call under way (CapturedCall)
+
+
+class CapturedCall:
+    """The scope of one call's launches under a capture whose memory torch gives: the
+    buffers it makes (:func:`keep_for_graphs`) are held until its launches are recorded,
+    then handed back to the graph's private pool.  Nested scopes share the outer one."""
+
+    __slots__ = ("outer",)
+
+    def __enter__(self):
+        self.outer = getattr(_CALL, "held", None)
+        if self.outer is None:
+            _CALL.held = []
+        return self
+
+    def __exit__(self, *exc):
+        if self.outer is None:
+            _CALL.held = None   # the last references: torch's allocator takes them back
+
+
+def graph_temporaries() -> bool:
+    """Whether a captured call's buffers are the graph's temporaries (torch's memory)."""
+    return _torch_ready() is not None
+
+
+def holding() -> bool:
+    """Whether a captured call's scope (:class:`CapturedCall`) holds its buffers."""
+    return getattr(_CALL, "held", None) is not None
 
 
 def keep_for_graphs(buf):
-    """Keep ``buf`` (anything holding device memory a captured graph uses) for good."""
-    GRAPH_OWNED.append(buf)
+    """Keep ``buf`` (anything holding device memory a captured graph uses): for the call's
+    launches inside a :class:`CapturedCall`, else for good."""
+    held = getattr(_CALL, "held", None)
+    (GRAPH_OWNED if held is None else held).append(buf)
     return buf
 
 
