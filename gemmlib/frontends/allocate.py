@@ -134,13 +134,15 @@ def is_bf16array(x) -> bool:
     return isinstance(x, BF16Array)
 
 
-def kernel_array(op: Operand, xp):
+def kernel_array(op: Operand, xp, pitched: bool = False):
     """The operand as an array the kernel can take: raw 16-bit patterns for 16-bit inputs;
-    NumPy (simulator, private copy when read-only) or a GPU array."""
+    NumPy (simulator, private copy when read-only) or a GPU array.  ``pitched``: a slice of
+    a wider matrix that the kernel's tensor maps read in place (kept as it lies)."""
     x = op.obj
     if op.on_host:   # (a size-1 dimension may carry any stride: TMA maps read the strides)
         canonical = x.strides == np.empty(x.shape, x.dtype).strides
-        if not (x.flags.c_contiguous and x.flags.writeable and canonical):
+        keep = pitched and x.flags.writeable and x.strides[-1] == x.dtype.itemsize
+        if not (x.flags.c_contiguous and x.flags.writeable and canonical) and not keep:
             x = np.array(x, order="C")
         return x.view(np.uint16) if x.dtype.itemsize == 2 else x
     if op.kind == "torch":

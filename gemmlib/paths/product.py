@@ -98,7 +98,7 @@ def _tensor_core(prec, a, b, c, out, kernel, stream, o16, z, staged):
                       out_dtype=o16 or "float32")
     okind = KERNEL_TYPE.get(o16, "fp32")
     if auto:
-        spec = select_tc(prec, M, N, K, out=okind, b_layout="NK" if b.layout == "F" else "KN")
+        spec = select_tc(prec, M, N, K, out=okind, b_layout="NK" if _order(b) == "F" else "KN")
     else:   # a rung by name: its 16-bit epilogue where it has one; a KernelSpec as given
         spec = with_out(check_spec, okind) if isinstance(kernel, str) else check_spec
     if z is not None:
@@ -124,11 +124,12 @@ def launched(a: Operand, b: Operand, c: Operand | None, out, z: Operand | None,
     with (nullcontext() if a.on_host else stream_context(stream) if a.kind == "torch"
           else staging_stream(stream)):
         given = a   # C comes back in the caller's array type, not a staged copy's
-        a, b, spec, copied = _fit_layouts(a, b, spec, stream)
+        a, b, spec, copied, lds = _fit_layouts(a, b, spec, stream)
         nk = spec.b_operand == "NK"
         km = spec.a_operand == "KM"
-        A_ = kernel_array(_t(a) if km else a, xp)   # KM: the (K, M) row-major memory
-        B_ = kernel_array(_t(b) if nk else b, xp)   # NK: the (N, K) row-major memory
+        # KM: the (K, M) row-major memory; NK: the (N, K) one (rows lds apart, if given)
+        A_ = kernel_array(_t(a) if km else a, xp, pitched=bool(lds[0]))
+        B_ = kernel_array(_t(b) if nk else b, xp, pitched=bool(lds[1]))
         Z_ = None if z is None else kernel_array(z, xp).reshape(1, N)
         al = spec.operand_align
         misaligned = bool(al) and not a.on_host and (a.ptr % 16 or b.ptr % 16)
@@ -137,6 +138,7 @@ def launched(a: Operand, b: Operand, c: Operand | None, out, z: Operand | None,
             Kp, Np = -(-K // al) * al, -(-N // al) * al
             A_ = padded(A_, Kp, M, xp) if km else padded(A_, M, Kp, xp)
             B_ = padded(B_, Np, Kp, xp) if nk else padded(B_, Kp, Np, xp)
+            lds = (0, 0)   # the padded copies' rows are packed
             if Z_ is not None and Np != N:
                 Z_ = padded(Z_, 1, Np, xp)
         if out is not None:
@@ -159,8 +161,8 @@ def launched(a: Operand, b: Operand, c: Operand | None, out, z: Operand | None,
             else:
                 bias = () if z is None else (pointer(Z_), btype)
                 calls.run(call, pointer(A_), pointer(B_), pointer(Ck), stream_handle(stream),
-                          bias=bias)
-                if (Ck is dst and Kp == K and not misaligned and not copied
+                          bias=bias, lds=lds)
+                if (Ck is dst and Kp == K and not misaligned and not copied and not any(lds)
                         and not is_bf16array(C)):
                     remember(call, a, C)   # no staging: a repeat can skip it all
             if Ck is not dst:   # drop the padded columns (in order on the same stream)
@@ -174,23 +176,66 @@ def _t(op: Operand) -> Operand:
 
 
 def _fit_layouts(a: Operand, b: Operand, spec: KernelSpec, stream):
-    """(a, b, spec, copied): A row-major, B in the layout ``spec`` reads -- a column-major
-    B goes to the spec's K-major ("NK") build where the rung has one -- and a copy in
-    the right order of any operand that lies otherwise."""
+    """(a, b, spec, copied, lds): A and B in the orders ``spec`` reads -- a column-major
+    operand goes to the spec's build for it ("KM" A, "NK" B) where the rung has one --
+    read in place where they lie so, else copied in the right order.  A slice of a wider
+    matrix (rows further apart than a row: :func:`_pitch`) is read in place by a spec
+    whose tensor maps can step over the gap (:func:`_takes_pitch`); ``lds``: those row
+    strides of the kernel's A and B memory (0: packed)."""
     copied = False
-    a_want = "KM" if a.layout == "F" else "MK"
+    pa, pb = _pitch(a), _pitch(b)
+    a_want = "KM" if _order(a) == "F" else "MK"
     if spec.a_operand != a_want:   # the rung's build for A as it lies, where it has one
         spec = with_a_layout(spec, a_want, a.shape[0]) or spec
     if spec.a_operand == "KM" and a.shape[0] % (spec.operand_align or 1):
         spec = with_a_layout(spec, "MK", a.shape[0]) or spec   # M short of a row
-    want = "F" if spec.a_operand == "KM" else "C"
-    if a.layout != want:
-        a, copied = reordered(a, want, stream), True
-    if b.layout == "F" and spec.b_operand == "KN":
+    if _order(b) == "F" and spec.b_operand == "KN":
         nk = with_layout(spec, "NK")
         if nk is not None:
             spec = nk
-    want = "F" if spec.b_operand == "NK" else "C"
-    if b.layout != want:
-        b, copied = reordered(b, want, stream), True
-    return a, b, spec, copied
+    want_a = "F" if spec.a_operand == "KM" else "C"
+    want_b = "F" if spec.b_operand == "NK" else "C"
+    lda = pa[1] if pa and pa[0] == want_a and _takes_pitch(spec, a, pa[1]) else 0
+    ldb = pb[1] if pb and pb[0] == want_b and _takes_pitch(spec, b, pb[1], True) else 0
+    if a.layout != want_a and not lda:
+        a, copied = reordered(a, want_a, stream), True
+    if b.layout != want_b and not ldb:
+        b, copied = reordered(b, want_b, stream), True
+    return a, b, spec, copied, (lda, ldb)
+
+
+def _order(op: Operand) -> str:
+    """"C" (rows of unit stride), "F" (columns of unit stride) or "": ``op.layout``, or
+    the order of a slice of a wider matrix (:func:`_pitch`)."""
+    if op.layout:
+        return op.layout
+    p = _pitch(op)
+    return p[0] if p else ""
+
+
+def _pitch(op: Operand):
+    """("C", ld) for a 2-D view whose rows have unit stride and start ld >= cols elements
+    apart (``x[:, :k]``, ``x[:, -1, :]``), ("F", ld) for the transpose of one; None for
+    anything else (a packed matrix, a step along the rows)."""
+    if op.layout or len(op.shape) != 2:
+        return None
+    x = op.obj
+    if op.kind == "torch":
+        s = tuple(x.stride())
+    else:
+        s = tuple(v // x.dtype.itemsize for v in x.strides)
+    rows, cols = op.shape
+    if s[1] == 1 and s[0] >= cols:
+        return ("C", s[0])
+    if s[0] == 1 and s[1] >= rows:
+        return ("F", s[1])
+    return None
+
+
+def _takes_pitch(spec: KernelSpec, op: Operand, ld: int, b_side: bool = False) -> bool:
+    """Whether ``spec`` reads the operand only through a tensor map, whose row stride can
+    be ``ld`` elements (a multiple of 16 bytes): the wgmma rungs' TMA loads.  A rung that
+    transposes B first (``b_prep``) reads it by pointer."""
+    if not spec.tma_boxes or (b_side and spec.b_prep is not None):
+        return False
+    return (ld * np.dtype(op.dtype).itemsize) % 16 == 0

@@ -53,10 +53,11 @@ def prepare(spec, M: int, N: int, K: int, out16: str | None = None, batch: int =
 
 
 def run(call: Call, a_ptr: int, b_ptr: int, c_ptr: int, stream: int, bias: tuple = (),
-        scales: tuple = (), device: int | None = None) -> None:
+        scales: tuple = (), device: int | None = None, lds: tuple = ()) -> None:
     """Launch ``call`` on device buffers (GPU only; no checks: the front ends made them).
     ``device``: the current device's index, where the caller knows it -- the call keeps
-    its plan made ready there (kernels loaded), so a repeat asks the driver nothing."""
+    its plan made ready there (kernels loaded), so a repeat asks the driver nothing.
+    ``lds``: row strides of the kernel's A and B memory (``launch.run``)."""
     bound = None
     if device is not None:
         bound = call.bound.get(device)
@@ -64,10 +65,10 @@ def run(call: Call, a_ptr: int, b_ptr: int, c_ptr: int, stream: int, bias: tuple
             bound = call.bound[device] = launch.bound(call.plan)
     if call.out16 is None:
         launch.run(call.plan, a_ptr, b_ptr, c_ptr, stream, bound=bound, scales=scales,
-                   bias=bias)
+                   bias=bias, lds=lds)
     else:
         launch.run_rounded(call.plan, a_ptr, b_ptr, c_ptr, call.out16, stream, bound=bound,
-                           bias=bias)
+                           bias=bias, lds=lds)
 
 
 def run_arrays(call: Call, A, B, C, stream=None, bias=None, bias_type: str | None = None,

@@ -187,7 +187,8 @@ def _bound(p: Plan) -> _Bound:
 
 
 def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None,
-        scales: tuple = (), bias: tuple = (), graph: bool | None = None) -> None:
+        scales: tuple = (), bias: tuple = (), graph: bool | None = None,
+        lds: tuple = ()) -> None:
     """Launch plan ``p`` on row-major device buffers A (M x K), B, C (M x N) (GPU only).
 
     B is (K, N), or (N, K) for specs with ``b_operand == "NK"``.  No checks:
@@ -197,6 +198,9 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     of C -- by the rung's own epilogue (``spec.bias_arg``), else by one more kernel
     (:func:`_run_then_bias`).  ``graph``: whether ``stream`` is being captured, when the
     caller knows (else the driver is asked, for plans that keep buffers or maps).
+    ``lds``: elements from one row to the next of the kernel's A and B memory where that
+    is more than a row (a slice of a wider matrix; 0 or () where the rows are packed):
+    the tensor maps' row strides (rungs that read A and B by TMA only).
     """
     b = bound or _bound(p)
     # Under a CUDA-graph capture the call's buffers and maps are the graph's own
@@ -205,15 +209,15 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
         graph = b.needs_buffers and memory.capturing(stream)
     if graph and memory.graph_temporaries():
         with memory.CapturedCall():
-            _run(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph)
+            _run(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph, lds)
         return
-    _run(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph)
+    _run(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph, lds)
 
 
 def _run(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
-         scales: tuple, bias: tuple, graph: bool) -> None:
+         scales: tuple, bias: tuple, graph: bool, lds: tuple = ()) -> None:
     if bias and not p.spec.bias_arg:
-        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32", graph)
+        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, "fp32", graph, lds)
         return
     if p.spec.tma_boxes and p.K == 0:   # no map of an empty matrix: C = 0 without the kernel
         if bias:
@@ -223,43 +227,44 @@ def _run(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
         memory.zero_async(c_ptr, isz * p.M * p.N, stream)
         return
     if p.splits <= 1:   # the common case: one launch
-        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph)
+        _launch_main(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph, lds)
         return
     # The slices' sums: one buffer per bound plan and stream, kept (launches on one stream
     # run in order: the next call's slices are written after this call's sum has read them).
     w_ptr = _partials(b, p, stream, graph)
-    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales, (), graph)
+    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales, (), graph, lds)
     _launch_reduce(b.red, b, p, w_ptr, c_ptr, stream, "red_words")
 
 
 def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: int = 0,
-                bound=None, bias: tuple = (), graph: bool | None = None) -> None:
+                bound=None, bias: tuple = (), graph: bool | None = None,
+                lds: tuple = ()) -> None:
     """Plan ``p`` of a rung that writes float32, for a C of 16-bit ``out`` ("fp16" /
     "bf16") at ``c_ptr`` (GPU only).  The rung writes its result -- or its K slices'
     partial products -- into a float32 buffer kept per bound plan and stream, and one
     more kernel (``split_k.REDUCE16``) adds the slices in order and rounds each sum to
     nearest even: two launches, as split-K's float32 call, instead of a float32 C and a
-    cast of it by the array library."""
+    cast of it by the array library.  ``lds``: as :func:`run`'s."""
     b = bound or _bound(p)
     if graph is None:   # (a float32 buffer: always one to keep right)
         graph = memory.capturing(stream)
     if graph and memory.graph_temporaries():
         with memory.CapturedCall():
-            _run_rounded(b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph)
+            _run_rounded(b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph, lds)
         return
-    _run_rounded(b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph)
+    _run_rounded(b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph, lds)
 
 
 def _run_rounded(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str,
-                 stream: int, bias: tuple, graph: bool) -> None:
+                 stream: int, bias: tuple, graph: bool, lds: tuple = ()) -> None:
     if bias:   # the sum, the bias and the rounding in one more kernel
-        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, (), bias, out, graph)
+        _run_then_bias(b, p, a_ptr, b_ptr, c_ptr, stream, (), bias, out, graph, lds)
         return
     if p.spec.tma_boxes and p.K == 0:   # C = +0.0 (zero bits), as run's float32 C
         memory.zero_async(c_ptr, 2 * p.M * p.N, stream)
         return
     w_ptr = _partials(b, p, stream, graph)
-    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, (), (), graph)
+    _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, (), (), graph, lds)
     fn = b.round16.get(out)
     if fn is None:
         fn = b.round16[out] = compiled_round16(out).function(driver().current_context())
@@ -267,7 +272,7 @@ def _run_rounded(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: 
 
 
 def _run_then_bias(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
-                   scales: tuple, bias: tuple, out: str, graph: bool) -> None:
+                   scales: tuple, bias: tuple, out: str, graph: bool, lds: tuple = ()) -> None:
     """A rung without a bias epilogue (or a float32 build of one, for a 16-bit ``out``):
     it writes float32 -- into C itself when C is float32 and K is not sliced, else into
     this plan's float32 buffer -- and ``split_k.BIAS_FINISH`` adds the slices and the bias
@@ -277,7 +282,7 @@ def _run_then_bias(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
     if p.spec.tma_boxes and p.K == 0:
         memory.zero_async(w_ptr, 4 * p.M * p.N, stream)
     else:
-        _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales, (), graph)
+        _launch_main(b, p, a_ptr, b_ptr, w_ptr, stream, scales, (), graph, lds)
     key = (out, bias[1])
     fn = b.finish.get(key)
     if fn is None:
@@ -303,15 +308,17 @@ def _partials(b: "_Bound", p: Plan, stream: int, graph: bool = False) -> int:
 
 
 def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
-                 scales: tuple, bias: tuple = (), graph: bool = False) -> None:
+                 scales: tuple, bias: tuple = (), graph: bool = False,
+                 lds: tuple = ()) -> None:
     """The main kernel of bound plan ``b`` writing ``c_ptr`` (C, or the slices' buffer):
     the pointers into its parameter block, packed once (then its workspace arrays and the
     address of its tensor maps where it takes them).  ``graph``: ``stream`` is being
-    captured (the workspace and maps are the graph's own)."""
+    captured (the workspace and maps are the graph's own).  ``lds``: see :func:`run`."""
     if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
         b_ptr = _prepared_b(b, p, b_ptr, stream, graph)
     if p.spec.swap_ab:       # the kernel's A is the caller's B, its B the caller's A
         a_ptr, b_ptr = b_ptr, a_ptr
+        lds = lds[::-1]
     values, pointers = b.parameters()
     values[_A_WORD] = a_ptr
     values[_B_WORD] = b_ptr
@@ -329,7 +336,7 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
         for w, ptr in zip(b.work_words, ws[1]):
             values[w] = ptr
     if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
-        values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr, graph)
+        values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr, graph, lds)
     drv = driver()
     if p.spec.cluster > 1:
         cfg = _cluster_config(b.grid, p.block, p.shared_bytes, stream, p.spec.cluster)
@@ -409,26 +416,26 @@ def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int, graph: bool = Fal
 
 
 def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
-             scales: tuple = (), c_ptr: int = 0, graph: bool = False) -> int:
+             scales: tuple = (), c_ptr: int = 0, graph: bool = False, lds: tuple = ()) -> int:
     """The maps' address, remembered for the last operands of this bound plan: a loop over
     the same A and B (and C, for a rung that stores C by TMA) skips building the lookup key.
     ``graph``: maps of the capture's own, written in the captured stream (runtime.maps)."""
     c_key = c_ptr if p.spec.tma_store_box else 0   # C matters only to a TMA-store rung
     if graph:
         return _tensor_maps(p, a_ptr, b_ptr, stream, scales,
-                            c_key if p.spec.c_map_ok(p.N, c_key) else 0, graph=True)
+                            c_key if p.spec.c_map_ok(p.N, c_key) else 0, graph=True, lds=lds)
     last = b.maps
     if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == maps.GENERATION
-            and last[4] == scales and last[5] == c_key):
+            and last[4] == scales and last[5] == c_key and last[6] == lds):
         return last[3]
     addr = _tensor_maps(p, a_ptr, b_ptr, stream, scales,
-                        c_key if p.spec.c_map_ok(p.N, c_key) else 0)
-    b.maps = (a_ptr, b_ptr, maps.GENERATION, addr, scales, c_key)
+                        c_key if p.spec.c_map_ok(p.N, c_key) else 0, lds=lds)
+    b.maps = (a_ptr, b_ptr, maps.GENERATION, addr, scales, c_key, lds)
     return addr
 
 
 def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (),
-                 c_ptr: int = 0, graph: bool = False) -> int:
+                 c_ptr: int = 0, graph: bool = False, lds: tuple = ()) -> int:
     """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``, then C's
     when ``c_ptr`` is given (a spec that stores C by TMA, and a C that can take it:
     ``KernelSpec.c_map_ok``, decided by :func:`_maps_of`): 3-D, (batch, M, N), so that a
@@ -441,8 +448,9 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (
     if spec.scale_words and len(scales) != 2:
         raise ValueError(f"{spec.name} needs the device addresses of its two scales")
     a_shape, b_shape = _operand_shapes(p)   # the kernel's A and B, as their memory lies
-    ops = [(a_ptr, a_shape, a_shape[1] * isz, name, box_a, sw),
-           (b_ptr, b_shape, b_shape[1] * isz, name, box_b, sw)]
+    lda, ldb = lds or (0, 0)   # a slice of a wider matrix: its rows further apart
+    ops = [(a_ptr, a_shape, (lda or a_shape[1]) * isz, name, box_a, sw),
+           (b_ptr, b_shape, (ldb or b_shape[1]) * isz, name, box_b, sw)]
     if c_ptr:
         ops.append((c_ptr, (p.batch, M // p.batch, N), N * np.dtype(ic).itemsize,
                     np.dtype(ic).name, spec.tma_store_box, 128))
@@ -522,6 +530,12 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
                 arrays, boxes = (A, B, stack), spec.tma_boxes + (spec.tma_store_box,)
         where = tma.simulated_maps(arrays, boxes, spec.tma_swizzle,
                                    tuple(scales) if spec.scale_words else ())
+        # a slice of a wider matrix reaches the kernel through its map only; the argument
+        # (its shape, for the kernel) is a packed stand-in of NaN bits, which any read by
+        # pointer would carry into C
+        A, B = (x if x.flags.c_contiguous else np.full(x.shape, _NAN_BITS[x.dtype.kind,
+                                                                         x.dtype.itemsize],
+                                                         x.dtype) for x in (A, B))
         work = [np.zeros((r, c), dtype=dt) for r, c, dt in p.workspace]
         spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, C if dC is None else dC, *extra,
                                                         *work, np.uint64(where))
@@ -536,6 +550,10 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
     spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
     reduce = spec.reduce_kernel if out16 is None else REDUCE16[out16]
     reduce[p.reduce_grid, spec.reduce_block, s](W, C)
+
+
+#: a NaN of each operand type, by (dtype kind, itemsize): float32, fp16/bf16 bits, FP8 bits
+_NAN_BITS = {("f", 4): np.nan, ("f", 2): np.nan, ("u", 2): 0x7FFF, ("u", 1): 0x7F}
 
 
 def _simulated_device_copy(C):
