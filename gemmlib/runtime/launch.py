@@ -207,11 +207,17 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     # (gemmlib.runtime.memory); a plan that needs none launches as it would eagerly.
     if graph is None:
         graph = b.needs_buffers and memory.capturing(stream)
+    _scoped(graph, _run, b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph, lds)
+
+
+def _scoped(graph: bool, fn, *args) -> None:
+    """``fn(*args)``, inside a :class:`memory.CapturedCall` under a capture whose memory
+    torch gives (the call's buffers: the graph's temporaries)."""
     if graph and memory.graph_temporaries():
         with memory.CapturedCall():
-            _run(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph, lds)
-        return
-    _run(b, p, a_ptr, b_ptr, c_ptr, stream, scales, bias, graph, lds)
+            fn(*args)
+    else:
+        fn(*args)
 
 
 def _run(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
@@ -248,11 +254,7 @@ def run_rounded(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str, stream: i
     b = bound or _bound(p)
     if graph is None:   # (a float32 buffer: always one to keep right)
         graph = memory.capturing(stream)
-    if graph and memory.graph_temporaries():
-        with memory.CapturedCall():
-            _run_rounded(b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph, lds)
-        return
-    _run_rounded(b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph, lds)
+    _scoped(graph, _run_rounded, b, p, a_ptr, b_ptr, c_ptr, out, stream, bias, graph, lds)
 
 
 def _run_rounded(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, out: str,
