@@ -14,8 +14,7 @@ its own, allocated (and zeroed) inside the capture and never shared with eager c
 With torch's memory they are the graph's temporaries (:class:`CapturedCall`): torch puts
 what a capture asks for in the graph's private pool and keeps the pool while the graph
 lives, so the buffers go back to it once the call's launches are recorded, as any torch
-op's temporaries do (``torch.compile``'s CUDA graphs require it: their pool may hold
-nothing but their outputs).  With CuPy's they are kept for good.
+op's temporaries do.  With CuPy's they are kept for good.
 """
 
 from __future__ import annotations
