@@ -342,3 +342,23 @@ def test_spec_tolerance_adds_a_16_bit_c_rounding():
 
     f32, o16 = wgmma_store.build("bf16"), wgmma_store.build("bf16", OUT="bf16")
     assert spec_tolerance(o16, 64) == spec_tolerance(f32, 64) + OUT16_ROUNDOFF["bf16"]
+
+
+def test_tune_cv_replays_a_tune_file_one_model_out(tmp_path, capsys):
+    """scripts/tune_cv.py on rows where one candidate leads the rule on every layer: the
+    table learnt without each model picks it for that model's layers, as the oracle does."""
+    import json
+
+    from gemmlib import tune_hopper
+
+    rows = []
+    for use, N, K in tune_hopper.layer_shapes():
+        for M in (128, 512):
+            base = dict(use=use, M=M, N=N, K=K, precision="bf16", torch_us=10.0)
+            rows += [dict(base, candidate="rule", us=20.0, pct_torch=50.0),
+                     dict(base, candidate="swap64x128", us=12.5, pct_torch=80.0)]
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(dict(meta=dict(precision="bf16"), rows=rows)))
+    _load("scripts/tune_cv.py").main(str(path))
+    out = capsys.readouterr().out
+    assert "rule     50.0" in out and "class    80.0" in out and "oracle   80.0" in out
