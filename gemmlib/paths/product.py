@@ -161,7 +161,7 @@ def launched(a: Operand, b: Operand, c: Operand | None, out, z: Operand | None,
             else:
                 bias = () if z is None else (pointer(Z_), btype)
                 calls.run(call, pointer(A_), pointer(B_), pointer(Ck), stream_handle(stream),
-                          bias=bias, lds=lds)
+                          bias=bias, lds=lds if any(lds) else ())
                 if (Ck is dst and Kp == K and not misaligned and not copied and not any(lds)
                         and not is_bf16array(C)):
                     remember(call, a, C)   # no staging: a repeat can skip it all
