@@ -62,6 +62,8 @@ CANDIDATES = {
     "swap128x128": dict(rung="wgmma_swap", params=dict(BM=128, BN=128, KT=64), grid="even"),
     # the token width fitted to the shape: tiles that fill the SMs (cuBLAS's 80-, 96- and
     # 112-wide tiles in the same profile do this on its side)
+    # outputs per tile fitted to whole waves (any multiple of 8: a K-major weight only)
+    "split128xfit": dict(rung="wgmma_split_k", params=dict(BM=128, STAGES=8), width="fit_n"),
     "swap64xfit": dict(rung="wgmma_swap", params=dict(BM=64, KT=64), width="fit", grid="even"),
     "swap128xfit": dict(rung="wgmma_swap", params=dict(BM=128, KT=64), width="fit",
                         grid="even"),
@@ -99,7 +101,7 @@ def spec_of(name: str, precision: str, M: int, N: int, K: int):
     if entry["rung"] == "rule":
         spec = S.select_hopper(precision, M, N, K, tuned=False)
     else:
-        spec = S.hopper_candidate(entry, precision, M, N, K)
+        spec = S.hopper_candidate(entry, precision, M, N, K, "NK")
     if spec is None:
         return None
     return S.with_layout(S.select_out(spec, precision, M, N, K), "NK")

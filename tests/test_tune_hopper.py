@@ -3,7 +3,7 @@
 import pytest
 
 from gemmlib import tune_hopper as T
-from gemmlib import tuning
+from gemmlib import backend, tuning
 from gemmlib.runtime import select as S
 
 
@@ -45,7 +45,7 @@ def test_table_keeps_the_rule_unless_a_candidate_leads_it():
 @pytest.mark.parametrize("name", [n for n in T.CANDIDATES if n != "rule"])
 def test_every_candidate_builds_for_a_prefill_chunk(name):
     M, N, K = 256, 4096, 4096
-    spec = S.hopper_candidate(T.CANDIDATES[name], "bf16", M, N, K)
+    spec = S.hopper_candidate(T.CANDIDATES[name], "bf16", M, N, K, "NK")
     assert spec is not None and spec.params["precision"] == "bf16"
     if T.CANDIDATES[name].get("grid") == "even":
         from gemmlib.kernels.wgmma_swap import even_counts
@@ -59,3 +59,41 @@ def test_tune_refuses_without_a_hopper_gpu(capsys):
 
     assert main(["tune"]) == 2
     assert "H100 or H200" in capsys.readouterr().out
+
+
+def test_fitted_output_widths_serve_a_k_major_weight_only(monkeypatch):
+    """A tuned ``fit_n`` entry (tiles of any multiple of 8 outputs): a K-major B (``W.t()``)
+    gets it, a (K, N) B the rule (its copies come in 64-column panels)."""
+    from dataclasses import replace
+
+    from gemmlib.kernels.wgmma_split_k import fit_columns
+
+    dev = replace(backend.device_info(), sm_count=132, simulated=False)
+    monkeypatch.setattr(backend, "device_info", lambda device_id=None: dev)
+    monkeypatch.setattr(S, "SIMULATOR", False)
+    entry = dict(T.CANDIDATES["split128xfit"], candidate="split128xfit")
+    monkeypatch.setattr(S.tuning, "best_entry", lambda *a, **k: dict(entry))
+    S._CHOICES.clear()
+    try:
+        M, N, K = 512, 4608, 3584
+        assert S.tuned_hopper("bf16", M, N, K) is None
+        spec = S.select_tc("bf16", M, N, K, out="bf16", b_layout="NK")
+        BN = fit_columns(M, N, K, 128, 132)
+        assert spec.b_operand == "NK" and spec.params["BN"] == BN and BN % 8 == 0
+        assert -(-M // 128) * -(-N // BN) <= 132     # one wave
+        assert spec.params.get("OUT") == "bf16"
+    finally:
+        S._CHOICES.clear()
+
+
+def test_fit_columns_fills_whole_waves():
+    """The widths cuBLAS's own kernels take at these shapes (results/ncu-serving-2026-11-27/):
+    96 at 256 x 6144, 112 at 512 x 3584, 128 at 512 x 4096 -- tiles of 128 tokens."""
+    from gemmlib.kernels.wgmma_split_k import fit_columns, fit_stages
+
+    assert fit_columns(256, 6144, 4096, 128, 132) == 96
+    assert fit_columns(512, 3584, 18944, 128, 132) == 112
+    assert fit_columns(512, 4096, 4096, 128, 132) == 128
+    for BN in range(64, 257, 8):
+        assert 2 <= fit_stages(128, BN) <= 8 and fit_stages(128, BN) * 128 * (128 + BN) <= 200 * 1024
+

@@ -182,3 +182,34 @@ def test_sum_source_adds_in_slice_order_for_any_chunking(groups):
             for s in range(1, S):
                 want = np.float32(want + Wk[s, 4 * (base + q * nc) + i])
             assert acc[4 * q + i].tobytes() == np.float32(want).tobytes(), (q, i)
+
+
+@pytest.mark.skipif(not backend.SIMULATOR, reason="the simulator's twins")
+@pytest.mark.parametrize("rung, params, shape", [
+    ("wgmma_ws", dict(BM=64, BN=80, STAGES=2), (70, 150, 72)),
+    ("wgmma_ws", dict(BM=128, BN=112, STAGES=2, OUT="fp16"), (130, 120, 64)),
+    ("wgmma_split_k", dict(BM=64, BN=96, STAGES=2, SPLITS=2), (33, 200, 136)),
+    ("wgmma_split_k", dict(BM=128, BN=40, STAGES=3, OUT="fp16", BIAS=True), (129, 88, 72)),
+])
+def test_k_major_tiles_of_any_multiple_of_8_outputs(rung, params, shape):
+    """A K-major B (``W.t()``) is one box of BN rows a stage, so the tile may be 40, 80, 96
+    or 112 outputs wide (wgmma's n): odd shapes, a 16-bit C, a bias, K slices, a poisoned C,
+    against float64."""
+    from gemmlib.runtime import select
+    from gemmlib.verify import spec_tolerance
+
+    M, N, K = shape
+    spec = select.build(rung, dict(params, precision="fp16", B_LAYOUT="NK"))
+    rng = np.random.default_rng(M * N)
+    a = rng.uniform(-1, 1, (M, K)).astype(np.float16)
+    w = rng.uniform(-1, 1, (N, K)).astype(np.float16)
+    z = rng.uniform(-1, 1, N).astype(np.float16)
+    kw = dict(bias=z) if params.get("BIAS") else {}
+    ref = a.astype(np.float64) @ w.astype(np.float64).T + (z.astype(np.float64) if kw else 0)
+    C = np.full((M, N), np.nan, np.float16 if params.get("OUT") else np.float32)
+    gemmlib.matmul(a, w.T, kernel=spec, out=C, **kw)
+    err = np.abs(C.astype(np.float64) - ref).max() / np.abs(ref).max()
+    assert np.isfinite(C).all() and err <= spec_tolerance(spec, K), (spec.name, err)
+    with pytest.raises(ValueError, match="multiple of 64"):   # a (K, N) B: 64-column panels
+        select.build(rung, dict(params, precision="fp16"))
+

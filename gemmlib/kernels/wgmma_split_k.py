@@ -115,6 +115,36 @@ def effective_splits(S: int, K: int) -> int:
     return cdiv(ktiles, cdiv(ktiles, S))
 
 
+#: what a narrower tile costs, in outputs: each tile streams its BM rows of A once for its BN
+#: outputs (fit_columns weighs a width's busy SMs by BN / (BN + FIT_OVERHEAD))
+FIT_OVERHEAD = 32
+#: shared memory the ring of a fitted tile may fill
+FIT_RING_BYTES = 200 * 1024
+
+
+def fit_columns(M: int, N: int, K: int, BM: int, sms: int) -> int:
+    """The tile width (outputs per tile: a multiple of 8 from 64 to 256, for a K-major B)
+    whose BM x BN tiles fill the SMs best in whole waves, weighed by BN / (BN +
+    FIT_OVERHEAD); ties go to the wider.  cuBLAS's kernels at serving sizes do this (80-,
+    96-, 112-wide tiles: results/ncu-serving-2026-11-27/): at 512 tokens on a 4608-output
+    layer, 128 x 256 tiles make 72 (0.55 of a wave on 132 SMs), 128 x 144 make 128."""
+    rows = cdiv(M, BM)
+    best = None
+    for BN in range(64, 257, 8):
+        tiles = rows * cdiv(N, BN)
+        share = tiles / (sms * cdiv(tiles, sms))
+        key = (share * BN / (BN + FIT_OVERHEAD), BN)
+        if best is None or key > best:
+            best = key
+    return best[1]
+
+
+def fit_stages(BM: int, BN: int, most: int = 8) -> int:
+    """The deepest ring (at most ``most``) of BM x 64 and BN x 64 16-bit k-tiles in
+    FIT_RING_BYTES."""
+    return max(2, min(most, FIT_RING_BYTES // (2 * BK * (BM + BN))))
+
+
 #: 16-byte groups summed together: their loads of one slice are all in flight at once.
 #: Measured on an H100 (results/splitk-sum-2026-11-25/h100.json): kernel time at 16x4096x4096 was
 #: 44.7/32.4/29.6/29.1 us for 1/4/8/16 groups (cuBLAS 21.6 us); registers stay 232

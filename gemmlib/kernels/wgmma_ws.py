@@ -199,10 +199,14 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
     return bias_entry(wgmma_ws_kernel, BIAS, jit_opts), NT, STAGES * STAGE_BYTES + 1024
 
 
-def check_tile(BM: int, BN: int, STAGES: int, REGS=None) -> None:
-    """The tiles, ring depths and register splits the warp-specialised rungs build."""
-    if BM % 64 or BM > 256 or BN % 64 or BN > 256 or not 2 <= STAGES <= 8:
-        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of 64 up to 256 "
+def check_tile(BM: int, BN: int, STAGES: int, REGS=None, b_layout: str = "KN") -> None:
+    """The tiles, ring depths and register splits the warp-specialised rungs build.  A
+    K-major B ("NK") is one box of BN rows a stage, so BN may be any multiple of 8 (wgmma's
+    n): tiles of 80-112 outputs make one wave of a layer that 64 or 128 would leave short;
+    a (K, N) B is copied in 64-column panels."""
+    step = 8 if b_layout == "NK" else 64
+    if BM % 64 or BM > 256 or BN % step or not step <= BN <= 256 or not 2 <= STAGES <= 8:
+        raise ValueError(f"BM must be 64, 128, 192 or 256, BN a multiple of {step} up to 256 "
                          f"and STAGES 2..8 (BM={BM}, BN={BN}, STAGES={STAGES})")
     if REGS is not None and 128 * (REGS[0] + BM // 64 * REGS[1]) > 65536:
         raise ValueError(f"setmaxnreg {REGS}: the warpgroups would need more than the "
@@ -213,7 +217,7 @@ def check_build(precision: str, BM: int, BN: int, STAGES: int, REGS, OUT: str, B
                 A_LAYOUT: str) -> None:
     """The parameter checks of a build of the wgmma_ws family (ws, split-K, TMA store)."""
     check_a_layout(A_LAYOUT, precision)
-    check_tile(BM, BN, STAGES, REGS)
+    check_tile(BM, BN, STAGES, REGS, B_LAYOUT)
     check_out(precision, OUT)
     check_layout(B_LAYOUT)
 

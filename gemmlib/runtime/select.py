@@ -228,8 +228,11 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
         key = ("tc", precision, M, N, K, slug, out, b_layout)
         spec = _CHOICES.get(key)
         if spec is None:
-            base = select_tc(precision, M, N, K, slug, out)
-            spec = _CHOICES.put(key, with_layout(base, b_layout) or base)
+            spec = _tuned_kmajor(precision, M, N, K, slug, out) if b_layout == "NK" else None
+            if spec is None:
+                base = select_tc(precision, M, N, K, slug, out)
+                spec = with_layout(base, b_layout) or base
+            spec = _CHOICES.put(key, spec)
         return spec
     if out != "fp32":
         key = ("tc", precision, M, N, K, slug, out)
@@ -313,22 +316,50 @@ HOPPER_TUNED = "wgmma-serving"
 HOPPER_TUNED_MMAX = 512
 
 
-def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None):
+def _tuned_kmajor(precision: str, M: int, N: int, K: int, slug, out: str):
+    """On an H100/H200, the tuned choice that only a K-major B can take (``width`` "fit_n":
+    tiles of any multiple of 8 outputs), built for the C ``out``; else None (the choice
+    for a row-major B, rebuilt K-major, serves)."""
+    if (precision not in ("fp16", "bf16") or SIMULATOR or slug is not None
+            or not HOPPER_SWAP_MMAX < M <= HOPPER_TUNED_MMAX
+            or tuple(backend.device_info().compute_capability) != (9, 0)):
+        return None
+    entry = tuning.best_entry(M, N, K, HOPPER_TUNED, slug, classify=tuning.token_class)
+    if not entry or entry.get("width") != "fit_n":
+        return None
+    spec = hopper_candidate(entry, precision, M, N, K, "NK")
+    return spec if spec is None or out == "fp32" else select_out(spec, out, M, N, K)
+
+
+def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None,
+                 b_layout: str = "KN"):
     """The tuned choice for (M, N, K) (B as (K, N), C float32: the caller's ``select_out``
-    and ``with_layout`` adapt it), or None: no table, the rule won, or the choice cannot
-    run this shape."""
+    and ``with_layout`` adapt it; ``b_layout`` "NK": for a K-major B, which may take a
+    choice that only it can: ``width`` "fit_n"), or None: no table, the rule won, or the
+    choice cannot run this shape."""
     entry = tuning.best_entry(M, N, K, HOPPER_TUNED, slug, classify=tuning.token_class)
     if not entry or entry.get("rung") in (None, "rule"):
         return None
-    return hopper_candidate(entry, precision, M, N, K)
+    return hopper_candidate(entry, precision, M, N, K, b_layout)
 
 
-def hopper_candidate(entry: dict, precision: str, M: int, N: int, K: int):
+def hopper_candidate(entry: dict, precision: str, M: int, N: int, K: int,
+                     b_layout: str = "KN"):
     """The spec of a tuning entry ({"rung", "params", "grid"}) for (M, N, K), or None where
     it cannot run the shape.  ``width`` "fit": the token width that keeps the most SMs busy
-    (``wgmma_swap.fit_width``); ``grid`` "even": the most blocks that share the tiles
-    evenly (``wgmma_swap.even_grid``)."""
+    (``wgmma_swap.fit_width``); "fit_n": the outputs per tile that fill the SMs in whole
+    waves (``wgmma_split_k.fit_columns``: any multiple of 8, so a K-major B only --
+    ``b_layout`` "NK" -- with the ring as deep as fits); ``grid`` "even": the most blocks
+    that share the tiles evenly (``wgmma_swap.even_grid``)."""
     params = dict(entry.get("params", {}), precision=precision)
+    if entry.get("width") == "fit_n":
+        if b_layout != "NK":
+            return None
+        from gemmlib.kernels.wgmma_split_k import fit_columns, fit_stages
+
+        params["BN"] = fit_columns(M, N, K, params["BM"], backend.device_info().sm_count)
+        params["STAGES"] = fit_stages(params["BM"], params["BN"], params.get("STAGES", 8))
+        params["B_LAYOUT"] = "NK"
     if entry.get("width") == "fit":
         from gemmlib.kernels.wgmma_swap import fit_width
 
@@ -527,7 +558,8 @@ def select_out(spec: KernelSpec, out: str, M: int, N: int, K: int) -> KernelSpec
     p = spec.params
     if effective_splits(p["SPLITS"] or splits_for(M, N, K, p["BM"], p["BN"]), K) > 1:
         return with_out(spec, out)
-    base = {k: p[k] for k in ("precision", "BM", "BN", "GROUP_M", "REGS")}
+    base = {k: p[k] for k in ("precision", "BM", "BN", "GROUP_M", "REGS", "B_LAYOUT")
+            if k in p}
     if (p["BM"], p["BN"]) == (128, 256):
         rung, params = HOPPER_OUT16
         return build(rung, dict(base, **params, OUT=out))
