@@ -60,10 +60,10 @@ CANDIDATES = {
     # 512 tokens in the H100 profile (results/ncu-serving-2026-11-27/)
     "swap128x64": dict(rung="wgmma_swap", params=dict(BM=128, BN=64, KT=64), grid="even"),
     "swap128x128": dict(rung="wgmma_swap", params=dict(BM=128, BN=128, KT=64), grid="even"),
-    # the token width fitted to the shape: tiles that fill the SMs (cuBLAS's 80-, 96- and
-    # 112-wide tiles in the same profile do this on its side)
-    # outputs per tile fitted to whole waves (any multiple of 8: a K-major weight only)
+    # outputs per tile fitted to whole waves (any multiple of 8: a K-major weight only), as
+    # cuBLAS's 80-, 96- and 112-wide tiles in the same profile
     "split128xfit": dict(rung="wgmma_split_k", params=dict(BM=128, STAGES=8), width="fit_n"),
+    # the token width fitted to the shape: tiles that fill the SMs
     "swap64xfit": dict(rung="wgmma_swap", params=dict(BM=64, KT=64), width="fit", grid="even"),
     "swap128xfit": dict(rung="wgmma_swap", params=dict(BM=128, KT=64), width="fit",
                         grid="even"),
@@ -107,17 +107,6 @@ def spec_of(name: str, precision: str, M: int, N: int, K: int):
     return S.with_layout(S.select_out(spec, precision, M, N, K), "NK")
 
 
-def warm_up(torch, seconds: float = 1.0) -> None:
-    """Products back to back for ``seconds``: the first rows then run at the clocks the rest
-    do (an idle GPU starts low)."""
-    x = torch.rand(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(20):
-            x @ x
-        torch.cuda.synchronize()
-
-
 def measure(precision: str = "bf16", tokens=TOKENS, models=None, budget: float = 0,
             loops: int = 5, target_ms: float = 3.0, progress: bool = True) -> list[dict]:
     """Rows {use, M, N, K, precision, candidate, us, torch_us, pct_torch | error}."""
@@ -126,7 +115,7 @@ def measure(precision: str = "bf16", tokens=TOKENS, models=None, budget: float =
 
     from gemmlib.api import matmul
     from gemmlib.bench_models import framework, operand_sets
-    from gemmlib.bench_serving import time_rounds, tolerance
+    from gemmlib.bench_serving import time_rounds, tolerance, warm_gpu
 
     fw = framework("torch")
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
@@ -136,7 +125,7 @@ def measure(precision: str = "bf16", tokens=TOKENS, models=None, budget: float =
     rows = []
     bar = tqdm(total=len(shapes) * len(tokens), disable=not progress, desc="tune")
     g = torch.Generator(device="cuda").manual_seed(0)
-    warm_up(torch)
+    warm_gpu(torch, 1.0)   # the first rows at the clocks the rest run at
     for use, N, K in shapes:
         for M in tokens:
             bar.update()

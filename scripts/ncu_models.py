@@ -65,7 +65,8 @@ def run(profile: bool) -> None:
         kw = dict(out_dtype=A.dtype) if CASES is SERVING_CASES else dict(precision=call_prec)
         C = gemmlib.matmul(A, B, **kw)      # compiles; then a checked result
         err = fw.rel_error(C, A, B, M)
-        name = dispatch.select_tc(prec, M, N, K).name
+        name = (dispatch.select_tc(prec, M, N, K, out=prec, b_layout="NK").name
+                if CASES is SERVING_CASES else dispatch.select_tc(prec, M, N, K).name)
         meta.append(dict(precision=prec, M=M, N=N, K=K, kernel=name, rel_error=err))
         print(f"{prec:6s} {M:5d}x{N:5d}x{K:5d} {name} err {err:.1e}", flush=True)
         if profile:

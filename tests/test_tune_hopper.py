@@ -89,11 +89,13 @@ def test_fitted_output_widths_serve_a_k_major_weight_only(monkeypatch):
 def test_fit_columns_fills_whole_waves():
     """The widths cuBLAS's own kernels take at these shapes (results/ncu-serving-2026-11-27/):
     96 at 256 x 6144, 112 at 512 x 3584, 128 at 512 x 4096 -- tiles of 128 tokens."""
-    from gemmlib.kernels.wgmma_split_k import fit_columns, fit_stages
+    from gemmlib.kernels.wgmma_split_k import fit_columns
 
     assert fit_columns(256, 6144, 4096, 128, 132) == 96
     assert fit_columns(512, 3584, 18944, 128, 132) == 112
     assert fit_columns(512, 4096, 4096, 128, 132) == 128
-    for BN in range(64, 257, 8):
-        assert 2 <= fit_stages(128, BN) <= 8 and fit_stages(128, BN) * 128 * (128 + BN) <= 200 * 1024
+    entry = T.CANDIDATES["split128xfit"]
+    for N in (2048, 3584, 4608, 6144, 9216, 16384):   # widths 64 to 256
+        p = S.hopper_candidate(entry, "bf16", 512, N, 4096, "NK").params
+        assert 2 <= p["STAGES"] <= 8 and p["STAGES"] * 128 * (128 + p["BN"]) <= 200 * 1024
 

@@ -76,6 +76,15 @@ def is_c_contiguous(shape, strides, itemsize) -> bool:
     return True
 
 
+def element_strides(op: Operand) -> tuple:
+    """An operand's strides in elements, from its own array (torch's ``stride()``, else
+    the byte strides of NumPy, CuPy and numba arrays)."""
+    x = op.obj
+    if op.kind == "torch":
+        return tuple(x.stride())
+    return tuple(s // x.dtype.itemsize for s in x.strides)
+
+
 def layout_of(shape, strides, itemsize=1) -> str:
     """"C", "F" (2-D only: the transpose is row-major) or "" for ``strides`` (in units of
     ``itemsize``)."""

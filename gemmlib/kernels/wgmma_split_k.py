@@ -115,34 +115,30 @@ def effective_splits(S: int, K: int) -> int:
     return cdiv(ktiles, cdiv(ktiles, S))
 
 
-#: what a narrower tile costs, in outputs: each tile streams its BM rows of A once for its BN
-#: outputs (fit_columns weighs a width's busy SMs by BN / (BN + FIT_OVERHEAD))
+#: what a narrower tile costs, in its width's units: each tile streams its share of the
+#: other operand once, so a tile BN wide does BN / (BN + FIT_OVERHEAD) of a wide one's work
+#: per byte streamed
 FIT_OVERHEAD = 32
-#: shared memory the ring of a fitted tile may fill
-FIT_RING_BYTES = 200 * 1024
+
+
+def widest_fill(widths, busy) -> int:
+    """The width of ``widths`` whose share of busy SMs (``busy(width)``), weighed by
+    width / (width + FIT_OVERHEAD), is highest; ties go to the wider (the fitted tiles of
+    :func:`fit_columns` and ``wgmma_swap.fit_width``)."""
+    return max(widths, key=lambda w: (busy(w) * w / (w + FIT_OVERHEAD), w))
 
 
 def fit_columns(M: int, N: int, K: int, BM: int, sms: int) -> int:
     """The tile width (outputs per tile: a multiple of 8 from 64 to 256, for a K-major B)
-    whose BM x BN tiles fill the SMs best in whole waves, weighed by BN / (BN +
-    FIT_OVERHEAD); ties go to the wider.  cuBLAS's kernels at serving sizes do this (80-,
-    96-, 112-wide tiles: results/ncu-serving-2026-11-27/): at 512 tokens on a 4608-output
-    layer, 128 x 256 tiles make 72 (0.55 of a wave on 132 SMs), 128 x 144 make 128."""
-    rows = cdiv(M, BM)
-    best = None
-    for BN in range(64, 257, 8):
-        tiles = rows * cdiv(N, BN)
-        share = tiles / (sms * cdiv(tiles, sms))
-        key = (share * BN / (BN + FIT_OVERHEAD), BN)
-        if best is None or key > best:
-            best = key
-    return best[1]
+    whose BM x BN tiles fill the SMs best in whole waves (:func:`widest_fill`).  cuBLAS's
+    kernels at serving sizes do this (80-, 96-, 112-wide tiles:
+    results/ncu-serving-2026-11-27/): at 512 tokens on a 4608-output layer, 128 x 256 tiles
+    make 72 (0.55 of a wave on 132 SMs), 128 x 144 make 128."""
+    def busy(BN):
+        tiles = cdiv(M, BM) * cdiv(N, BN)
+        return tiles / (sms * cdiv(tiles, sms))
 
-
-def fit_stages(BM: int, BN: int, most: int = 8) -> int:
-    """The deepest ring (at most ``most``) of BM x 64 and BN x 64 16-bit k-tiles in
-    FIT_RING_BYTES."""
-    return max(2, min(most, FIT_RING_BYTES // (2 * BK * (BM + BN))))
+    return widest_fill(range(64, 257, 8), busy)
 
 
 #: 16-byte groups summed together: their loads of one slice are all in flight at once.

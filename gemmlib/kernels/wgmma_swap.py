@@ -51,7 +51,7 @@ from gemmlib.kernels.wgmma_async import (BK, HOPPER_ONLY, K_SIXTEEN_BYTE_ROWS, S
                                          check_layout, check_out, compile_sources, out_fields,
                                          out_params, out_suffix, spec_fields, tile_order,
                                          warpgroup_code)
-from gemmlib.kernels.wgmma_split_k import SUM_GROUPS, split_kernel, stream_k_pieces
+from gemmlib.kernels.wgmma_split_k import SUM_GROUPS, split_kernel, stream_k_pieces, widest_fill
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
 from gemmlib.kernels.wgmma_ws import regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
@@ -127,27 +127,16 @@ def even_counts(tiles: int, K: int, sms: int) -> set:
     return even | {tiles * s for s in range(2, 17) if tiles * s <= sms and K >= 128 * s}
 
 
-#: what a narrower token tile costs, in tokens: each tile streams its BM weight rows once
-#: for its BN tokens, so a tile of BN tokens does BN / (BN + FIT_OVERHEAD) of a wide one's work
-#: per byte of weight (the fit's trade of SM share against width)
-FIT_OVERHEAD = 32
-
-
 @lru_cache(maxsize=4096)
 def fit_width(M: int, N: int, K: int, BM: int, sms: int) -> int:
     """The token width (a multiple of 8 up to 256) whose BM x BN tiles keep the most SMs
-    busy: M tokens cut into t equal tiles of BN = M / t (rounded up to 8), the tiles shared
-    evenly by :func:`even_counts` blocks.  At 512 tokens on a 4608-output layer, 128 x 128
-    tiles make 144 (two rounds on 132 SMs: 55% busy) where 128 x 176 make 108 (82%).  Each
-    width's busy share is weighed by BN / (BN + FIT_OVERHEAD); ties go to the wider."""
-    best = None
-    for t in range(cdiv(M, 256), cdiv(M, 8) + 1):
-        BN = 8 * cdiv(cdiv(M, t), 8)
-        share = max(even_counts(cdiv(N, BM) * cdiv(M, BN), K, sms)) / sms
-        key = (share * BN / (BN + FIT_OVERHEAD), BN)
-        if best is None or key > best:
-            best = key
-    return best[1]
+    busy (``wgmma_split_k.widest_fill``): M tokens cut into t equal tiles of BN = M / t
+    (rounded up to 8), the tiles shared evenly by :func:`even_counts` blocks.  At 512 tokens
+    on a 4608-output layer, 128 x 128 tiles make 144 (two rounds on 132 SMs: 55% busy)
+    where 128 x 176 make 108 (82%)."""
+    widths = {8 * cdiv(cdiv(M, t), 8) for t in range(cdiv(M, 256), cdiv(M, 8) + 1)}
+    return widest_fill(widths, lambda BN: max(even_counts(cdiv(N, BM) * cdiv(M, BN), K,
+                                                          sms)) / sms)
 
 
 def even_grid(M: int, N: int, K: int, BM: int, BN: int, dev=None) -> int:

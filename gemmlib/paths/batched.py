@@ -10,7 +10,8 @@ from gemmlib.backend import SIMULATOR
 from gemmlib.frontends.allocate import (allocate_stack, host16, kernel_array, like_input,
                                         pointer)
 from gemmlib.frontends.checks import describe_bias, out_type
-from gemmlib.frontends.operand import KERNEL_TYPE, SIXTEEN, Operand, is_c_contiguous
+from gemmlib.frontends.operand import (KERNEL_TYPE, SIXTEEN, Operand, element_strides,
+                                       is_c_contiguous)
 from gemmlib.frontends.torch_tensors import current_stream
 from gemmlib.paths.repeat import RECORD
 from gemmlib.runtime import calls
@@ -30,7 +31,7 @@ def one_launch(A, B, a: Operand, b: Operand, batch: tuple, out, bias, kw):
             or b.dname != a.dname or (a.on_host and not SIMULATOR) or a.kind != b.kind
             or tuple(a.shape[:-2]) != batch or tuple(b.shape[:-2]) != batch):
         return None
-    key = (a.kind, a.dname, a.shape, a.c_contiguous, b.shape, _strides(b),
+    key = (a.kind, a.dname, a.shape, a.c_contiguous, b.shape, element_strides(b),
            kw.get("out_dtype"), None if bias is None else tuple(bias.shape))
     known = _BATCHED.get(key)
     if known is None:
@@ -73,7 +74,7 @@ def _batched_plan(a: Operand, b: Operand, batch: tuple, out_dtype, bias: bool):
     or () where the operands do not allow it (see one_launch)."""
     (M, K), N = a.shape[-2:], b.shape[-1]
     nb = int(np.prod(batch))
-    sb = _strides(b)
+    sb = element_strides(b)
     if not a.c_contiguous or M * N * K * nb == 0 or K % 8:
         return ()
     if b.c_contiguous:
@@ -90,11 +91,3 @@ def _batched_plan(a: Operand, b: Operand, batch: tuple, out_dtype, bias: bool):
     if spec is None:
         return ()
     return calls.prepare(spec, M, N, K, batch=nb), o16, b_layout
-
-
-def _strides(op: Operand) -> tuple:
-    """An operand's strides in elements."""
-    x = op.obj
-    if op.kind == "torch":
-        return tuple(x.stride())
-    return tuple(s // x.itemsize for s in x.strides)

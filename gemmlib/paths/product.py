@@ -23,7 +23,7 @@ from gemmlib.frontends.allocate import (allocate16, allocate_output, bits_of,
                                         reordered)
 from gemmlib.frontends.arrays import staging_stream
 from gemmlib.frontends.checks import check_operands
-from gemmlib.frontends.operand import KERNEL_TYPE, Operand, transposed
+from gemmlib.frontends.operand import KERNEL_TYPE, Operand, element_strides, transposed
 from gemmlib.frontends.torch_tensors import TorchArrays, stream_context
 from gemmlib.paths.repeat import remember
 from gemmlib.runtime import calls
@@ -219,11 +219,7 @@ def _pitch(op: Operand):
     anything else (a packed matrix, a step along the rows)."""
     if op.layout or len(op.shape) != 2:
         return None
-    x = op.obj
-    if op.kind == "torch":
-        s = tuple(x.stride())
-    else:
-        s = tuple(v // x.dtype.itemsize for v in x.strides)
+    s = element_strides(op)
     rows, cols = op.shape
     if s[1] == 1 and s[0] >= cols:
         return ("C", s[0])

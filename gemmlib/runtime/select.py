@@ -245,8 +245,7 @@ def select_tc(precision: str, M: int, N: int, K: int, slug: str | None = None,
     spec = _CHOICES.get(key)
     if spec is not None:
         return spec
-    if (precision in ("fp16", "bf16") and not SIMULATOR and slug is None
-            and tuple(backend.device_info().compute_capability) == (9, 0)):
+    if _hopper16(precision, slug):
         return _CHOICES.put(key, select_hopper(precision, M, N, K))
     skinny = select_skinny(precision if precision in ("fp16", "bf16") else "fp32", M, N, K)
     if skinny is not None:
@@ -316,15 +315,25 @@ HOPPER_TUNED = "wgmma-serving"
 HOPPER_TUNED_MMAX = 512
 
 
+def _hopper16(precision: str, slug) -> bool:
+    """fp16/bf16 on an H100/H200, with this GPU's own tables: where :func:`select_hopper`
+    chooses."""
+    return (precision in ("fp16", "bf16") and not SIMULATOR and slug is None
+            and tuple(backend.device_info().compute_capability) == (9, 0))
+
+
+def _tuned_entry(M: int, N: int, K: int, slug):
+    """The tuning table's entry for the (tokens, outputs, K) class nearest (M, N, K)."""
+    return tuning.best_entry(M, N, K, HOPPER_TUNED, slug, classify=tuning.token_class)
+
+
 def _tuned_kmajor(precision: str, M: int, N: int, K: int, slug, out: str):
     """On an H100/H200, the tuned choice that only a K-major B can take (``width`` "fit_n":
     tiles of any multiple of 8 outputs), built for the C ``out``; else None (the choice
     for a row-major B, rebuilt K-major, serves)."""
-    if (precision not in ("fp16", "bf16") or SIMULATOR or slug is not None
-            or not HOPPER_SWAP_MMAX < M <= HOPPER_TUNED_MMAX
-            or tuple(backend.device_info().compute_capability) != (9, 0)):
+    if not (_hopper16(precision, slug) and HOPPER_SWAP_MMAX < M <= HOPPER_TUNED_MMAX):
         return None
-    entry = tuning.best_entry(M, N, K, HOPPER_TUNED, slug, classify=tuning.token_class)
+    entry = _tuned_entry(M, N, K, slug)
     if not entry or entry.get("width") != "fit_n":
         return None
     spec = hopper_candidate(entry, precision, M, N, K, "NK")
@@ -337,7 +346,7 @@ def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None
     and ``with_layout`` adapt it; ``b_layout`` "NK": for a K-major B, which may take a
     choice that only it can: ``width`` "fit_n"), or None: no table, the rule won, or the
     choice cannot run this shape."""
-    entry = tuning.best_entry(M, N, K, HOPPER_TUNED, slug, classify=tuning.token_class)
+    entry = _tuned_entry(M, N, K, slug)
     if not entry or entry.get("rung") in (None, "rule"):
         return None
     return hopper_candidate(entry, precision, M, N, K, b_layout)
@@ -355,10 +364,11 @@ def hopper_candidate(entry: dict, precision: str, M: int, N: int, K: int,
     if entry.get("width") == "fit_n":
         if b_layout != "NK":
             return None
-        from gemmlib.kernels.wgmma_split_k import fit_columns, fit_stages
+        from gemmlib.kernels.wgmma_split_k import fit_columns
+        from gemmlib.kernels.wgmma_swap import stages_for   # the deepest ring that fits
 
         params["BN"] = fit_columns(M, N, K, params["BM"], backend.device_info().sm_count)
-        params["STAGES"] = fit_stages(params["BM"], params["BN"], params.get("STAGES", 8))
+        params["STAGES"] = min(params.get("STAGES", 8), stages_for(params["BM"], params["BN"]))
         params["B_LAYOUT"] = "NK"
     if entry.get("width") == "fit":
         from gemmlib.kernels.wgmma_swap import fit_width
