@@ -24,14 +24,7 @@ import torch
 from gemmlib import api
 
 
-#: torch.compile's CUDA-graph trees (mode="reduce-overhead") refuse what the op keeps in
-#: their memory pool (results/verify-2026-11-27/): the tag makes inductor leave the op out
-#: of its graphs, which run it eagerly between them (a CUDA graph captured by hand with
-#: torch.cuda.graph still holds it)
-_TAGS = (torch._C.Tag.cudagraph_unsafe,) if hasattr(torch._C.Tag, "cudagraph_unsafe") else ()
-
-
-@torch.library.custom_op("gemmlib::matmul", mutates_args=(), tags=_TAGS)
+@torch.library.custom_op("gemmlib::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     # (autograd is this op's own: its inputs may still say requires_grad)

@@ -149,16 +149,9 @@ def test_fp8_with_tensor_scales_under_a_graph():
     assert torch.equal(C, gemmlib.matmul(A, W.t(), scale_a=sa, scale_b=sb))
 
 
-#: under mode="reduce-overhead" torch's CUDA-graph trees found buffers gemmlib keeps in their
-#: memory pool (results/verify-2026-11-27/gpu-suite-h200-final.log); the op now carries
-#: torch's cudagraph_unsafe tag (inductor runs it outside its graphs), not yet run on a GPU
-_TREES = pytest.mark.xfail(strict=False, reason="CUDA-graph trees saw gemmlib's kept "
-                           "buffers; the cudagraph_unsafe tag has no GPU run yet")
-
-
 @gpu
 @needs_gpu
-@pytest.mark.parametrize("mode", ["default", pytest.param("reduce-overhead", marks=_TREES)])
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 @pytest.mark.parametrize("tokens, features", [((4, 32), (256, 384)), ((8,), (4096, 4096))])
 def test_compile_fullgraph_on_the_gpu(tokens, features, mode):
     """``torch.compile(fullgraph=True)`` of a function calling the op, compiled and run

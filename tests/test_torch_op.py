@@ -89,13 +89,3 @@ def test_autocast_casts_the_op_inputs_like_torch_matmul(dt):
     y.float().sum().backward()
     assert a.grad.dtype == torch.float32 and a.grad.shape == a.shape
     assert torch.allclose(a.grad, b.sum(1).expand(5, 9).to(dt).float(), atol=5e-2)
-
-
-def test_the_op_tells_inductor_to_leave_it_out_of_cuda_graphs():
-    """torch.compile's CUDA-graph trees may not hold the buffers the op keeps: where torch
-    has the tag, the op carries ``cudagraph_unsafe`` (inductor runs it between its graphs)."""
-    import gemmlib.torch_op  # noqa: F401
-
-    if hasattr(torch._C.Tag, "cudagraph_unsafe"):
-        assert torch._C.Tag.cudagraph_unsafe in torch.ops.gemmlib.matmul.default.tags
-

@@ -88,6 +88,8 @@ class _Driver:
                                   else "cuMemsetD8Async", ctypes.c_uint64, ctypes.c_ubyte,
                                   ctypes.c_size_t, vp)
         self.stream_is_capturing = fn("cuStreamIsCapturing", vp, P(ci))
+        self._mem_alloc_async = fn("cuMemAllocAsync", P(ctypes.c_uint64), ctypes.c_size_t, vp)
+        self._mem_free_async = fn("cuMemFreeAsync", ctypes.c_uint64, vp)
 
     def check(self, rc: int, what: str) -> None:
         if rc:
@@ -124,6 +126,18 @@ class _Driver:
         if nbytes:
             self.check(self.memset_d8_async(ptr, 0, nbytes, stream or None),
                        "cuMemsetD8Async")
+
+    def mem_alloc_async(self, nbytes: int, stream: int) -> int:
+        """``nbytes`` from the device's stream-ordered pool, usable in order on ``stream``
+        (cuMemAllocAsync): memory no framework's allocator hands out or accounts for."""
+        ptr = ctypes.c_uint64()
+        self.check(self._mem_alloc_async(ctypes.byref(ptr), nbytes, stream or None),
+                   "cuMemAllocAsync")
+        return ptr.value
+
+    def mem_free_async(self, ptr: int, stream: int) -> None:
+        """Give back a :meth:`mem_alloc_async` buffer once ``stream``'s earlier work is done."""
+        self.check(self._mem_free_async(ptr, stream or None), "cuMemFreeAsync")
 
     def synchronize(self) -> None:
         self.check(self.ctx_synchronize(), "cuCtxSynchronize")

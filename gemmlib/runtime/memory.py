@@ -1,10 +1,12 @@
 """Device memory for the runtime's own buffers (split-K partial sums, counters, a
-transposed B, tensor maps), from the caller's framework, safe under CUDA graphs.
+transposed B, tensor maps), safe under CUDA graphs.
 
-Where it comes from.  torch's caching allocator once torch has initialised CUDA (a
-torch caller then never needs CuPy, and memory asked for during a graph capture comes
-from the graph's private pool), else CuPy's pool.  Both are stream-ordered: a buffer
-allocated on a stream and freed is handed out again only in order on that stream,
+Where it comes from.  Once torch has initialised CUDA (a torch caller then never needs
+CuPy): the buffers kept across calls from the driver's stream-ordered pool
+(``cuMemAllocAsync``), outside torch's allocator, whose pool of the moment may belong to
+torch.compile's CUDA graphs; a captured call's buffers from torch's allocator (the
+graph's private pool, see below).  Otherwise CuPy's pool.  All are stream-ordered: a
+buffer allocated on a stream and freed is handed out again only in order on that stream,
 which is the only stream its kernels use.
 
 CUDA graphs.  A graph bakes in the addresses its kernels were captured with and
@@ -61,10 +63,17 @@ def allocate(nbytes: int, stream: int, zero: bool = False) -> DeviceBuffer:
     ``stream``; zeroed there when ``zero``."""
     nbytes = max(256, -(-nbytes // 256) * 256)
     torch = _torch_ready()
-    if torch is not None:
+    if torch is not None and holding():   # a captured call's: the graph's private pool
         device = driver().current_device()
         ptr = torch.cuda.caching_allocator_alloc(nbytes, device, stream)
         buf = DeviceBuffer(ptr, nbytes, None, torch.cuda.caching_allocator_delete)
+    elif torch is not None:
+        # kept across calls: from the driver's stream-ordered pool, not torch's, whose pool
+        # of the moment may be one that torch.compile's CUDA graphs hold (their warm-up
+        # runs allocate into it) and that must hold nothing but their outputs
+        drv = driver()
+        ptr = drv.mem_alloc_async(nbytes, stream)
+        buf = DeviceBuffer(ptr, nbytes, None, lambda p, s=stream: drv.mem_free_async(p, s))
     else:
         import cupy as cp
 
