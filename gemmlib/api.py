@@ -25,7 +25,7 @@ from gemmlib.frontends.arrays import staging_stream
 from gemmlib.frontends.checks import FP8, check_stream, describe_bias, out_type
 from gemmlib.frontends.describe import describe
 from gemmlib.frontends.operand import Operand, transposed
-from gemmlib.frontends.torch_tensors import TENSOR, current_stream
+from gemmlib.frontends.torch_tensors import TENSOR, current_stream, tensor_types
 from gemmlib.kernels import SCALED
 from gemmlib.paths.batched import one_launch
 from gemmlib.paths.fp8 import matmul_fp8
@@ -119,7 +119,8 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
     operand is not 16-byte aligned, the call first copies A and B into zero-padded
     aligned buffers (the result is the same; the copy costs time).
     """
-    if type(A) in TENSOR and type(B) in TENSOR:   # torch's own calls: the lean path first
+    tensor = TENSOR or tensor_types()
+    if type(A) in tensor and type(B) in tensor:   # torch's own calls: the lean path first
         plain = (kernel is None and stream is None and precision is None and scale_a is None
                  and scale_b is None)
         if plain:

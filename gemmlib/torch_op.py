@@ -55,7 +55,14 @@ def _backward(ctx, grad):
         da = _matmul_op(g, b.mT).sum_to_size(a.shape)
     if ctx.needs_input_grad[1]:
         if b.dim() == 2:   # one B for every row of every matrix of A
-            db = _matmul_op(a.reshape(-1, a.shape[-1]).mT, g.reshape(-1, g.shape[-1]))
+            a2, g2 = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
+            if b.stride(0) == 1 and b.stride(1) != 1:
+                # B is a transposed view (F.linear's weight.t()): dB in the same order, so
+                # the weight's own gradient comes out row-major, as autograd stores it
+                # (another order costs a transposing copy of every weight's gradient)
+                db = _matmul_op(g2.mT, a2).mT
+            else:
+                db = _matmul_op(a2.mT, g2)
         else:
             db = _matmul_op(a.mT, g).sum_to_size(b.shape)
     if ctx.bias_shape is not None and ctx.needs_input_grad[2]:

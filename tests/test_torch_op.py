@@ -30,6 +30,17 @@ def test_linear_values_and_gradients(dtype):
         assert (got.double() - want).abs().max().item() <= tol * (1 + want.abs().max().item())
 
 
+def test_a_transposed_weight_gets_its_gradient_in_its_own_order():
+    """dB of ``x @ W.t()`` comes back as a transposed view too, so the weight's gradient is
+    row-major like the weight (autograd would otherwise copy it into that order)."""
+    x = torch.randn(6, 7, requires_grad=True)
+    w = torch.randn(5, 7, requires_grad=True)
+    wt = w.t()
+    (gwt,) = torch.autograd.grad((gop.matmul(x, wt) * torch.arange(5.0)).sum(), wt)
+    assert gwt.t().is_contiguous()
+    assert torch.allclose(gwt, x.detach().t() @ torch.arange(5.0).expand(6, 5), atol=1e-5)
+
+
 def test_batched_gradients_sum_over_broadcast_dimensions():
     A = torch.randn(3, 6, 4, requires_grad=True)
     B = torch.randn(1, 4, 2, requires_grad=True)   # broadcast over the batch

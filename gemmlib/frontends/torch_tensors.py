@@ -34,6 +34,14 @@ def torch_module():
     return _TORCH
 
 
+def tensor_types() -> list:
+    """:data:`TENSOR`, filled in first if torch was imported since (a process's first torch
+    call takes the lean path's checks and is remembered like any other)."""
+    if not TENSOR:
+        torch_module()
+    return TENSOR
+
+
 @lru_cache(maxsize=None)
 def torch_dtype(tdtype) -> tuple[np.dtype, str]:
     """A torch dtype as (the NumPy dtype of the bits the kernel reads, its name)."""
