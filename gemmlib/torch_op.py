@@ -11,8 +11,11 @@ is read in place where a rung reads that layout).  Its backward runs gemmlib too
 layouts the transposes give: dA = dC @ B^T (B read column-major), dB = A^T @ dC (A read
 column-major), each summed over broadcast batch dimensions; the bias's gradient is dC
 summed over every dimension but the last.  Under ``torch.autocast`` the op casts its
-inputs as ``torch.matmul`` does (:func:`_autocast_rule`).  Importing this module imports torch; the rest
-of gemmlib never does.
+inputs as ``torch.matmul`` does (:func:`_autocast_rule`).  :func:`matmul` and :func:`linear`
+call the op where torch traces or autocasts; on plain tensors in eager mode they run the
+same products and gradients without the operator's dispatch (:func:`_product`), whose
+Python layers cost more host time than the call itself.  Importing this module imports
+torch; the rest of gemmlib never does.
 """
 
 from __future__ import annotations
@@ -27,9 +30,7 @@ from gemmlib import api
 @torch.library.custom_op("gemmlib::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
                out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    # (autograd is this op's own: its inputs may still say requires_grad)
-    return api.matmul(a.detach(), b.detach(), bias=None if bias is None else bias.detach(),
-                      out_dtype=out_dtype)
+    return _call(a, b, bias, out_dtype)   # (autograd is the op's own)
 
 
 @_matmul_op.register_fake
@@ -47,30 +48,43 @@ def _setup_context(ctx, inputs, output):
     ctx.bias_shape = None if bias is None else bias.shape
 
 
-def _backward(ctx, grad):
-    a, b = ctx.saved_tensors
+def _gradients(mm, needs, a, b, bias_shape, grad):
+    """(dA, dB, dbias) of C = A @ B (+ bias), each where ``needs`` says, with the products
+    ``mm(x, y)`` (the op, or under no autograd the call itself)."""
     g = grad.to(a.dtype)   # a float32 result of 16-bit inputs: its gradient in their type
     da = db = dbias = None
-    if ctx.needs_input_grad[0]:
-        da = _matmul_op(g, b.mT).sum_to_size(a.shape)
-    if ctx.needs_input_grad[1]:
+    if needs[0]:
+        da = mm(g, b.mT).sum_to_size(a.shape)
+    if needs[1]:
         if b.dim() == 2:   # one B for every row of every matrix of A
             a2, g2 = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
             if b.stride(0) == 1 and b.stride(1) != 1:
                 # B is a transposed view (F.linear's weight.t()): dB in the same order, so
                 # the weight's own gradient comes out row-major, as autograd stores it
                 # (another order costs a transposing copy of every weight's gradient)
-                db = _matmul_op(g2.mT, a2).mT
+                db = mm(g2.mT, a2).mT
             else:
-                db = _matmul_op(a2.mT, g2)
+                db = mm(a2.mT, g2)
         else:
-            db = _matmul_op(a.mT, g).sum_to_size(b.shape)
-    if ctx.bias_shape is not None and ctx.needs_input_grad[2]:
-        dbias = grad.reshape(-1, grad.shape[-1]).sum(0).to(a.dtype).reshape(ctx.bias_shape)
-    return da, db, dbias, None
+            db = mm(a.mT, g).sum_to_size(b.shape)
+    if bias_shape is not None and needs[2]:
+        dbias = grad.reshape(-1, grad.shape[-1]).sum(0).to(a.dtype).reshape(bias_shape)
+    return da, db, dbias
+
+
+def _backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    return _gradients(_matmul_op, ctx.needs_input_grad, a, b, ctx.bias_shape, grad) + (None,)
 
 
 _matmul_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _cast(t, dt):
+    """``t`` as autocast casts a matmul's input: floating types but float64 to ``dt``."""
+    if t is None or not t.is_floating_point() or t.dtype in (dt, torch.float64):
+        return t
+    return t.to(dt)
 
 
 def _autocast_rule(device_type: str):
@@ -82,15 +96,10 @@ def _autocast_rule(device_type: str):
     key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
     off = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
 
-    def cast(t, dt):
-        if t is None or not t.is_floating_point() or t.dtype in (dt, torch.float64):
-            return t
-        return t.to(dt)
-
     def kernel(_keyset, a, b, bias=None, out_dtype=None):
         dt = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(off):
-            return _matmul_op(cast(a, dt), cast(b, dt), cast(bias, dt), out_dtype)
+            return _matmul_op(_cast(a, dt), _cast(b, dt), _cast(bias, dt), out_dtype)
 
     return key, kernel
 
@@ -101,15 +110,66 @@ for _device in ("cuda", "cpu"):
     _LIB.impl("matmul", _kernel, _key, with_keyset=True)
 
 
+class _Eager(torch.autograd.Function):
+    """The op's autograd without the operator's dispatch, for eager calls on plain tensors:
+    torch.library's Python layers around a custom op cost a training step's linear layer
+    several times the call itself (results/tune-2026-11-27c/); the products and gradients
+    are the same (:func:`_gradients`)."""
+
+    @staticmethod
+    def forward(ctx, a, b, bias, out_dtype):
+        ctx.save_for_backward(a, b)
+        ctx.bias_shape = None if bias is None else bias.shape
+        return _call(a, b, bias, out_dtype)   # (autograd is off here)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        # a graph of the backward itself (create_graph=True) needs the differentiable op
+        mm = _matmul_op if torch.is_grad_enabled() else _call
+        return _gradients(mm, ctx.needs_input_grad, a, b, ctx.bias_shape, grad) + (None,)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _product(a, b, bias, out_dtype):
+    """The registered op where torch traces (torch.compile, export: fake or functional
+    tensors); for plain tensors in eager mode the same product through :class:`_Eager`, or
+    the call itself when autograd is off, after autocast's casts (as the op's own rule)."""
+    if (type(a) in _PLAIN and type(b) in _PLAIN and (bias is None or type(bias) in _PLAIN)
+            and not torch.compiler.is_compiling()):
+        device = a.device.type
+        if torch.is_autocast_enabled(device):
+            dt = torch.get_autocast_dtype(device)
+            a, b, bias = _cast(a, dt), _cast(b, dt), _cast(bias, dt)
+        if not torch.is_grad_enabled():
+            return _call(a, b, bias, out_dtype)
+        return _Eager.apply(a, b, bias, out_dtype)
+    return _matmul_op(a, b, bias, out_dtype)
+
+
+def _call(a, b, bias=None, out_dtype=None):
+    """:func:`gemmlib.matmul` on tensors autograd does not record here (a host tensor that
+    requires grad is detached: DLPack refuses it)."""
+    if a.requires_grad:
+        a = a.detach()
+    if b.requires_grad:
+        b = b.detach()
+    if bias is not None and bias.requires_grad:
+        bias = bias.detach()
+    return api.matmul(a, b, bias=bias, out_dtype=out_dtype)
+
+
 def matmul(A: torch.Tensor, B: torch.Tensor, *, bias: Optional[torch.Tensor] = None,
            out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.matmul(A, B) (+ bias)`` on gemmlib's kernels, as a differentiable op that
     ``torch.compile(fullgraph=True)`` keeps in one graph."""
-    return _matmul_op(A, B, bias, out_dtype)
+    return _product(A, B, bias, out_dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            *, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """``torch.nn.functional.linear`` on gemmlib's kernels: ``x @ weight.T + bias``, the
     weight as ``nn.Linear`` keeps it (read in place), differentiable."""
-    return _matmul_op(x, weight.t(), bias, out_dtype)
+    return _product(x, weight.t(), bias, out_dtype)

@@ -3,7 +3,7 @@ one training step and eager decode steps of the e2e suite's model (bench_e2e.bui
 the GPU kernels by total time and the host ops by self time.  Explains the e2e rows; the
 rows themselves come from ``python -m gemmlib bench --suite e2e``.
 
-    python scripts/e2e_profile.py OUT_DIR [--layers 2] [--phases train decode1 decode16]
+    python scripts/e2e_profile.py OUT_DIR [--layers 2] [--phases train decode1 decode16] [--host 16]
 """
 
 from __future__ import annotations
@@ -86,15 +86,53 @@ def profile_phase(model, phase: str, side: str, out_dir: str, steps: int = 3) ->
                 top=[(k, n // steps, us / steps) for k, (n, us) in top])
 
 
+def host_profile(model, batch: int, out_dir: str, steps: int = 20) -> None:
+    """cProfile of ``steps`` eager decode steps of the patched model at ``batch``: where
+    the host time of a step goes (host-bound: the GPU waits on the calls)."""
+    import cProfile
+    import io
+    import pstats
+
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (batch, 32), device="cuda")
+    model.eval()
+    with torch.inference_mode():
+        cache = model(input_ids=prompt, use_cache=True).past_key_values
+        tok = prompt[:, -1:]
+        for _ in range(3):
+            model(input_ids=tok, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(steps):
+            model(input_ids=tok, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+        pr.disable()
+    buf = io.StringIO()
+    st = pstats.Stats(pr, stream=buf)
+    st.sort_stats("tottime").print_stats(35)
+    st.sort_stats("cumulative").print_stats(45)
+    text = buf.getvalue()
+    with open(os.path.join(out_dir, f"host-decode{batch}.txt"), "w") as f:
+        f.write(text)
+    print(text[:6000])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--phases", nargs="+", default=["train", "decode1", "decode16"])
+    ap.add_argument("--phases", nargs="*", default=["train", "decode1", "decode16"])
+    ap.add_argument("--host", type=int, nargs="*", default=[],
+                    help="batches whose patched eager decode steps cProfile times")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     model = bench_e2e.build_model(torch, bench_e2e.plan(layers=a.layers))
     rows = []
+    if a.host:
+        gemmlib.patch(model)
+        for batch in a.host:
+            host_profile(model, batch, a.out)
     for phase in a.phases:
         for side in ("torch", "gemmlib"):
             (gemmlib.patch if side == "gemmlib" else gemmlib.unpatch)(model)

@@ -41,6 +41,16 @@ def test_a_transposed_weight_gets_its_gradient_in_its_own_order():
     assert torch.allclose(gwt, x.detach().t() @ torch.arange(5.0).expand(6, 5), atol=1e-5)
 
 
+def test_eager_calls_skip_the_operator_dispatch():
+    """Eager calls on plain tensors record their own autograd node (no torch.library
+    layers on the way); under no_grad they are the call itself."""
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(3, 8, requires_grad=True)
+    assert type(gop.linear(x, w).grad_fn).__name__ == "_EagerBackward"
+    with torch.no_grad():
+        assert gop.linear(x, w).grad_fn is None
+
+
 def test_batched_gradients_sum_over_broadcast_dimensions():
     A = torch.randn(3, 6, 4, requires_grad=True)
     B = torch.randn(1, 4, 2, requires_grad=True)   # broadcast over the batch
