@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from gemmlib import backend, tuning
+from gemmlib.runtime import select
 
 #: layer shapes from public configs (hidden, intermediate, heads, kv heads, head dim), none
 #: of them in the serving suite (bench_serving.MODELS) or the models suite
@@ -62,7 +63,7 @@ CANDIDATES = {
     "swap128x128": dict(rung="wgmma_swap", params=dict(BM=128, BN=128, KT=64), grid="even"),
     # outputs per tile fitted to whole waves (any multiple of 8: a K-major weight only), as
     # cuBLAS's 80-, 96- and 112-wide tiles in the same profile
-    "split128xfit": dict(rung="wgmma_split_k", params=dict(BM=128, STAGES=8), width="fit_n"),
+    "split128xfit": select.HOPPER_FIT_ENTRY,
     # the token width fitted to the shape: tiles that fill the SMs
     "swap64xfit": dict(rung="wgmma_swap", params=dict(BM=64, KT=64), width="fit", grid="even"),
     "swap128xfit": dict(rung="wgmma_swap", params=dict(BM=128, KT=64), width="fit",

@@ -86,6 +86,31 @@ def test_fitted_output_widths_serve_a_k_major_weight_only(monkeypatch):
         S._CHOICES.clear()
 
 
+def test_past_the_table_whole_wave_tiles_where_wide_ones_leave_a_wave_empty(monkeypatch):
+    """Past HOPPER_TUNED_MMAX a K-major B takes whole-wave tiles where 128 x 256 ones fill
+    too little of their last wave (1024 x 4608: 144 tiles on 132 SMs), and the rule where
+    they fill it (1024 x 4096: 128 tiles; 4096 x 4096: 512); a (K, N) B always the rule."""
+    from dataclasses import replace
+
+    dev = replace(backend.device_info(), sm_count=132, simulated=False)
+    monkeypatch.setattr(backend, "device_info", lambda device_id=None: dev)
+    monkeypatch.setattr(S, "SIMULATOR", False)
+    monkeypatch.setattr(S.tuning, "best_entry", lambda *a, **k: None)
+    S._CHOICES.clear()
+    try:
+        fit = S.select_tc("bf16", 1024, 4608, 3584, out="bf16", b_layout="NK")
+        assert fit.b_operand == "NK" and fit.params["BN"] not in (128, 256)
+        assert -(-1024 // 128) * -(-4608 // fit.params["BN"]) <= 2 * 132
+        for M, N in ((1024, 4096), (4096, 4096), (1024, 4608)):
+            rule = S.select_tc("bf16", M, N, 3584, out="bf16")      # a (K, N) B
+            assert rule.params.get("BN", 256) == 256, (M, N)
+        for M, N in ((1024, 4096), (4096, 4096)):
+            assert S.select_tc("bf16", M, N, 3584, out="bf16", b_layout="NK").params.get(
+                "BN", 256) == 256, (M, N)
+    finally:
+        S._CHOICES.clear()
+
+
 def test_fit_columns_fills_whole_waves():
     """The widths cuBLAS's own kernels take at these shapes (results/ncu-serving-2026-11-27/):
     96 at 256 x 6144, 112 at 512 x 3584, 128 at 512 x 4096 -- tiles of 128 tokens."""

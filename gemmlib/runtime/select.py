@@ -327,14 +327,38 @@ def _tuned_entry(M: int, N: int, K: int, slug):
     return tuning.best_entry(M, N, K, HOPPER_TUNED, slug, classify=tuning.token_class)
 
 
+#: Hopper, fp16/bf16, a K-major B (``W.t()``), HOPPER_TUNED_MMAX < M <= HOPPER_FIT_MMAX:
+#: where the rule's 128 x 256 tiles fill less than HOPPER_FIT_FILL of their last wave, the
+#: tile width fitted to whole waves instead (HOPPER_FIT_ENTRY: the tuner's split128xfit,
+#: which won most classes it was tried on at 128-512 tokens on both GPUs,
+#: results/tune-2026-11-27c/); a 1024-token prefill chunk on a 4608-output layer makes 144
+#: such tiles, 1.09 waves of 132 SMs
+HOPPER_FIT_ENTRY = dict(rung=HOPPER_SPLIT, params=dict(BM=128, STAGES=8), width="fit_n")
+HOPPER_FIT_MMAX = 2048
+HOPPER_FIT_FILL = 0.8
+
+
+def _wave_fill(M: int, N: int, BM: int, BN: int) -> float:
+    """The share of SM slots the BM x BN tiles of an M x N output use over their waves."""
+    sms = backend.device_info().sm_count
+    tiles = cdiv(M, BM) * cdiv(N, BN)
+    return tiles / (sms * cdiv(tiles, sms))
+
+
 def _tuned_kmajor(precision: str, M: int, N: int, K: int, slug, out: str):
-    """On an H100/H200, the tuned choice that only a K-major B can take (``width`` "fit_n":
-    tiles of any multiple of 8 outputs), built for the C ``out``; else None (the choice
-    for a row-major B, rebuilt K-major, serves)."""
-    if not (_hopper16(precision, slug) and HOPPER_SWAP_MMAX < M <= HOPPER_TUNED_MMAX):
+    """On an H100/H200, the choice that only a K-major B can take (``width`` "fit_n":
+    tiles of any multiple of 8 outputs): the tuned one up to HOPPER_TUNED_MMAX tokens,
+    then HOPPER_FIT_ENTRY where whole-wave tiles pay (see HOPPER_FIT_MMAX); built for the
+    C ``out``; else None (the choice for a row-major B, rebuilt K-major, serves)."""
+    if not (_hopper16(precision, slug) and HOPPER_SWAP_MMAX < M <= HOPPER_FIT_MMAX):
         return None
-    entry = _tuned_entry(M, N, K, slug)
-    if not entry or entry.get("width") != "fit_n":
+    if M <= HOPPER_TUNED_MMAX:
+        entry = _tuned_entry(M, N, K, slug)
+        if not entry or entry.get("width") != "fit_n":
+            return None
+    elif _wave_fill(M, N, 128, 256) < HOPPER_FIT_FILL:
+        entry = HOPPER_FIT_ENTRY
+    else:
         return None
     spec = hopper_candidate(entry, precision, M, N, K, "NK")
     return spec if spec is None or out == "fp32" else select_out(spec, out, M, N, K)
