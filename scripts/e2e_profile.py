@@ -118,17 +118,86 @@ def host_profile(model, batch: int, out_dir: str, steps: int = 20) -> None:
     print(text[:6000])
 
 
+def check_prefill(model, tokens: int) -> None:
+    """Logits of a ``tokens`` prefill, patched against unpatched, and every patched linear
+    layer's output against float64 on the same input: the relative errors printed."""
+    import torch.nn.functional as F
+
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, tokens), device="cuda")
+    errs = {}
+
+    def hook(name):
+        def f(mod, args, out):
+            x = args[0]
+            ref = F.linear(x.double(), mod.weight.double(),
+                           None if mod.bias is None else mod.bias.double())
+            errs[name] = (float((out.double() - ref).norm() / ref.norm()),
+                          bool(torch.isfinite(out).all()), tuple(x.shape), out.dtype)
+        return f
+
+    with torch.inference_mode():
+        gemmlib.unpatch(model)
+        want = model(input_ids=ids, use_cache=False).logits.float()
+        gemmlib.patch(model)
+        hooks = [m.register_forward_hook(hook(n)) for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear)]
+        got = model(input_ids=ids, use_cache=False).logits.float()
+        for h in hooks:
+            h.remove()
+        gemmlib.unpatch(model)
+        again = model(input_ids=ids, use_cache=False).logits.float()
+    d = float((got - want).norm() / want.norm())
+    print(f"prefill {tokens}: logits rel diff {d:.3e}; torch twice {float((again - want).norm() / want.norm()):.1e}; "
+          f"finite {bool(torch.isfinite(got).all())}/{bool(torch.isfinite(want).all())}; "
+          f"norms {float(got.norm()):.4e} {float(want.norm()):.4e}; equal {bool(torch.equal(got, want))}")
+    for n, e in errs.items():
+        print(f"   {n:<32} rel {e[0]:.2e} finite {e[1]} in {e[2]} {e[3]}")
+
+
+def host_fresh(calls: int = 600) -> None:
+    """Host microseconds per call of ``F.linear`` and ``gemmlib.linear`` at decode sizes
+    (1 and 16 tokens, 4096 x 4096 bf16), on one activation buffer and rotating over 64 (as
+    a model's layers hand out new ones): the time to issue the calls, GPU not waited on."""
+    import time
+
+    import torch.nn.functional as F
+
+    W = torch.randn(4096, 4096, device="cuda").bfloat16()
+    for M in (1, 16):
+        xs = [torch.randn(M, 4096, device="cuda").bfloat16() for _ in range(64)]
+        for name, f in (("F.linear", F.linear), ("gemmlib.linear", gemmlib.linear)):
+            for rot in (1, 64):
+                for i in range(64):
+                    f(xs[i % rot], W)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for i in range(calls):
+                    f(xs[i % rot], W)
+                us = (time.perf_counter() - t0) / calls * 1e6
+                torch.cuda.synchronize()
+                print(f"host M={M:<3} {name:<15} {rot:>2} buffers: {us:6.1f} us/call", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--phases", nargs="*", default=["train", "decode1", "decode16"])
+    ap.add_argument("--fresh", action="store_true",
+                    help="host time per call on one buffer and on 64 (F.linear, gemmlib)")
+    ap.add_argument("--check", type=int, nargs="*", default=[],
+                    help="prefill token counts whose logits and layers are checked")
     ap.add_argument("--host", type=int, nargs="*", default=[],
                     help="batches whose patched eager decode steps cProfile times")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     model = bench_e2e.build_model(torch, bench_e2e.plan(layers=a.layers))
     rows = []
+    if a.fresh:
+        host_fresh()
+    for tokens in a.check:
+        check_prefill(model, tokens)
     if a.host:
         gemmlib.patch(model)
         for batch in a.host:

@@ -33,7 +33,19 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(memory, "synchronize", lambda: None)
     monkeypatch.setattr(maps, "_store", lambda addr, raw, stream:
                         state["stores"].append((addr, raw.nbytes, stream)))
-    monkeypatch.setattr(tma, "encode_2d", lambda ptr, *rest: np.full(16, ptr, np.uint64))
+    state["encodes"] = 0
+
+    def encode(ptr, *rest):
+        state["encodes"] += 1
+        return np.full(16, ptr, np.uint64)
+
+    def readdressed(raw, ptr):
+        raw[:] = ptr
+        return True
+
+    monkeypatch.setattr(tma, "encode_2d", encode)
+    monkeypatch.setattr(maps, "_readdressed", readdressed)
+    monkeypatch.setattr(maps, "_ENCODED", {})
     monkeypatch.setattr(maps, "_KEPT", {})
     monkeypatch.setattr(maps, "_GRAPH_KEPT", {})
     monkeypatch.setattr(maps, "_EAGER_SLOTS", maps._Slots())
@@ -67,6 +79,17 @@ def test_eager_maps_are_kept_and_reused(fake_device):
     assert len(fake_device["stores"]) == 1   # written once, then found
     b = maps.operand_maps((_op(3 << 30), _op(2 << 30)), stream=7)
     assert abs(b - a) >= maps.SLOT_BYTES
+
+
+def test_a_new_address_reuses_the_encoding(fake_device):
+    """An activation at a new address (a model's next layer) is not encoded again: the
+    kept encoding of its shape gets the address; another shape is encoded."""
+    maps.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7)
+    assert fake_device["encodes"] == 1            # A and B alike but for the address
+    raw = maps._encoded((_op(5 << 30),), ())
+    assert fake_device["encodes"] == 1 and int(raw[0]) == 5 << 30
+    maps._encoded(((6 << 30, (64, 32), 64, "float16", (64, 32), 64),), ())
+    assert fake_device["encodes"] == 2
 
 
 def test_slots_never_overlap_across_slabs(fake_device):

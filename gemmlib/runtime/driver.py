@@ -90,6 +90,9 @@ class _Driver:
         self.stream_is_capturing = fn("cuStreamIsCapturing", vp, P(ci))
         self._mem_alloc_async = fn("cuMemAllocAsync", P(ctypes.c_uint64), ctypes.c_size_t, vp)
         self._mem_free_async = fn("cuMemFreeAsync", ctypes.c_uint64, vp)
+        self._tensor_map_replace_address = (fn("cuTensorMapReplaceAddress", vp, ctypes.c_uint64)
+                                            if hasattr(lib, "cuTensorMapReplaceAddress")
+                                            else None)
 
     def check(self, rc: int, what: str) -> None:
         if rc:
@@ -138,6 +141,14 @@ class _Driver:
     def mem_free_async(self, ptr: int, stream: int) -> None:
         """Give back a :meth:`mem_alloc_async` buffer once ``stream``'s earlier work is done."""
         self.check(self._mem_free_async(ptr, stream or None), "cuMemFreeAsync")
+
+    def tensor_map_replace_address(self, tmap: int, ptr: int) -> bool:
+        """Put device address ``ptr`` into the encoded tensor map at host address ``tmap``
+        (cuTensorMapReplaceAddress); False where this driver lacks it."""
+        if self._tensor_map_replace_address is None:
+            return False
+        self.check(self._tensor_map_replace_address(tmap, ptr), "cuTensorMapReplaceAddress")
+        return True
 
     def synchronize(self) -> None:
         self.check(self.ctx_synchronize(), "cuCtxSynchronize")

@@ -2,12 +2,14 @@
 written on the call's stream, a CUDA-graph capture's own kept apart.
 
 A call hands the kernel one 64-bit address: A's map there, B's 128 bytes further (then
-C's, and any 64-bit words such as FP8 scales' addresses).  Encoding a map
-(:func:`gemmlib.tma.encode_2d`) costs tens of microseconds, so the maps of each (pointer,
+C's, and any 64-bit words such as FP8 scales' addresses).  The maps of each (pointer,
 shape, box) are kept in device memory and reused: a map depends on nothing else, so a
 kept map is right for any later array with the same address and shape.  When MAX_KEPT
 are kept the device is synchronised (no kernel can still be reading one) and their slots
-are used again.
+are used again.  A model's layers hand each call a new activation, so the encoding itself
+is kept too, by everything but the address: a new address is written into a copy
+(``cuTensorMapReplaceAddress``, about a microsecond) instead of encoding the map again
+(:func:`gemmlib.tma.encode_2d`, through the driver's Python bindings: tens).
 
 The bytes reach device memory through a one-thread kernel that takes them as its
 parameter block (:func:`_store`), launched on the call's stream: in order with the GEMM,
@@ -92,8 +94,40 @@ def operand_maps(operands, stream: int = 0, words: tuple = (), graph: bool = Fal
     return addr
 
 
+#: encoded maps by everything but their address ((shape, row bytes, dtype, box, swizzle))
+_ENCODED: dict = {}
+
+
+def _map(op) -> np.ndarray:
+    """The 16 words of the map of ``op`` = (ptr, shape, row_bytes, dtype, box, swizzle): a
+    copy of one encoded alike, readdressed, else encoded (and kept for the next address)."""
+    ptr, rest = op[0], op[1:]
+    kept = _ENCODED.get(rest)
+    if kept is not None and ptr % 16 == 0:   # (a misaligned address: encode_2d's error)
+        raw = kept.copy()
+        if _readdressed(raw, ptr):
+            return raw
+    raw = tma.encode_2d(*op)
+    if len(_ENCODED) >= MAX_KEPT:
+        _ENCODED.clear()
+    _ENCODED[rest] = raw
+    return raw
+
+
+def _readdressed(raw: np.ndarray, ptr: int) -> bool:
+    """Write device address ``ptr`` into the encoded map ``raw`` in place (False: the
+    driver cannot: encode it instead)."""
+    buf = np.empty(24, np.uint64)   # the driver's CUtensorMap is 64-byte aligned
+    tmap = buf[(-buf.ctypes.data % 64) // 8:][:16]
+    tmap[:] = raw
+    if not driver().tensor_map_replace_address(tmap.ctypes.data, ptr):
+        return False
+    raw[:] = tmap
+    return True
+
+
 def _encoded(operands, words) -> np.ndarray:
-    raw = np.concatenate([tma.encode_2d(*op) for op in operands]
+    raw = np.concatenate([_map(op) for op in operands]
                          + [np.array(words, dtype=np.uint64)])
     if raw.nbytes > SLOT_BYTES:
         raise ValueError(f"{raw.nbytes} bytes of maps do not fit a {SLOT_BYTES}-byte slot")
