@@ -154,7 +154,10 @@ def test_two_threads_at_once_gpu(name):
         for it in range(6):
             M, N, K = (int(x) for x in rng.integers(1, 700, size=3))
             A_h, B_h = host_operands(spec, M, N, K, rng)
-            A, B = cp.asarray(A_h), cp.asarray(B_h)
+            # the inputs made on the stream the call runs on (copies on the null stream
+            # are not ordered with a non-blocking stream's kernels: the caller's to order)
+            with s or cp.cuda.get_current_stream():
+                A, B = cp.asarray(A_h), cp.asarray(B_h)
             C = run(spec, A, B, stream=s)
             (s or cp.cuda.get_current_stream()).synchronize()
             _close(C, ref64(spec, A_h, B_h), K, spec)
