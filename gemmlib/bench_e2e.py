@@ -512,7 +512,7 @@ class _GraphDecoder:
         return logits0, toks
 
 
-def _eager_decode(model, prompt, first, steps: int, record: bool = False, cache=None):
+def eager_decode(model, prompt, first, steps: int, record: bool = False, cache=None):
     """Greedy steps after the prompt (``cache``: its prefilled DynamicCache); the first
     step's logits and the tokens, when ``record``."""
     if cache is None:
@@ -535,13 +535,13 @@ def measure_decode(torch, model, prompt, first, new_tokens: int, mode: str, repe
     if mode == "graphs":
         dec = _GraphDecoder(torch, model, prompt, first, new_tokens)
         logits0, toks = dec.run(new_tokens, record=True)        # warm-up
-        eager0, _ = _eager_decode(model, prompt, first, 1, record=True)
+        eager0, _ = eager_decode(model, prompt, first, 1, record=True)
         extra["graph_vs_eager"] = rel_diff(logits0, eager0)
         runs = _timed(torch, lambda _: dec.run(new_tokens), setup=dec.refill, repeats=repeats)
         del dec
     else:
-        logits0, toks = _eager_decode(model, prompt, first, new_tokens, record=True)
-        runs = _timed(torch, lambda cache: _eager_decode(model, prompt, first, new_tokens,
+        logits0, toks = eager_decode(model, prompt, first, new_tokens, record=True)
+        runs = _timed(torch, lambda cache: eager_decode(model, prompt, first, new_tokens,
                                                          cache=cache),
                       setup=lambda: model(input_ids=prompt, use_cache=True).past_key_values,
                       repeats=repeats)

@@ -52,7 +52,7 @@ def profile_phase(model, phase: str, side: str, out_dir: str, steps: int = 3) ->
             # as the e2e suite's eager rows: the prompt's prefill into a new cache, then
             # greedy steps (the same cache lengths every run: attention's plans are warm)
             with torch.inference_mode():
-                bench_e2e._eager_decode(model, prompt, prompt[:, -1:], 8)
+                bench_e2e.eager_decode(model, prompt, prompt[:, -1:], 8)
     for _ in range(3):
         run()
     torch.cuda.synchronize()
