@@ -110,3 +110,13 @@ def test_autocast_casts_the_op_inputs_like_torch_matmul(dt):
     y.float().sum().backward()
     assert a.grad.dtype == torch.float32 and a.grad.shape == a.shape
     assert torch.allclose(a.grad, b.sum(1).expand(5, 9).to(dt).float(), atol=5e-2)
+
+
+def test_a_graph_of_the_backward_differentiates_again():
+    """create_graph=True: the eager path's backward runs the differentiable op, so a
+    gradient of the gradient is right (here d/dA of sum(dL/dB), L = sum(A @ B))."""
+    A32, B32 = torch.randn(3, 4, requires_grad=True), torch.randn(4, 2, requires_grad=True)
+    (gb,) = torch.autograd.grad(gop.matmul(A32, B32).sum(), B32, create_graph=True)
+    (gga,) = torch.autograd.grad(gb.sum(), A32)
+    # dL/dB = A^T @ ones(3, 2); its sum over B's elements is 2 * sum(A): d/dA = 2 everywhere
+    assert torch.allclose(gga, torch.full_like(A32, 2.0))
