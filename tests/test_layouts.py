@@ -116,6 +116,31 @@ def test_k_major_b_is_read_in_place(kernel, monkeypatch):
     assert seen and np.shares_memory(seen[0], W)
 
 
+@pytest.mark.parametrize("kernel", ["warptile", "split_k", "auto"])
+@pytest.mark.parametrize("M, N, K", [(1, 5, 7), (37, 29, 23), (130, 257, 33)])
+@pytest.mark.parametrize("b_order", ["C", "F"])
+def test_column_major_a_is_read_in_place_in_fp32(kernel, M, N, K, b_order, monkeypatch):
+    """``A.T`` (a weight gradient's x^T) reaches the fp32 CUDA-core rungs as the caller's own
+    (K, M) memory, with B either way round, into a poisoned C; odd shapes."""
+    seen = []
+    real = launch.launch
+
+    def spy(plan, A, B, C, *args, **kw):
+        seen.append((plan.spec.a_operand if hasattr(plan, "spec") else plan.a_operand, A))
+        return real(plan, A, B, C, *args, **kw)
+
+    monkeypatch.setattr(launch, "launch", spy)
+    At = RNG.standard_normal((K, M)).astype(np.float32)    # the memory: A is its transpose
+    Bm = RNG.standard_normal((K, N) if b_order == "C" else (N, K)).astype(np.float32)
+    B = Bm if b_order == "C" else Bm.T
+    C = np.full((M, N), np.nan, np.float32)
+    gemmlib.matmul(At.T, B, kernel=kernel, out=C)
+    ref = At.T.astype(np.float64) @ B.astype(np.float64)
+    assert np.linalg.norm(C - ref) <= 1e-5 * np.linalg.norm(ref)
+    if M > 1:   # (one row is row-major too, and goes in as such)
+        assert seen and seen[0][0] == "KM" and np.shares_memory(seen[0][1], At)
+
+
 def test_row_major_b_for_a_k_major_rung_is_copied():
     M, N, K = 4, 8, 8
     A = RNG.standard_normal((M, K)).astype(np.float32)

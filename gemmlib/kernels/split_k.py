@@ -205,10 +205,11 @@ def build(SPLITS: int = 0, **tile) -> KernelSpec:
 
     params = dict(main.params, SPLITS=SPLITS)
     nk = main.b_operand == "NK"   # B_LAYOUT="NK": B given as (N, K), C = A @ B.T
+    km = main.a_operand == "KM"   # A_LAYOUT="KM": A given as (K, M), a column-major A
     tile_name = (main.name.replace("warptile", "").replace("_splitk", "").replace("_nk", "")
-                 .strip("_"))
+                 .replace("_km", "").strip("_"))
     name = "_".join(x for x in ("split_k", tile_name, f"s{SPLITS}" if SPLITS else "",
-                                "nk" if nk else "") if x)
+                                "nk" if nk else "", "km" if km else "") if x)
     return KernelSpec(
         name=name,
         chapter="13b-split-k",
@@ -220,6 +221,7 @@ def build(SPLITS: int = 0, **tile) -> KernelSpec:
         grid=grid,
         params=params,
         shared_bytes=main.shared_bytes,
+        a_operand=main.a_operand,
         b_operand=main.b_operand,
         constraints=main.constraints + CONSTRAINTS,
         ptx_must=main.ptx_must,

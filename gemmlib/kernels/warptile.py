@@ -36,6 +36,11 @@ rows (coalesced, 16 bytes a thread), then the same swizzled transposing store, a
 loop reads ``sB[k][n ^ swizzle]`` as it reads ``sAT``.  Nothing else changes (the
 ``layout_nt`` and ``double_buffer`` rungs read their (N, K) B the same way).
 
+**A given column-major** (``A_LAYOUT="KM"``: the (K, M) row-major memory of ``A.t()``, as a
+weight gradient x^T dY hands it).  Then A's memory is already what ``sAT`` holds, rows of m
+for each k: A takes B's road instead, float4 loads along M and float4 stores into ``sAT``
+with no transpose and so no swizzle.  Also compile-time.
+
 All loops over the accumulator have constant trip counts and small bodies
 (the k loop and the epilogue are unrolled by hand where numba would leave
 them rolled), so the accumulator lives in registers: the compile gate checks
@@ -134,7 +139,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
           WM: int = DEFAULTS["WM"], WN: int = DEFAULTS["WN"], WNITER: int = DEFAULTS["WNITER"],
           TM: int = DEFAULTS["TM"], TN: int = DEFAULTS["TN"], PAD: int = DEFAULTS["PAD"],
           SWIZZLE: bool = True, max_registers: int | None = None,
-          SPLIT_K: bool = False, B_LAYOUT: str = "KN") -> KernelSpec:
+          SPLIT_K: bool = False, B_LAYOUT: str = "KN", A_LAYOUT: str = "MK") -> KernelSpec:
     """A warptile spec for these tile parameters.
 
     ``SPLIT_K`` compiles the split-K variant used by :mod:`gemmlib.kernels.split_k`:
@@ -143,11 +148,16 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     Z*M rows).  It is a compile-time switch: the plain rung's code is unchanged.
 
     ``B_LAYOUT="NK"``: B is (N, K) row-major and C = A @ B.T; its tile is loaded and
-    stored transposed as A's is (see the module docstring).  Also compile-time.
+    stored transposed as A's is (see the module docstring).  ``A_LAYOUT="KM"``: A is given
+    as its (K, M) row-major memory (a column-major A), copied into shared memory as it
+    lies.  Both compile-time.
     """
     if B_LAYOUT not in ("KN", "NK"):
         raise ValueError(f"B_LAYOUT must be 'KN' or 'NK', got {B_LAYOUT!r}")
+    if A_LAYOUT not in ("MK", "KM"):
+        raise ValueError(f"A_LAYOUT must be 'MK' or 'KM', got {A_LAYOUT!r}")
     NK_ = B_LAYOUT == "NK"
+    KM_ = A_LAYOUT == "KM"
     params = {"BM": BM, "BN": BN, "BK": BK, "WM": WM, "WN": WN, "WNITER": WNITER,
               "TM": TM, "TN": TN, "PAD": PAD}
     if not SWIZZLE:
@@ -157,6 +167,8 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     default = params == DEFAULTS
     if NK_:
         params["B_LAYOUT"] = "NK"
+    if KM_:
+        params["A_LAYOUT"] = "KM"
     d = _derived(params) or dict(NT=WARP, WMITER=1, WSUBM=WM, WSUBN=WN, LANE_COLS=1)
     NT, WMITER, WSUBM, WSUBN, LANE_COLS = (d[k] for k in
                                            ("NT", "WMITER", "WSUBM", "WSUBN", "LANE_COLS"))
@@ -165,7 +177,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     FN = WNITER * TN  # columns of C per thread
     ACC = FM * FN
     TM4, TN4 = TM // 4, TN // 4
-    BK4, BN4 = max(BK // 4, 1), max(BN // 4, 1)
+    BK4, BN4, BM4 = max(BK // 4, 1), max(BN // 4, 1), max(BM // 4, 1)
     A_PASSES = max(BM * BK4 // NT, 1)
     B_PASSES = max(BK * BN4 // NT, 1)
     A_REGS, B_REGS = 4 * A_PASSES, 4 * B_PASSES
@@ -180,8 +192,9 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     SPLIT_K_ = bool(SPLIT_K)
 
     def swz(k):
-        """Column XOR-ed into row k (0 <= k < BK) of a sAT buffer: constant over 4 rows."""
-        return ((k // 4) * RPW) & SWZ_MASK if SWIZZLE_ else 0
+        """Column XOR-ed into row k (0 <= k < BK) of a sAT buffer: constant over 4 rows
+        (KM: 0, A's rows are stored as they lie, with no transposing store to spread)."""
+        return ((k // 4) * RPW) & SWZ_MASK if SWIZZLE_ and not KM_ else 0
 
     def swz_b(k):
         """NK: the column XOR-ed into row k of an sB buffer (KN: 0, no swizzle)."""
@@ -203,8 +216,11 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         return thread_origin(tid)[1] + wn * WSUBN + q * 4
 
     def a_chunk(tid, p):
-        """(row, first k) of the float4 of the A tile thread tid copies in pass p."""
+        """(row, first k) of the float4 of the A tile thread tid copies in pass p
+        (KM: (k, first row) -- a float4 along M of A's (K, M) memory, as B's b_chunk)."""
         idx = tid + p * NT
+        if KM_:
+            return idx // BM4, (idx % BM4) * 4
         return idx // BK4, (idx % BK4) * 4
 
     def b_chunk(tid, p):
@@ -226,9 +242,10 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         """Global -> registers: this thread's float4s of the A tile at (m0, k0)."""
         for p in range(A_PASSES):
             r, kq = _a_chunk(tid, p)
-            gr = m0 + r
-            gk = k0 + kq
-            v0, v1, v2, v3 = load4_or_zero(A, gr, gk, a_vec)
+            if KM_:   # A is (K, M): row k0 + r, m from m0 + kq
+                v0, v1, v2, v3 = load4_or_zero(A, k0 + r, m0 + kq, a_vec)
+            else:
+                v0, v1, v2, v3 = load4_or_zero(A, m0 + r, k0 + kq, a_vec)
             ra[4 * p] = v0
             ra[4 * p + 1] = v1
             ra[4 * p + 2] = v2
@@ -253,9 +270,13 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         """Registers -> shared buffer starting at row boff (A transposed)."""
         for p in range(A_PASSES):
             r, kq = _a_chunk(tid, p)
-            rs = r ^ _swz(kq)
-            for e in range(4):
-                sAT[uidx(boff + kq + e), uidx(rs)] = ra[4 * p + e]
+            if KM_:   # (k, first m) = (r, kq): as it lies
+                store4(sAT, boff + r, kq, ra[4 * p], ra[4 * p + 1], ra[4 * p + 2],
+                       ra[4 * p + 3])
+            else:
+                rs = r ^ _swz(kq)
+                for e in range(4):
+                    sAT[uidx(boff + kq + e), uidx(rs)] = ra[4 * p + e]
         for p in range(B_PASSES):
             kr, c = _b_chunk(tid, p)
             if NK_:   # (n, first k) = (kr, c): transposed, as A
@@ -307,13 +328,16 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         fb = cuda.local.array(FN, float32)
         ra = cuda.local.array(A_REGS, float32)
         rb = cuda.local.array(B_REGS, float32)
-        M, K = A.shape
+        if KM_:
+            K, M = A.shape
+        else:
+            M, K = A.shape
         N = B.shape[0] if NK_ else B.shape[1]
         tid = cuda.threadIdx.x
         m0 = cuda.blockIdx.y * BM
         n0 = cuda.blockIdx.x * BN
         row0, col0 = _thread_origin(tid)
-        a_vec = K % 4 == 0 and aligned16(A)
+        a_vec = (M if KM_ else K) % 4 == 0 and aligned16(A)   # A's rows 16-byte aligned
         b_vec = (K if NK_ else N) % 4 == 0 and aligned16(B)   # B's rows 16-byte aligned
         c_vec = N % 4 == 0 and aligned16(C)
         for i in range(ACC):
@@ -383,6 +407,8 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         + ("" if SWIZZLE_ else "_noswz") + (f"_r{max_registers}" if max_registers else ""))
     if NK_:
         name += "_nk"
+    if KM_:
+        name += "_km"
     if SPLIT_K_:
         name += "_splitk"
     return KernelSpec(
@@ -390,18 +416,21 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         chapter="09-warp-tiling",
         idea="block tile -> warp tiles -> thread tiles, float4 everywhere, and a double-"
              "buffered shared tile fed by register prefetch"
-             + ("; B given (N, K), transposed into shared memory as A is" if NK_ else ""),
+             + ("; B given (N, K), transposed into shared memory as A is" if NK_ else "")
+             + ("; A given (K, M), copied into shared memory as it lies" if KM_ else ""),
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(BM, BN),
         grid=grid,
         params=params,
         shared_bytes=(SROWS * SA_COLS + SROWS * SB_COLS) * 4,
+        a_operand=A_LAYOUT,
         b_operand=B_LAYOUT,
         constraints=CONSTRAINTS,
-        # (NK: both tiles go into shared memory by transposing scalar stores, no st.shared.v4)
+        # (NK with an MK A: both tiles go into shared memory by transposing scalar stores,
+        # no st.shared.v4)
         ptx_must=(r"ld\.global\.v4\.f32", r"ld\.shared\.v4\.f32")
-        + (() if NK_ else (r"st\.shared\.v4\.f32",)) + (r"st\.global\.v4\.f32",),
+        + (() if NK_ and not KM_ else (r"st\.shared\.v4\.f32",)) + (r"st\.global\.v4\.f32",),
         index={"thread_origin": thread_origin, "a_frag": a_frag, "b_frag": b_frag,
                "a_chunk": a_chunk, "b_chunk": b_chunk, "swz": swz, "swz_b": swz_b},
         module=__name__,
@@ -426,6 +455,13 @@ def accesses(spec):
     nt = spec.threads
     d = _derived(p)
     a_passes = max(p["BM"] * p["BK"] // 4 // nt, 1)
+    if p.get("A_LAYOUT", "MK") == "KM":   # float4 stores of A's rows along M, as they lie
+        a_st = Access("sAT", "store", sa_cols, lambda t: ix["a_chunk"](t, 0), width=4,
+                      label="store4(sAT, k, m, ...)", count=a_passes)
+    else:
+        a_st = Access("sAT", "store", sa_cols, a_store,
+                      label="sAT[kq + e, r] = ra[...] (transposing)", count=4 * a_passes,
+                      address=sat_address)
     b_passes = max(p["BK"] * p["BN"] // 4 // nt, 1)
     if p.get("B_LAYOUT", "KN") == "NK":   # sB is stored transposed and swizzled, as sAT
         swz_b = ix["swz_b"]
@@ -451,8 +487,7 @@ def accesses(spec):
                    label="load4(sB, k, b_frag) (inner loop)",
                    count=p["BK"] * p["WNITER"] * p["TN"] // 4)]
     return [
-        Access("sAT", "store", sa_cols, a_store, label="sAT[kq + e, r] = ra[...] (transposing)",
-               count=4 * a_passes, address=sat_address),
+        a_st,
         b_acc[0],
         Access("sAT", "load", sa_cols, lambda t: (0, ix["a_frag"](t, 0, 0)), width=4,
                label="load4(sAT, k, a_frag) (inner loop)",
