@@ -384,6 +384,24 @@ def _torch_operands(torch, layout, dtype, M, N, K, g):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["warptile", "split_k"])
+def test_a_column_major_a_in_fp32_on_the_gpu(kernel):
+    """The fp32 CUDA-core rungs' column-major-A build (``A_LAYOUT="KM"``) on a GPU: ``A.t()``
+    with B either way round, odd and large shapes, C poisoned, against float64."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cuda").manual_seed(9)
+    for M, N, K in GPU_SHAPES + [(67, 45, 37)]:
+        At = torch.rand((K, M), generator=g, device="cuda").sub_(0.5)
+        Bm = torch.rand((K, N), generator=g, device="cuda").sub_(0.5)
+        for B in (Bm, Bm.t().contiguous().t()):
+            C = torch.full((M, N), float("nan"), device="cuda")
+            gemmlib.matmul(At.t(), B, kernel=kernel, out=C)
+            ref = At.t().double() @ B.double()
+            err = float((C.double() - ref).norm() / ref.norm())
+            assert err < 1e-5, (kernel, M, N, K, B.stride(), err)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_on_the_gpu(layout, precision):
