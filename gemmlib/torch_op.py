@@ -12,9 +12,9 @@ layouts the transposes give: dA = dC @ B^T (B read column-major), dB = A^T @ dC 
 column-major), each summed over broadcast batch dimensions; the bias's gradient is dC
 summed over every dimension but the last.  Under ``torch.autocast`` the op casts its
 inputs as ``torch.matmul`` does (:func:`_autocast_rule`).  :func:`matmul` and :func:`linear`
-call the op where torch traces or autocasts; on plain tensors in eager mode they run the
-same products and gradients without the operator's dispatch (:func:`_product`), whose
-Python layers cost more host time than the call itself.  Importing this module imports
+call the op where torch traces; on plain tensors in eager mode they run the same casts,
+products and gradients without the operator's dispatch (:func:`_product`), whose Python
+layers cost more host time than the call itself.  Importing this module imports
 torch; the rest of gemmlib never does.
 """
 
@@ -135,16 +135,18 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def _product(a, b, bias, out_dtype):
     """The registered op where torch traces (torch.compile, export: fake or functional
-    tensors); for plain tensors in eager mode the same product through :class:`_Eager`, or
-    the call itself when autograd is off, after autocast's casts (as the op's own rule)."""
+    tensors); for plain tensors in eager mode, after autocast's casts (as the op's own
+    rule), the same product through :class:`_Eager`, or the call itself where autograd has
+    nothing to record."""
     if (type(a) in _PLAIN and type(b) in _PLAIN and (bias is None or type(bias) in _PLAIN)
             and not torch.compiler.is_compiling()):
         device = a.device.type
         if torch.is_autocast_enabled(device):
             dt = torch.get_autocast_dtype(device)
             a, b, bias = _cast(a, dt), _cast(b, dt), _cast(bias, dt)
-        if not torch.is_grad_enabled():
-            return _call(a, b, bias, out_dtype)
+        if not torch.is_grad_enabled() or not (
+                a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)):
+            return _call(a, b, bias, out_dtype)   # nothing for autograd to record
         return _Eager.apply(a, b, bias, out_dtype)
     return _matmul_op(a, b, bias, out_dtype)
 

@@ -49,6 +49,7 @@ def test_eager_calls_skip_the_operator_dispatch():
     assert type(gop.linear(x, w).grad_fn).__name__ == "_EagerBackward"
     with torch.no_grad():
         assert gop.linear(x, w).grad_fn is None
+    assert gop.linear(x.detach(), w.detach()).grad_fn is None   # nothing requires grad
 
 
 def test_batched_gradients_sum_over_broadcast_dimensions():
