@@ -128,17 +128,20 @@ def widest_fill(widths, busy) -> int:
     return max(widths, key=lambda w: (busy(w) * w / (w + FIT_OVERHEAD), w))
 
 
+def wave_fill(M: int, N: int, BM: int, BN: int, sms: int) -> float:
+    """The share of SM slots that the BM x BN tiles of an M x N output use over their
+    waves on ``sms`` SMs (1.0: whole waves)."""
+    tiles = cdiv(M, BM) * cdiv(N, BN)
+    return tiles / (sms * cdiv(tiles, sms))
+
+
 def fit_columns(M: int, N: int, K: int, BM: int, sms: int) -> int:
     """The tile width (outputs per tile: a multiple of 8 from 64 to 256, for a K-major B)
     whose BM x BN tiles fill the SMs best in whole waves (:func:`widest_fill`).  cuBLAS's
     kernels at serving sizes do this (80-, 96-, 112-wide tiles:
     results/ncu-serving-2026-11-27/): at 512 tokens on a 4608-output layer, 128 x 256 tiles
     make 72 (0.55 of a wave on 132 SMs), 128 x 144 make 128."""
-    def busy(BN):
-        tiles = cdiv(M, BM) * cdiv(N, BN)
-        return tiles / (sms * cdiv(tiles, sms))
-
-    return widest_fill(range(64, 257, 8), busy)
+    return widest_fill(range(64, 257, 8), lambda BN: wave_fill(M, N, BM, BN, sms))
 
 
 #: 16-byte groups summed together: their loads of one slice are all in flight at once.

@@ -8,8 +8,10 @@ kept map is right for any later array with the same address and shape.  When MAX
 are kept the device is synchronised (no kernel can still be reading one) and their slots
 are used again.  A model's layers hand each call a new activation, so the encoding itself
 is kept too, by everything but the address: a new address is written into a copy
-(``cuTensorMapReplaceAddress``, about a microsecond) instead of encoding the map again
-(:func:`gemmlib.tma.encode_2d`, through the driver's Python bindings: tens).
+(``cuTensorMapReplaceAddress``, one ctypes call) instead of encoding the map again through
+the driver's Python bindings (:func:`gemmlib.tma.encode_2d`).  On an H100 the host time
+per call on 64 rotating activations was within the run-to-run spread either way
+(results/tune-2026-11-27c/host-fresh-buffers-h100.log).
 
 The bytes reach device memory through a one-thread kernel that takes them as its
 parameter block (:func:`_store`), launched on the call's stream: in order with the GEMM,

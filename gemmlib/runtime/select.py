@@ -338,13 +338,6 @@ HOPPER_FIT_MMAX = 2048
 HOPPER_FIT_FILL = 0.8
 
 
-def _wave_fill(M: int, N: int, BM: int, BN: int) -> float:
-    """The share of SM slots the BM x BN tiles of an M x N output use over their waves."""
-    sms = backend.device_info().sm_count
-    tiles = cdiv(M, BM) * cdiv(N, BN)
-    return tiles / (sms * cdiv(tiles, sms))
-
-
 def _tuned_kmajor(precision: str, M: int, N: int, K: int, slug, out: str):
     """On an H100/H200, the choice that only a K-major B can take (``width`` "fit_n":
     tiles of any multiple of 8 outputs): the tuned one up to HOPPER_TUNED_MMAX tokens,
@@ -356,24 +349,24 @@ def _tuned_kmajor(precision: str, M: int, N: int, K: int, slug, out: str):
         entry = _tuned_entry(M, N, K, slug)
         if not entry or entry.get("width") != "fit_n":
             return None
-    elif _wave_fill(M, N, 128, 256) < HOPPER_FIT_FILL:
-        entry = HOPPER_FIT_ENTRY
     else:
-        return None
+        from gemmlib.kernels.wgmma_split_k import wave_fill
+
+        if wave_fill(M, N, 128, 256, backend.device_info().sm_count) >= HOPPER_FIT_FILL:
+            return None
+        entry = HOPPER_FIT_ENTRY
     spec = hopper_candidate(entry, precision, M, N, K, "NK")
     return spec if spec is None or out == "fp32" else select_out(spec, out, M, N, K)
 
 
-def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None,
-                 b_layout: str = "KN"):
+def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None):
     """The tuned choice for (M, N, K) (B as (K, N), C float32: the caller's ``select_out``
-    and ``with_layout`` adapt it; ``b_layout`` "NK": for a K-major B, which may take a
-    choice that only it can: ``width`` "fit_n"), or None: no table, the rule won, or the
-    choice cannot run this shape."""
+    and ``with_layout`` adapt it), or None: no table, the rule won, or the choice cannot
+    run this shape (a "fit_n" entry, which only a K-major B takes: :func:`_tuned_kmajor`)."""
     entry = _tuned_entry(M, N, K, slug)
     if not entry or entry.get("rung") in (None, "rule"):
         return None
-    return hopper_candidate(entry, precision, M, N, K, b_layout)
+    return hopper_candidate(entry, precision, M, N, K)
 
 
 def hopper_candidate(entry: dict, precision: str, M: int, N: int, K: int,
