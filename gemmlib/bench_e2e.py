@@ -41,8 +41,12 @@ Modes (``mode``, said in each row's ``how``):
   tensor instead of leaving it to SDPA's ``is_causal``: a graphs prefill's attention then
   runs with an explicit mask, on both sides alike.
 
-Timing: CUDA events around the timed region, after an untimed warm-up run (which also
-compiles gemmlib's kernels), the median of ``repeats`` runs (5).  ``logits_rel_diff`` is
+Timing: both sides are warmed up first (which also compiles gemmlib's kernels), then
+timed in rounds, each round one run of each side (the model patched for gemmlib's,
+unpatched for torch's; who goes first alternates), CUDA events around the timed region:
+``repeats`` rounds (5).  ``pct`` is the median of the rounds' ratios, so a drift of clocks
+or host load between the two sides' runs does not land on one of them; each side's
+``*_ms`` is the median of its own runs.  ``logits_rel_diff`` is
 ``||logits_gemmlib - logits_torch|| / ||logits_torch||`` in float32 (prefill: every
 position; decode: the first step; train: the training forward).  The file's ``meta`` has
 the GPU, its clocks, the driver and the versions of torch, transformers and numba-cuda;
@@ -152,14 +156,20 @@ def tok_per_s(batch: int, tokens: int, ms) -> float | None:
 
 
 def make_row(phase: str, batch: int, tokens: int, mode: str, *, torch_ms=None,
-             gemmlib_ms=None, logits_rel_diff=None, gpu=None, how=None, **extra) -> dict:
+             gemmlib_ms=None, logits_rel_diff=None, gpu=None, how=None, round_ratios=(),
+             **extra) -> dict:
     """One result row from the two sides' median milliseconds per run (``None``: that side
     failed; its ``<side>_error`` goes in ``extra``).  ``pct`` is gemmlib's tokens/s in % of
-    torch's; a row with either side missing carries ``error``."""
+    torch's: the median of ``round_ratios`` (torch's time / gemmlib's, one per round of
+    both sides) where given, else the ratio of the medians (``pct_of_medians``, always
+    kept); a row with either side missing carries ``error``."""
     t, g = tok_per_s(batch, tokens, torch_ms), tok_per_s(batch, tokens, gemmlib_ms)
+    of_medians = None if t is None or g is None else 100.0 * g / t
+    paired = 100.0 * statistics.median(round_ratios) if round_ratios else None
     row = dict(suite="e2e", phase=phase, batch=batch, tokens=tokens, mode=mode,
                how=how or HOW.get((phase, mode), mode), torch_tok_s=t, gemmlib_tok_s=g,
-               pct=None if t is None or g is None else 100.0 * g / t,
+               pct=of_medians if paired is None or of_medians is None else paired,
+               pct_of_medians=of_medians, round_ratios=list(round_ratios),
                logits_rel_diff=logits_rel_diff, torch_ms=torch_ms, gemmlib_ms=gemmlib_ms,
                gpu=gpu)
     row.update(extra)
@@ -378,19 +388,52 @@ def _set_state(model, side: str):
         gemmlib.unpatch(model)
 
 
-def _timed(torch, run, setup=None, repeats: int = REPEATS) -> list[float]:
-    """Milliseconds of ``run(state)`` per repeat, ``state = setup()`` made untimed first."""
+class Prepared:
+    """One side of a case, warmed up and ready to time: ``run(state)`` is the timed region
+    (``per`` units of work: milliseconds per unit = the region's time / ``per``), ``state =
+    setup()`` its untimed preparation; ``out``: the warm-up's logits; ``extra``: what the
+    row records of this side; ``keep``: what must live while it is timed (a graph)."""
+
+    def __init__(self, run, out, setup=None, per: int = 1, extra=None, keep=None):
+        self.run, self.out, self.setup, self.per = run, out, setup, per
+        self.extra, self.keep = extra or {}, keep
+
+
+def _time_once(torch, prep: Prepared, e0, e1) -> float:
+    state = prep.setup() if prep.setup else None
+    torch.cuda.synchronize()
+    e0.record()
+    prep.run(state)
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / prep.per
+
+
+def alternated(torch, model, prepared: dict, repeats: int) -> tuple[dict, dict, list]:
+    """Time the sides of ``prepared`` ({side: Prepared}) round by round, the model patched
+    for gemmlib's turn and unpatched for torch's, the order swapped every round, so a
+    drift of the clocks or the host touches both alike: ({side: ms per round},
+    {side: error}, [torch's time / gemmlib's time, per round])."""
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(repeats):
-        state = setup() if setup else None
-        torch.cuda.synchronize()
-        e0.record()
-        run(state)
-        e1.record()
-        e1.synchronize()
-        out.append(e0.elapsed_time(e1))
-    return out
+    runs = {side: [] for side in prepared}
+    errors = {}
+    for r in range(repeats):
+        order = list(prepared) if r % 2 == 0 else list(prepared)[::-1]
+        for side in order:
+            if side in errors:
+                continue
+            _set_state(model, side)
+            try:
+                runs[side].append(_time_once(torch, prepared[side], e0, e1))
+            except Exception as e:   # recorded in the row
+                errors[side] = f"{type(e).__name__}: {e}"
+            finally:
+                torch.cuda.synchronize()
+    _set_state(model, "torch")
+    t, g = runs.get("torch", []), runs.get("gemmlib", [])
+    ratios = ([a / b for a, b in zip(t, g)] if "torch" not in errors and "gemmlib" not in errors
+              else [])
+    return {s: v for s, v in runs.items() if s not in errors}, errors, ratios
 
 
 def _capture(torch, fn, warmup: int = 2):
@@ -422,8 +465,9 @@ def _accepts(fn, name: str) -> bool:
 # Prefill
 
 
-def measure_prefill(torch, model, ids, mode: str, repeats: int, target_ms: float = 100.0):
-    """(median ms per forward, its runs, the logits of the warm-up call)."""
+def prepare_prefill(torch, model, ids, mode: str, target_ms: float = 100.0) -> Prepared:
+    """One forward of ``ids`` (a graph replay in ``graphs``), warmed up; timed ``n`` times
+    back to back per region, ``n`` chosen for about ``target_ms``."""
     def forward():
         return model(input_ids=ids, use_cache=False).logits
 
@@ -447,9 +491,7 @@ def measure_prefill(torch, model, ids, mode: str, repeats: int, target_ms: float
         for _ in range(n):
             call()
 
-    runs = [t / n for t in _timed(torch, run, repeats=repeats)]
-    del g
-    return statistics.median(runs), runs, logits
+    return Prepared(run, logits, per=n, keep=g)
 
 
 # --------------------------------------------------------------------------
@@ -528,24 +570,22 @@ def eager_decode(model, prompt, first, steps: int, record: bool = False, cache=N
     return logits0, toks
 
 
-def measure_decode(torch, model, prompt, first, new_tokens: int, mode: str, repeats: int):
-    """(median ms of ``new_tokens`` steps, the runs, the first step's logits, the tokens,
-    and for graphs the first step's logits against the eager path's)."""
-    extra = {}
+def prepare_decode(torch, model, prompt, first, new_tokens: int, mode: str) -> Prepared:
+    """``new_tokens`` greedy steps after the prompt, warmed up (the prompt's forward is the
+    untimed setup); ``extra`` has the tokens and, for graphs, the first step's logits
+    against the eager path's."""
     if mode == "graphs":
         dec = _GraphDecoder(torch, model, prompt, first, new_tokens)
         logits0, toks = dec.run(new_tokens, record=True)        # warm-up
         eager0, _ = eager_decode(model, prompt, first, 1, record=True)
-        extra["graph_vs_eager"] = rel_diff(logits0, eager0)
-        runs = _timed(torch, lambda _: dec.run(new_tokens), setup=dec.refill, repeats=repeats)
-        del dec
-    else:
-        logits0, toks = eager_decode(model, prompt, first, new_tokens, record=True)
-        runs = _timed(torch, lambda cache: eager_decode(model, prompt, first, new_tokens,
-                                                         cache=cache),
-                      setup=lambda: model(input_ids=prompt, use_cache=True).past_key_values,
-                      repeats=repeats)
-    return statistics.median(runs), runs, logits0, torch.cat(toks, dim=1), extra
+        return Prepared(lambda _: dec.run(new_tokens), logits0, setup=dec.refill,
+                        extra={"graph_vs_eager": rel_diff(logits0, eager0),
+                               "tokens": torch.cat(toks, dim=1)}, keep=dec)
+    logits0, toks = eager_decode(model, prompt, first, new_tokens, record=True)
+    return Prepared(lambda cache: eager_decode(model, prompt, first, new_tokens, cache=cache),
+                    logits0,
+                    setup=lambda: model(input_ids=prompt, use_cache=True).past_key_values,
+                    extra={"tokens": torch.cat(toks, dim=1)})
 
 
 # --------------------------------------------------------------------------
@@ -559,69 +599,78 @@ def _linear_weights(model) -> dict:
             if isinstance(m, torch.nn.Linear)}
 
 
-def measure_train(torch, model, ids, repeats: int):
-    """(median ms of a step, the runs, the logits, the loss, {linear weight: its gradient})."""
-    model.train()
-
+def prepare_train(torch, model, ids) -> Prepared:
+    """One training step (the model in train mode: the caller sets it), warmed up; the
+    warm-up's gradients are the ones compared (``extra``: the loss and {weight: grad})."""
     def step(_=None):
         model.zero_grad(set_to_none=True)
         out = model(input_ids=ids, labels=ids, use_cache=False)
         out.loss.backward()
         return out
 
-    out = step()                          # warm-up; its gradients are the ones compared
+    out = step()
     grads = {n: w.grad.detach().clone() for n, w in _linear_weights(model).items()
              if w.grad is not None}
     logits, loss = out.logits.detach().clone(), float(out.loss)
     del out
-    runs = _timed(torch, step, repeats=repeats)
     model.zero_grad(set_to_none=True)
-    model.eval()
-    return statistics.median(runs), runs, logits, loss, grads
+    return Prepared(step, logits, extra={"loss": loss, "grads": grads})
 
 
 # --------------------------------------------------------------------------
 # The suite
 
 
-def _measure_case(torch, model, p: Plan, phase: str, batch: int, tokens: int, mode: str,
-                  gpu: str, seed: int) -> dict:
+SIDES = ("torch", "gemmlib")
+
+
+def _inputs(torch, model, p: Plan, phase: str, batch: int, tokens: int, seed: int) -> dict:
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     vocab = model.config.vocab_size
-    ms, extra, outs = {}, {}, {}
-    for side in ("torch", "gemmlib"):
-        _set_state(model, side)
-        try:
-            if phase == "prefill":
-                ids = torch.randint(0, vocab, (batch, tokens), device=DEVICE, generator=g)
-                g.manual_seed(seed)       # the same tokens for both sides
-                with torch.inference_mode():
-                    ms[side], runs, outs[side] = measure_prefill(torch, model, ids, mode,
-                                                                 p.repeats)
-            elif phase == "decode":
-                prompt = torch.randint(0, vocab, (batch, p.prompt_tokens), device=DEVICE,
-                                       generator=g)
-                first = torch.randint(0, vocab, (batch, 1), device=DEVICE, generator=g)
-                g.manual_seed(seed)
-                with torch.inference_mode():
-                    ms[side], runs, outs[side], toks, more = measure_decode(
-                        torch, model, prompt, first, tokens, mode, p.repeats)
-                extra[f"{side}_tokens"] = toks
-                for k, v in more.items():
+    if phase == "decode":
+        return dict(prompt=torch.randint(0, vocab, (batch, p.prompt_tokens), device=DEVICE,
+                                         generator=g),
+                    first=torch.randint(0, vocab, (batch, 1), device=DEVICE, generator=g))
+    return dict(ids=torch.randint(0, vocab, (batch, tokens), device=DEVICE, generator=g))
+
+
+def _prepare(torch, model, phase: str, tokens: int, mode: str, x: dict) -> Prepared:
+    if phase == "prefill":
+        return prepare_prefill(torch, model, x["ids"], mode)
+    if phase == "decode":
+        return prepare_decode(torch, model, x["prompt"], x["first"], tokens, mode)
+    return prepare_train(torch, model, x["ids"])
+
+
+def _measure_case(torch, model, p: Plan, phase: str, batch: int, tokens: int, mode: str,
+                  gpu: str, seed: int) -> dict:
+    """Both sides warmed up on the same inputs, then timed round by round
+    (:func:`alternated`); ``pct`` is the median of the rounds' ratios."""
+    import contextlib
+
+    x = _inputs(torch, model, p, phase, batch, tokens, seed)
+    grad = phase == "train"
+    model.train(grad)
+    prepared, extra = {}, {}
+    with contextlib.nullcontext() if grad else torch.inference_mode():
+        for side in SIDES:
+            _set_state(model, side)
+            try:
+                prepared[side] = _prepare(torch, model, phase, tokens, mode, x)
+                for k, v in prepared[side].extra.items():
                     extra[f"{side}_{k}"] = v
-            else:
-                ids = torch.randint(0, vocab, (batch, tokens), device=DEVICE, generator=g)
-                g.manual_seed(seed)
-                ms[side], runs, outs[side], loss, grads = measure_train(torch, model, ids,
-                                                                        p.repeats)
-                extra[f"{side}_loss"] = loss
-                extra[f"{side}_grads"] = grads
-            extra[f"{side}_runs_ms"] = runs
-        except Exception as e:   # recorded in the row; the suite goes on
-            extra[f"{side}_error"] = f"{type(e).__name__}: {e}"
-        finally:
-            torch.cuda.synchronize()
-    _set_state(model, "torch")
+            except Exception as e:   # recorded in the row; the suite goes on
+                extra[f"{side}_error"] = f"{type(e).__name__}: {e}"
+            finally:
+                torch.cuda.synchronize()
+        runs, errors, ratios = alternated(torch, model, prepared, p.repeats)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    for side, err in errors.items():
+        extra[f"{side}_error"] = err
+    for side, r in runs.items():
+        extra[f"{side}_runs_ms"] = r
+    outs = {side: prep.out for side, prep in prepared.items()}
     diff = rel_diff(outs["gemmlib"], outs["torch"]) if len(outs) == 2 else None
     if "torch_tokens" in extra and "gemmlib_tokens" in extra:
         a, b = extra.pop("torch_tokens"), extra.pop("gemmlib_tokens")
@@ -637,10 +686,11 @@ def _measure_case(torch, model, p: Plan, phase: str, batch: int, tokens: int, mo
                      / max(abs(extra["torch_loss"]), 1e-30))
     extra.pop("torch_grads", None)
     extra.pop("gemmlib_grads", None)
-    del outs
+    del outs, prepared
+    ms = {side: statistics.median(r) for side, r in runs.items() if r}
     return make_row(phase, batch, tokens, mode, torch_ms=ms.get("torch"),
                     gemmlib_ms=ms.get("gemmlib"), logits_rel_diff=diff, gpu=gpu,
-                    repeats=p.repeats, **extra)
+                    repeats=p.repeats, round_ratios=ratios, **extra)
 
 
 def run_suite(p: Plan | None = None, on_row=None, progress: bool = True) -> dict:

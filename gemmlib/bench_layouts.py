@@ -6,10 +6,12 @@ transpose of a row-major array (column-major).  ``NT`` is ``F.linear``'s ``x @ W
 with an ``nn.Linear`` weight; ``TN`` is a weight gradient's ``dY.t() @ X``.  Each row
 times ``gemmlib.matmul(A, B)`` on torch views of that layout against ``torch.matmul`` on
 the same views, in the same loop method as the models suite (CUDA events around a loop
-of back-to-back calls cycling through operand copies that do not fit in L2; the median
-of several loops), and ``pct_of_nn`` compares gemmlib's time with its own row-major
-(``NN``) time for the shape.  ``batched`` rows time ``(b, M, K) @ (b, K, N)`` against
-``torch.bmm``.
+of back-to-back calls cycling through operand copies that do not fit in L2), and
+``pct_of_nn`` compares gemmlib's time with its own row-major (``NN``) time for the shape.
+A shape's layouts are timed round by round (one loop of each layout's calls and of
+torch's per round, five rounds), and both percentages are medians of the rounds' ratios:
+a clock or power drift between two layouts' loops then touches both.  ``batched`` rows
+time ``(b, M, K) @ (b, K, N)`` against ``torch.bmm`` the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ LINEAR_PRECISIONS = ("fp16", "bf16")
 BATCHED = ((32, 1024, 128), (256, 128, 64), (32, 4096, 128), (256, 1024, 64))
 
 _TORCH_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}
+_KERNEL_TYPE = {"fp16": "fp16", "bf16": "bf16"}
 
 
 def shapes(squares=SQUARES, tokens=TOKENS, models=tuple(MODELS)) -> list[tuple]:
@@ -64,30 +67,79 @@ def _tf32(torch, on: bool):
     torch.backends.cudnn.allow_tf32 = on
 
 
-def measure(torch, label: str, layout: str, precision: str, M: int, N: int, K: int, *,
-            loops: int = 5, target_ms: float = 20.0, seed: int = 0) -> dict:
-    call_prec = "tf32" if precision == "tf32" else None
+class _Side:
+    """One layout of a shape, ready to time: gemmlib's and torch's calls over operand
+    copies rotated past L2, the error of gemmlib's product against float64."""
+
+    def __init__(self, torch, fw, layout, precision, M, N, K, seed, target_ms):
+        call_prec = "tf32" if precision == "tf32" else None
+        A, B = operands(torch, layout, precision, M, N, K, seed)
+        sets = operand_sets(A.element_size() * (M * K + K * N),
+                            backend.device_info().l2_bytes)
+        self.pairs = [(A, B)] + [operands(torch, layout, precision, M, N, K, seed + 1 + i)
+                                 for i in range(sets - 1)]
+        self.ours = [(lambda a=a, b=b: matmul(a, b, precision=call_prec))
+                     for a, b in self.pairs]
+        self.theirs = [(lambda a=a, b=b: torch.matmul(a, b)) for a, b in self.pairs]
+        C = self.ours[0]()
+        R = torch.matmul(A.double(), B.double())
+        self.err = float((C.double() - R).norm() / R.norm().clamp_min(1e-30))
+        del C, R
+        probe = loop_time(fw, self.ours, 2, 1)[0]
+        self.per_loop = int(min(200, max(3, target_ms / max(probe, 1e-3))))
+        self.sets = sets
+        self.ms, self.ref_ms = [], []
+
+    def time_round(self, fw):
+        self.ms += loop_time(fw, self.ours, self.per_loop, 1)
+        self.ref_ms += loop_time(fw, self.theirs, self.per_loop, 1)
+
+
+def measure_layouts(torch, label: str, layouts, precision: str, M: int, N: int, K: int, *,
+                    loops: int = 5, target_ms: float = 20.0, seed: int = 0) -> list[dict]:
+    """Rows of one shape and precision in every layout of ``layouts``, timed round by
+    round: each round one loop of every layout's gemmlib calls and of its torch calls, the
+    layouts' order rotating, so clock or power drift lands on all alike.  ``pct_torch``
+    and ``pct_of_nn`` are medians of the rounds' ratios (gemmlib's NN loop of the same
+    round as the reference); a layout that fails gets a row with its ``error``."""
     fw = bench_models.framework("torch")   # (it turns TF32 off: set it after)
     _tf32(torch, precision == "tf32")
-    A, B = operands(torch, layout, precision, M, N, K, seed)
-    item = A.element_size()
-    sets = operand_sets(item * (M * K + K * N), backend.device_info().l2_bytes)
-    pairs = [(A, B)] + [operands(torch, layout, precision, M, N, K, seed + 1 + i)
-                        for i in range(sets - 1)]
-    ours = [(lambda a=a, b=b: matmul(a, b, precision=call_prec)) for a, b in pairs]
-    theirs = [(lambda a=a, b=b: torch.matmul(a, b)) for a, b in pairs]
-    C = ours[0]()
-    R = torch.matmul(A.double(), B.double())
-    err = float((C.double() - R).norm() / R.norm().clamp_min(1e-30))
-    probe = loop_time(fw, ours, 2, 1)[0]
-    per_loop = int(min(200, max(3, target_ms / max(probe, 1e-3))))
-    ms = statistics.median(loop_time(fw, ours, per_loop, loops))
-    ref_ms = statistics.median(loop_time(fw, theirs, per_loop, loops))
-    spec = _kernel(precision, layout, M, N, K)
-    del pairs, ours, theirs, C, R
+    sides, rows = {}, {}
+    for layout in layouts:
+        try:
+            sides[layout] = _Side(torch, fw, layout, precision, M, N, K, seed, target_ms)
+        except Exception as e:   # recorded, never hidden
+            rows[layout] = _failed(label, layout, precision, M, N, K, e)
+    order = list(sides)
+    for r in range(loops):
+        for layout in order[r % len(order):] + order[:r % len(order)] if order else ():
+            side = sides[layout]
+            try:
+                side.time_round(fw)
+            except Exception as e:
+                rows[layout] = _failed(label, layout, precision, M, N, K, e)
+    nn = sides.get("NN") if "NN" not in rows else None
+    for layout, side in sides.items():
+        if layout in rows:
+            continue
+        ms = statistics.median(side.ms)
+        row = dict(suite="layouts", shape=label, layout=layout, precision=precision, M=M,
+                   N=N, K=K, gemmlib_ms=ms, torch_ms=statistics.median(side.ref_ms),
+                   pct_torch=100.0 * statistics.median(t / g for t, g in
+                                                       zip(side.ref_ms, side.ms)),
+                   rel_error=side.err, kernel=_kernel(precision, layout, M, N, K),
+                   calls_per_loop=side.per_loop, operand_sets=side.sets, rounds=len(side.ms))
+        if nn is not None:
+            row["pct_of_nn"] = 100.0 * statistics.median(a / b for a, b in
+                                                         zip(nn.ms, side.ms))
+        rows[layout] = row
+    del sides
+    return [rows[layout] for layout in layouts if layout in rows]
+
+
+def _failed(label, layout, precision, M, N, K, e) -> dict:
     return dict(suite="layouts", shape=label, layout=layout, precision=precision, M=M, N=N,
-                K=K, gemmlib_ms=ms, torch_ms=ref_ms, pct_torch=100.0 * ref_ms / ms,
-                rel_error=err, kernel=spec, calls_per_loop=per_loop, operand_sets=sets)
+                K=K, error=f"{type(e).__name__}: {e}")
 
 
 def _kernel(precision: str, layout: str, M: int, N: int, K: int) -> str:
@@ -106,6 +158,8 @@ def _kernel(precision: str, layout: str, M: int, N: int, K: int) -> str:
 
 def measure_batched(torch, b: int, M: int, K: int, precision: str, *, loops: int = 5,
                     target_ms: float = 20.0) -> dict:
+    """``matmul(A, B)`` of (b, M, K) and (b, K, N) stacks (N = M) against ``torch.bmm``,
+    a loop of each per round, ``pct_torch`` the median of the rounds' ratios."""
     N = M
     fw = bench_models.framework("torch")
     dt = getattr(torch, _TORCH_DTYPE[precision])
@@ -116,13 +170,20 @@ def measure_batched(torch, b: int, M: int, K: int, precision: str, *, loops: int
     C = ours[0]()
     R = torch.bmm(A.double(), B.double())
     err = float((C.double() - R).norm() / R.norm())
+    del C, R
     probe = loop_time(fw, ours, 1, 1)[0]
     per_loop = int(min(100, max(2, target_ms / max(probe, 1e-3))))
-    ms = statistics.median(loop_time(fw, ours, per_loop, loops))
-    ref_ms = statistics.median(loop_time(fw, theirs, per_loop, loops))
+    ms, ref_ms = [], []
+    for _ in range(loops):
+        ms += loop_time(fw, ours, per_loop, 1)
+        ref_ms += loop_time(fw, theirs, per_loop, 1)
+    spec = dispatch.select_batched(_KERNEL_TYPE[precision], M, N, K, _KERNEL_TYPE[precision],
+                                   "KN", False)
     return dict(suite="layouts", layout="batched", precision=precision, batch=b, M=M, N=N,
-                K=K, gemmlib_ms=ms, torch_ms=ref_ms, pct_torch=100.0 * ref_ms / ms,
-                rel_error=err, reference="torch.bmm", calls_per_loop=per_loop)
+                K=K, gemmlib_ms=statistics.median(ms), torch_ms=statistics.median(ref_ms),
+                pct_torch=100.0 * statistics.median(t / o for t, o in zip(ref_ms, ms)),
+                rel_error=err, reference="torch.bmm", calls_per_loop=per_loop,
+                kernel=spec.name if spec is not None else "one product per entry")
 
 
 def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TOKENS,
@@ -143,7 +204,8 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
                 tokens=list(tokens), squares=list(squares), loops=loops,
                 linear_tokens=list(linear_tokens),
                 timing="events around a loop of back-to-back calls, operands rotated past "
-                       "L2; torch.matmul on the same views in the same run")
+                       "L2; torch.matmul on the same views in the same run; a shape's "
+                       "layouts timed round by round, ratios the medians of the rounds'")
     rows = []
     data = {"meta": meta, "rows": rows}
 
@@ -160,17 +222,11 @@ def run_suite(precisions=PRECISIONS, layouts=LAYOUTS, squares=SQUARES, tokens=TO
              for shape in shapes((), linear_tokens)]
     for (label, M, N, K), precs, lays in plan:
         for prec in precs:
-            nn_ms = None
-            for layout in lays:
-                try:
-                    row = measure(torch, label, layout, prec, M, N, K, loops=loops)
-                    if layout == "NN":
-                        nn_ms = row["gemmlib_ms"]
-                    if nn_ms:
-                        row["pct_of_nn"] = 100.0 * nn_ms / row["gemmlib_ms"]
-                except Exception as e:   # recorded, never hidden
-                    row = dict(suite="layouts", shape=label, layout=layout, precision=prec,
-                               M=M, N=N, K=K, error=f"{type(e).__name__}: {e}")
+            try:
+                found = measure_layouts(torch, label, lays, prec, M, N, K, loops=loops)
+            except Exception as e:   # outside every layout (e.g. out of memory)
+                found = [_failed(label, layout, prec, M, N, K, e) for layout in lays]
+            for row in found:
                 record(row)
     for b, M, K in batched:
         for prec in ("fp16", "bf16"):

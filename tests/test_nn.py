@@ -198,6 +198,58 @@ def test_e2e_rows_from_timings():
     assert "ERROR" in bench_e2e.line(failed) and "%" in bench_e2e.line(row)
 
 
+def test_e2e_pct_is_the_median_of_paired_rounds():
+    row = bench_e2e.make_row("decode", 1, 32, "eager", torch_ms=4.0, gemmlib_ms=5.0,
+                             round_ratios=[0.5, 0.9, 1.0], gpu="G")
+    assert row["pct"] == pytest.approx(90.0) and row["pct_of_medians"] == pytest.approx(80.0)
+    assert row["round_ratios"] == [0.5, 0.9, 1.0]
+
+
+def test_e2e_sides_alternate_round_by_round(monkeypatch):
+    """Each round times both sides, the model in that side's state, the order swapped
+    every round; a side that fails is recorded and left out of the ratios."""
+    log, state = [], {}
+    monkeypatch.setattr(bench_e2e, "_set_state", lambda model, side: state.update(side=side))
+    clock = {"t": 0.0}
+
+    class Event:
+        def record(self):
+            self.t = clock["t"]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    class Cuda:
+        Event = staticmethod(lambda enable_timing=True: Event())
+        synchronize = staticmethod(lambda: None)
+
+    fake_torch = type("T", (), {"cuda": Cuda})
+
+    def side(name, ms):
+        def run(_):
+            assert state["side"] == name
+            log.append(name)
+            clock["t"] += ms
+        return bench_e2e.Prepared(run, out=None)
+
+    prepared = {"torch": side("torch", 4.0), "gemmlib": side("gemmlib", 5.0)}
+    runs, errors, ratios = bench_e2e.alternated(fake_torch, None, prepared, 4)
+    assert log == ["torch", "gemmlib", "gemmlib", "torch"] * 2 and not errors
+    assert runs == {"torch": [4.0] * 4, "gemmlib": [5.0] * 4}
+    assert ratios == [pytest.approx(0.8)] * 4 and state["side"] == "torch"
+
+    def broken(_):
+        raise RuntimeError("capture invalidated")
+
+    prepared["gemmlib"] = bench_e2e.Prepared(broken, out=None)
+    runs, errors, ratios = bench_e2e.alternated(fake_torch, None, prepared, 3)
+    assert "capture invalidated" in errors["gemmlib"] and ratios == []
+    assert runs == {"torch": [4.0] * 3}
+
+
 def test_e2e_plan_and_options(capsys):
     p = bench_e2e.plan()
     assert p.layers == 4 and p.dtype == "bf16" and p.batches == (1, 16, 64)
