@@ -178,6 +178,155 @@ def host_fresh(calls: int = 600) -> None:
                 print(f"host M={M:<3} {name:<15} {rot:>2} buffers: {us:6.1f} us/call", flush=True)
 
 
+def gc_probe(model, batches=(1, 16), rounds: int = 6, steps: int = 32) -> None:
+    """Python's garbage collector during eager decoding, patched and unpatched, round by
+    round: each round's milliseconds, the collections per generation and the time spent in
+    them (gc.callbacks), and the container objects one linear call leaves to the collector
+    (gc.get_count()'s generation-0 count over 1000 calls)."""
+    import gc
+    import time
+
+    import torch.nn.functional as F
+
+    clock = {"t0": 0.0, "ms": 0.0, "n": [0, 0, 0]}
+
+    def cb(phase, info):
+        if phase == "start":
+            clock["t0"] = time.perf_counter()
+        else:
+            clock["ms"] += (time.perf_counter() - clock["t0"]) * 1e3
+            clock["n"][info["generation"]] += 1
+
+    gc.callbacks.append(cb)
+    vocab = model.config.vocab_size
+    print(f"gc thresholds {gc.get_threshold()}, tracked objects {len(gc.get_objects())}")
+    for batch in batches:
+        prompt = torch.randint(0, vocab, (batch, 16), device="cuda")
+        with torch.inference_mode():
+            for r in range(rounds):
+                for side in ("torch", "gemmlib"):
+                    (gemmlib.patch if side == "gemmlib" else gemmlib.unpatch)(model)
+                    cache = model(input_ids=prompt, use_cache=True).past_key_values
+                    torch.cuda.synchronize()
+                    clock.update(ms=0.0, n=[0, 0, 0])
+                    t0 = time.perf_counter()
+                    bench_e2e.eager_decode(model, prompt, prompt[:, -1:], steps, cache=cache)
+                    torch.cuda.synchronize()
+                    ms = (time.perf_counter() - t0) * 1e3
+                    print(f"gc decode b={batch} round {r} {side:<8} {ms:8.1f} ms; "
+                          f"collections {clock['n']} taking {clock['ms']:.1f} ms", flush=True)
+    gemmlib.unpatch(model)
+    x = torch.randn(16, 4096, device="cuda").bfloat16()
+    W = torch.randn(4096, 4096, device="cuda").bfloat16()
+    for name, f in (("F.linear", F.linear), ("gemmlib.linear", gemmlib.linear)):
+        with torch.inference_mode():
+            for _ in range(10):
+                f(x, W)
+            gc.disable()
+            c0 = gc.get_count()[0]
+            for _ in range(1000):
+                f(x, W)
+            c1 = gc.get_count()[0]
+            gc.enable()
+        torch.cuda.synchronize()
+        print(f"gc {name:<15} generation-0 count +{(c1 - c0) / 1000:.2f} per call")
+    gc.callbacks.remove(cb)
+
+
+def linear_host(model, batches=(1, 16), rounds: int = 4, steps: int = 32) -> None:
+    """Host microseconds inside every linear layer's forward during eager decoding, both
+    sides round by round (the call issued, the GPU not waited on), with what gemmlib's
+    calls did on the way: maps written (one-thread store kernels), device syncs, encodes."""
+    import time
+
+    from gemmlib.runtime import maps, memory
+
+    count = {"store": 0, "sync": 0, "encode": 0}
+    # the internals counted are looked up by name: instrumentation, not use
+    store, sync, encode = getattr(maps, "_store"), memory.synchronize, maps.tma.encode_2d
+
+    def counted(name, f):
+        def g(*a, **k):
+            count[name] += 1
+            return f(*a, **k)
+        return g
+
+    setattr(maps, "_store", counted("store", store))
+    memory.synchronize = counted("sync", sync)
+    maps.tma.encode_2d = counted("encode", encode)
+    spent = {"us": 0.0, "n": 0}
+    lin_fwd, gl_fwd = torch.nn.Linear.forward, gemmlib.nn.Linear.forward
+
+    def timed(f):
+        def g(self, x):
+            t = time.perf_counter()
+            y = f(self, x)
+            spent["us"] += (time.perf_counter() - t) * 1e6
+            spent["n"] += 1
+            return y
+        return g
+
+    torch.nn.Linear.forward = timed(lin_fwd)
+    gemmlib.nn.Linear.forward = timed(gl_fwd)
+    # inclusive host time of each step of gemmlib's call, from the outside in
+    from gemmlib import api
+    from gemmlib.runtime import driver as drv_mod
+    from gemmlib.runtime import launch
+
+    drv = drv_mod.driver()
+    steps_us: dict = {}
+    wrapped = [(api, "matmul"), (api, "torch_repeat"), (launch, "run"),
+               (launch, "_launch_main"), (launch, "_maps_of"), (drv, "launch_kernel"),
+               (torch, "empty_strided")]
+    originals = [(obj, name, getattr(obj, name)) for obj, name in wrapped]
+
+    def inclusive(name, f):
+        def g(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                steps_us[name] = steps_us.get(name, 0.0) + (time.perf_counter() - t) * 1e6
+        return g
+
+    for obj, name, f in originals:
+        setattr(obj, name, inclusive(name, f))
+    vocab = model.config.vocab_size
+    try:
+        for batch in batches:
+            prompt = torch.randint(0, vocab, (batch, 16), device="cuda")
+            with torch.inference_mode():
+                for r in range(rounds):
+                    for side in ("torch", "gemmlib"):
+                        (gemmlib.patch if side == "gemmlib" else gemmlib.unpatch)(model)
+                        cache = model(input_ids=prompt, use_cache=True).past_key_values
+                        torch.cuda.synchronize()
+                        spent.update(us=0.0, n=0)
+                        steps_us.clear()
+                        count.update(store=0, sync=0, encode=0)
+                        t0 = time.perf_counter()
+                        bench_e2e.eager_decode(model, prompt, prompt[:, -1:], steps,
+                                               cache=cache)
+                        t1 = time.perf_counter()
+                        torch.cuda.synchronize()
+                        t2 = time.perf_counter()
+                        n = max(spent["n"], 1)
+                        print(f"linear-host b={batch} round {r} {side:<8} issued in "
+                              f"{(t1 - t0) * 1e3:7.1f} ms, done {(t2 - t0) * 1e3:7.1f} ms; "
+                              f"{spent['n']} linear calls, {spent['us'] / n:6.1f} us each; "
+                              f"{count}", flush=True)
+                        if side == "gemmlib":
+                            print("    per call, inclusive: " + ", ".join(
+                                f"{k} {v / n:.1f}" for k, v in steps_us.items()), flush=True)
+    finally:
+        setattr(maps, "_store", store)
+        memory.synchronize, maps.tma.encode_2d = sync, encode
+        torch.nn.Linear.forward, gemmlib.nn.Linear.forward = lin_fwd, gl_fwd
+        for obj, name, f in originals:
+            setattr(obj, name, f)
+        gemmlib.unpatch(model)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -187,6 +336,10 @@ def main(argv=None) -> int:
                     help="host time per call on one buffer and on 64 (F.linear, gemmlib)")
     ap.add_argument("--check", type=int, nargs="*", default=[],
                     help="prefill token counts whose logits and layers are checked")
+    ap.add_argument("--linear-host", action="store_true",
+                    help="host time inside the linear layers during eager decode, both sides")
+    ap.add_argument("--gc", action="store_true",
+                    help="the garbage collector during eager decode rounds, both sides")
     ap.add_argument("--host", type=int, nargs="*", default=[],
                     help="batches whose patched eager decode steps cProfile times")
     a = ap.parse_args(argv)
@@ -195,6 +348,10 @@ def main(argv=None) -> int:
     rows = []
     if a.fresh:
         host_fresh()
+    if a.gc:
+        gc_probe(model)
+    if a.linear_host:
+        linear_host(model)
     for tokens in a.check:
         check_prefill(model, tokens)
     if a.host:

@@ -554,6 +554,27 @@ def test_a_repeated_batch_takes_the_lean_path(b_layout):
         assert f is not None and f.known.plan.batch == nb, _lean_state(seed, A, B)
 
 
+@pytest.mark.gpu
+def test_a_flattened_input_is_remembered_after_its_rows_were():
+    """An (..., M, K) input whose flattened product is already remembered (another layer
+    of the same sizes, or a 2-D call) is remembered itself on its first checked call, so
+    its repeats take the lean path too (a model's decode steps)."""
+    torch = pytest.importorskip("torch")
+    from gemmlib.paths.repeat import TORCH_CALLS, torch_key
+
+    M, N, K = 6, 136, 72
+    g = torch.Generator(device="cuda").manual_seed(5)
+    W = torch.nn.Parameter(torch.rand((N, K), generator=g, device="cuda").sub_(0.5).half())
+    x = torch.rand((2, 3, K), generator=g, device="cuda").sub_(0.5).half()
+    with torch.inference_mode():
+        gemmlib.matmul(x.reshape(M, K), W.t())      # the rows' product, remembered
+        for _ in range(2):
+            y = gemmlib.linear(x, W)
+    assert TORCH_CALLS.get(torch_key(x, W, None, None, True, None)) is not None
+    ref = x.double() @ W.double().t()
+    assert y.shape == (2, 3, N) and float((y.double() - ref).norm() / ref.norm()) < 2e-3
+
+
 #: (rung, params, precision, A as "C"/"F", B as "C"/"F", (M, N, K), a bias): slices of wider
 #: matrices -- ``x[:, k0:k1]``, ``W[:, :K].t()`` -- read in place through the tensor maps
 #: (their row strides), on every TMA rung family auto takes on Hopper

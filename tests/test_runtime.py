@@ -46,6 +46,7 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(tma, "encode_2d", encode)
     monkeypatch.setattr(maps, "_readdressed", readdressed)
     monkeypatch.setattr(maps, "_ENCODED", {})
+    monkeypatch.setattr(maps, "_WHOLE", {})
     monkeypatch.setattr(maps, "_KEPT", {})
     monkeypatch.setattr(maps, "_GRAPH_KEPT", {})
     monkeypatch.setattr(maps, "_EAGER_SLOTS", maps._Slots())

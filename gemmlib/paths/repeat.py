@@ -167,7 +167,9 @@ def _one_batch(A, B, out, p) -> bool:
 def torch_repeat(A, B, out, bias, transpose_b, out_dtype):
     """A repeat of a remembered torch call description (see remember_torch): the checks
     that depend on this call's tensors, then the launch; None where any differs (the
-    checked path then runs, with its message)."""
+    checked path then runs, with its message).  What it ran is left in :data:`RECORD`,
+    as the checked path leaves it: a checked call around this one (a flattened
+    ``(..., M, K)`` input's) remembers its own description from it."""
     f = TORCH_CALLS.get(torch_key(A, B, out, bias, transpose_b, out_dtype))
     if f is None:
         return None
@@ -211,6 +213,7 @@ def torch_repeat(A, B, out, bias, transpose_b, out_dtype):
     else:
         launch.run_rounded(k.plan, a_ptr, b_ptr, c_ptr, k.out16, stream, bound=bound,
                            bias=z, graph=graph)
+    RECORD.known = k
     return C
 
 

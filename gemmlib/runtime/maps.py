@@ -25,6 +25,7 @@ a replay is right whatever ran before it.
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
@@ -98,33 +99,57 @@ def operand_maps(operands, stream: int = 0, words: tuple = (), graph: bool = Fal
 
 #: encoded maps by everything but their address ((shape, row bytes, dtype, box, swizzle))
 _ENCODED: dict = {}
+#: encoded maps by everything (a weight's map, whatever activation it meets next)
+_WHOLE: dict = {}
 
 
 def _map(op) -> np.ndarray:
-    """The 16 words of the map of ``op`` = (ptr, shape, row_bytes, dtype, box, swizzle): a
-    copy of one encoded alike, readdressed, else encoded (and kept for the next address)."""
+    """The 16 words of the map of ``op`` = (ptr, shape, row_bytes, dtype, box, swizzle):
+    kept, else a copy of one encoded alike readdressed, else encoded (and kept for the
+    next address).  The words are never written after they are kept."""
+    raw = _WHOLE.get(op)
+    if raw is not None:
+        return raw
     ptr, rest = op[0], op[1:]
     kept = _ENCODED.get(rest)
+    raw = None
     if kept is not None and ptr % 16 == 0:   # (a misaligned address: encode_2d's error)
         raw = kept.copy()
-        if _readdressed(raw, ptr):
-            return raw
-    raw = tma.encode_2d(*op)
-    if len(_ENCODED) >= MAX_KEPT:
-        _ENCODED.clear()
-    _ENCODED[rest] = raw
+        if not _readdressed(raw, ptr):
+            raw = None
+    if raw is None:
+        raw = tma.encode_2d(*op)
+        if len(_ENCODED) >= MAX_KEPT:
+            _ENCODED.clear()
+        _ENCODED[rest] = raw
+    if len(_WHOLE) >= MAX_KEPT:
+        _WHOLE.clear()
+    _WHOLE[op] = raw
     return raw
+
+
+class _HostBuffers(threading.local):
+    """A thread's ctypes buffers for the driver calls of a map's write, made once: a
+    64-byte aligned CUtensorMap to readdress in, and the store kernel's parameters."""
+
+    def __init__(self):
+        self.tmap_words = (ctypes.c_uint64 * 24)()
+        base = ctypes.addressof(self.tmap_words)
+        self.tmap = base + (-base % 64)   # the driver's CUtensorMap is 64-byte aligned
+        self.dst = ctypes.c_uint64()
+        self.block = (ctypes.c_uint64 * _STORE_WORDS)()
+        self.params = (ctypes.c_void_p * 2)(ctypes.addressof(self.dst),
+                                            ctypes.addressof(self.block))
 
 
 def _readdressed(raw: np.ndarray, ptr: int) -> bool:
     """Write device address ``ptr`` into the encoded map ``raw`` in place (False: the
     driver cannot: encode it instead)."""
-    buf = np.empty(24, np.uint64)   # the driver's CUtensorMap is 64-byte aligned
-    tmap = buf[(-buf.ctypes.data % 64) // 8:][:16]
-    tmap[:] = raw
-    if not driver().tensor_map_replace_address(tmap.ctypes.data, ptr):
+    h = _HOST
+    ctypes.memmove(h.tmap, raw.ctypes.data, 128)
+    if not driver().tensor_map_replace_address(h.tmap, ptr):
         return False
-    raw[:] = tmap
+    ctypes.memmove(raw.ctypes.data, h.tmap, 128)
     return True
 
 
@@ -167,9 +192,11 @@ def _store(addr: int, raw: np.ndarray, stream: int) -> None:
         drv.check(drv.module_get_function(ctypes.byref(f), mod, b"gemmlib_store_words"),
                   "cuModuleGetFunction")
         fn = _STORE_FN[ctx] = f.value
-    dst = ctypes.c_uint64(addr)
-    block = (ctypes.c_uint64 * _STORE_WORDS)()
-    ctypes.memmove(block, raw.ctypes.data, raw.nbytes)
-    params = (ctypes.c_void_p * 2)(ctypes.addressof(dst), ctypes.addressof(block))
-    drv.check(drv.launch_kernel(fn, 1, 1, 1, 1, 1, 1, 0, stream or None, params, None),
+    h = _HOST   # (the launch copies the parameters: the buffers are free again after it)
+    h.dst.value = addr
+    ctypes.memmove(h.block, raw.ctypes.data, raw.nbytes)
+    drv.check(drv.launch_kernel(fn, 1, 1, 1, 1, 1, 1, 0, stream or None, h.params, None),
               "cuLaunchKernel")
+
+
+_HOST = _HostBuffers()
