@@ -276,7 +276,7 @@ def linear_host(model, batches=(1, 16), rounds: int = 4, steps: int = 32) -> Non
     drv = drv_mod.driver()
     steps_us: dict = {}
     wrapped = [(api, "matmul"), (api, "torch_repeat"), (launch, "run"),
-               (launch, "_launch_main"), (launch, "_maps_of"), (drv, "launch_kernel"),
+               (launch, "_launch_main"), (launch, "_maps_for_call"), (drv, "launch_kernel"),
                (torch, "empty_strided")]
     originals = [(obj, name, getattr(obj, name)) for obj, name in wrapped]
 

@@ -173,3 +173,62 @@ def test_the_torch_front_end_does_not_import_cupy():
     env = {**__import__("os").environ, "NUMBA_ENABLE_CUDASIM": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture
+def bound_plan(monkeypatch, fake_device):
+    """A bound plan of a Hopper rung, its compile stubbed; copies and maps recorded."""
+    from gemmlib import dispatch
+    from gemmlib.runtime import select
+
+    class _Compiled:
+        def function(self, ctx, shared=0):
+            return 0
+
+    monkeypatch.setattr(launch, "compiled_spec", lambda s: _Compiled())
+    fake_device["copies"], fake_device["maps"] = [], []
+    monkeypatch.setattr(memory, "copy_async", lambda dst, src, n, stream:
+                        fake_device["copies"].append((dst, src, n, stream)))
+
+    def operand_maps(ops, stream=0, words=(), graph=False):
+        fake_device["maps"].append((ops, graph))
+        return 10_000 + len(fake_device["maps"])
+
+    monkeypatch.setattr(maps, "operand_maps", operand_maps)
+
+    def make(rung, M, N, K, **params):
+        p = dispatch.plan(select.build(rung, params), M, N, K)
+        return launch._Bound(p, 0), p
+
+    return make
+
+
+@pytest.mark.parametrize("rung, params", [("wgmma_ws", dict(precision="fp16")),
+                                          ("wgmma_swap", dict(precision="bf16"))])
+def test_a_new_small_activation_is_staged_not_mapped(bound_plan, fake_device, rung, params):
+    """A decode-sized A at a new address every call (a model's next activation) is copied
+    into the plan's kept buffer, whose maps are written once; the weight stays where it is;
+    a swap-AB rung's maps take the weight as their A."""
+    b, p = bound_plan(rung, 16, 256, 512, **params)
+    W = 1 << 32
+    got = [launch._maps_for_call(b, p, (5 << 30) + 4096 * i, W, 0, 7) for i in range(5)]
+    copies = fake_device["copies"]
+    assert len(copies) == 5 and {c[0] for c in copies} == {got[0][1]}
+    assert [c[1] for c in copies] == [(5 << 30) + 4096 * i for i in range(5)]
+    assert {c[2] for c in copies} == {16 * 512 * 2} and {c[3] for c in copies} == {7}
+    assert len(fake_device["maps"]) == 1 and len({g for g in got}) == 1
+    ops = fake_device["maps"][0][0]
+    kernel_a = ops[0][0]
+    assert kernel_a == (W if p.spec.swap_ab else got[0][1])
+
+
+def test_a_large_or_captured_a_is_mapped_where_it_is(bound_plan, fake_device):
+    b, p = bound_plan("wgmma_ws", 2048, 256, 512, precision="fp16")   # 2 MB of A
+    assert b.stage_a == 0
+    first = launch._maps_for_call(b, p, 5 << 30, 1 << 32, 0, 7)
+    again = launch._maps_for_call(b, p, 5 << 30, 1 << 32, 0, 7)
+    assert first == again and first[1] == 5 << 30 and len(fake_device["maps"]) == 1
+    small, ps = bound_plan("wgmma_ws", 16, 256, 512, precision="fp16")
+    addr, a = launch._maps_for_call(small, ps, 6 << 30, 1 << 32, 0, 9, graph=True)
+    assert a == 6 << 30 and not fake_device["copies"]
+    assert fake_device["maps"][-1][1] is True and fake_device["maps"][-1][0][0][0] == 6 << 30

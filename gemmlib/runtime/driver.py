@@ -88,6 +88,9 @@ class _Driver:
                                   else "cuMemsetD8Async", ctypes.c_uint64, ctypes.c_ubyte,
                                   ctypes.c_size_t, vp)
         self.stream_is_capturing = fn("cuStreamIsCapturing", vp, P(ci))
+        self.memcpy_dtod_async = fn("cuMemcpyDtoDAsync_v2" if hasattr(lib, "cuMemcpyDtoDAsync_v2")
+                                    else "cuMemcpyDtoDAsync", ctypes.c_uint64, ctypes.c_uint64,
+                                    ctypes.c_size_t, vp)
         self._mem_alloc_async = fn("cuMemAllocAsync", P(ctypes.c_uint64), ctypes.c_size_t, vp)
         self._mem_free_async = fn("cuMemFreeAsync", ctypes.c_uint64, vp)
         self._tensor_map_replace_address = (fn("cuTensorMapReplaceAddress", vp, ctypes.c_uint64)
@@ -129,6 +132,12 @@ class _Driver:
         if nbytes:
             self.check(self.memset_d8_async(ptr, 0, nbytes, stream or None),
                        "cuMemsetD8Async")
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Copy ``nbytes`` of device memory from ``src`` to ``dst`` in order on ``stream``."""
+        if nbytes:
+            self.check(self.memcpy_dtod_async(dst, src, nbytes, stream or None),
+                       "cuMemcpyDtoDAsync")
 
     def mem_alloc_async(self, nbytes: int, stream: int) -> int:
         """``nbytes`` from the device's stream-ordered pool, usable in order on ``stream``

@@ -99,7 +99,12 @@ class _Bound:
         self.words += [0] * len(spec.scalar_args)
         self.scratch = {}  # (stream, graph) -> the workspace buffers, kept (_scratch)
         self.red = self.red_words = None
-        self.maps = None  # (a_ptr, b_ptr, tma generation, address, scales, c_ptr): _maps_of
+        #: the maps' addresses of this plan's recent operands (_maps_for_call)
+        self.maps_memo = {}
+        #: bytes of a caller's A small enough to stage (_maps_for_call), else 0
+        a_bytes = M * K * (ib if spec.swap_ab else ia)   # the caller's A
+        self.stage_a = (a_bytes if spec.tma_boxes and p.batch == 1
+                        and a_bytes <= STAGE_A_BYTES else 0)
         self._local = threading.local()
         self.prep = self.prep_words = None
         #: the grid launched: a cluster rung's, cut to the clusters that fit at once
@@ -318,6 +323,9 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
     captured (the workspace and maps are the graph's own).  ``lds``: see :func:`run`."""
     if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
         b_ptr = _prepared_b(b, p, b_ptr, stream, graph)
+    if p.spec.tma_boxes:
+        maps_addr, a_ptr = _maps_for_call(b, p, a_ptr, b_ptr, c_ptr, stream, scales, graph,
+                                          lds)
     if p.spec.swap_ab:       # the kernel's A is the caller's B, its B the caller's A
         a_ptr, b_ptr = b_ptr, a_ptr
         lds = lds[::-1]
@@ -338,7 +346,7 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
         for w, ptr in zip(b.work_words, ws[1]):
             values[w] = ptr
     if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
-        values[b.maps_word] = _maps_of(b, p, a_ptr, b_ptr, stream, scales, c_ptr, graph, lds)
+        values[b.maps_word] = maps_addr
     drv = driver()
     if p.spec.cluster > 1:
         cfg = _cluster_config(b.grid, p.block, p.shared_bytes, stream, p.spec.cluster)
@@ -417,23 +425,56 @@ def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int, graph: bool = Fal
     return kept[1]
 
 
-def _maps_of(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, stream: int,
-             scales: tuple = (), c_ptr: int = 0, graph: bool = False, lds: tuple = ()) -> int:
-    """The maps' address, remembered for the last operands of this bound plan: a loop over
-    the same A and B (and C, for a rung that stores C by TMA) skips building the lookup key.
-    ``graph``: maps of the capture's own, written in the captured stream (runtime.maps)."""
-    c_key = c_ptr if p.spec.tma_store_box else 0   # C matters only to a TMA-store rung
-    if graph:
-        return _tensor_maps(p, a_ptr, b_ptr, stream, scales,
-                            c_key if p.spec.c_map_ok(p.N, c_key) else 0, graph=True, lds=lds)
-    last = b.maps
-    if (last is not None and last[0] == a_ptr and last[1] == b_ptr and last[2] == maps.GENERATION
-            and last[4] == scales and last[5] == c_key and last[6] == lds):
-        return last[3]
-    addr = _tensor_maps(p, a_ptr, b_ptr, stream, scales,
-                        c_key if p.spec.c_map_ok(p.N, c_key) else 0, lds=lds)
-    b.maps = (a_ptr, b_ptr, maps.GENERATION, addr, scales, c_key, lds)
-    return addr
+#: a caller's A of at most this many bytes (a decode step's activation) whose maps are not
+#: kept yet is copied into a buffer of the bound plan's, whose maps are (_maps_for_call)
+STAGE_A_BYTES = 1 << 20
+#: operand addresses whose maps one bound plan remembers before it forgets them all
+MEMO_ENTRIES = 256
+
+
+def _maps_for_call(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
+                   scales: tuple = (), graph: bool = False, lds: tuple = (),
+                   stage: bool = True) -> tuple[int, int]:
+    """(the address of the call's tensor maps, the A the kernel reads), for the caller's
+    A and B (a swap-AB rung's maps are its own A and B: the caller's B and A).
+
+    The maps of recent operand addresses are remembered per bound plan.  A model's layers
+    hand each call a new activation, whose maps would be written on every call (a
+    readdressed map and one more launch, tens of microseconds of host time); a small A
+    (``b.stage_a`` bytes, at most STAGE_A_BYTES) at an address with no maps remembered is
+    instead copied, in order on ``stream``, into a buffer kept per bound plan and stream,
+    whose maps are remembered: one asynchronous copy per call.  Under a CUDA-graph capture
+    the maps are the graph's own (``graph``), written in it, and A is read where it is."""
+    spec = p.spec
+    c_key = c_ptr if spec.tma_store_box else 0   # C matters only to a TMA-store rung
+    key = (a_ptr, b_ptr, c_key, scales, lds)
+    if not graph:
+        hit = b.maps_memo.get(key)
+        if hit is not None and hit[1] == maps.GENERATION:
+            return hit[0], a_ptr
+        if stage and b.stage_a and not lds:
+            staged = _staging(b, stream)
+            memory.copy_async(staged, a_ptr, b.stage_a, stream)
+            return _maps_for_call(b, p, staged, b_ptr, c_ptr, stream, scales, graph, lds,
+                                  stage=False)
+    ka, kb, klds = (b_ptr, a_ptr, lds[::-1]) if spec.swap_ab else (a_ptr, b_ptr, lds)
+    c_map = c_key if spec.c_map_ok(p.N, c_key) else 0
+    addr = _tensor_maps(p, ka, kb, stream, scales, c_map, graph=graph, lds=klds)
+    if not graph:
+        if len(b.maps_memo) >= MEMO_ENTRIES:
+            b.maps_memo.clear()
+        b.maps_memo[key] = (addr, maps.GENERATION)
+    return addr, a_ptr
+
+
+def _staging(b: "_Bound", stream: int) -> int:
+    """The address of this bound plan's buffer of ``b.stage_a`` bytes on ``stream``."""
+    key = ("sa", stream, False)
+    kept = b.scratch.get(key)
+    if kept is None:
+        buf = memory.allocate(b.stage_a, stream)
+        kept = _keep(b, key, (buf, buf.ptr), buf.nbytes)
+    return kept[1]
 
 
 def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (),

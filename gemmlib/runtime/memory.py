@@ -142,6 +142,11 @@ def zero_async(ptr: int, nbytes: int, stream: int) -> None:
     driver().memset_async(ptr, nbytes, stream)
 
 
+def copy_async(dst: int, src: int, nbytes: int, stream: int) -> None:
+    """Copy ``nbytes`` from device address ``src`` to ``dst`` in order on ``stream``."""
+    driver().copy_async(dst, src, nbytes, stream)
+
+
 def synchronize() -> None:
     """Wait for all work on the current device."""
     driver().synchronize()
