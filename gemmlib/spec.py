@@ -169,6 +169,11 @@ class KernelSpec:
     b_prep: object = None
     b_prep_block: tuple[int, int, int] = (32, 8, 1)
     b_prep_grid: Callable | None = None
+    #: the same for A: a rung that reads A K-major only, built for a caller's (K, M) A
+    #: (``a_operand`` "KM"), transposes it first with ``a_prep(A, At)`` (``a_prep_grid(K,
+    #: M)`` blocks of ``b_prep_block`` threads) and takes At, (M, K), as its A
+    a_prep: object = None
+    a_prep_grid: Callable | None = None
     #: FP8 rungs: the maps block carries two more 64-bit words after the maps, the device
     #: addresses of the float32 scales of A and B (``gemmlib.dispatch.run``'s ``scales``)
     scale_words: bool = False
@@ -198,7 +203,7 @@ class KernelSpec:
         """((rows, cols), (rows, cols)): the memory of the kernel's A and B arguments for the
         caller's (M, N, K) -- ``batch`` products one under the other -- as laid out by
         ``a_operand``, ``b_operand`` (or ``b_prep``) and exchanged for ``swap_ab``."""
-        a = (K, M) if self.a_operand == "KM" else (M, K)
+        a = (K, M) if self.a_operand == "KM" and self.a_prep is None else (M, K)
         b = (batch * N, K) if self.b_kmajor else (batch * K, N)
         return (b, a) if self.swap_ab else (a, b)
 

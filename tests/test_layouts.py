@@ -141,6 +141,38 @@ def test_column_major_a_is_read_in_place_in_fp32(kernel, M, N, K, b_order, monke
         assert seen and seen[0][0] == "KM" and np.shares_memory(seen[0][1], At)
 
 
+@pytest.mark.parametrize("M, N, K", [(12, 40, 36), (8, 20, 4), (20, 24, 68)])
+@pytest.mark.parametrize("b_order", ["C", "F"])
+def test_column_major_a_is_transposed_by_the_pre_pass_in_tf32(M, N, K, b_order, monkeypatch):
+    """tf32 wgmma reads A K-major only: ``A.T`` reaches ``wgmma_tf32``'s KM build as the
+    caller's own (K, M) memory -- no copy by the array library -- and the rung's pre-pass
+    transposes it; B either way round, a poisoned C."""
+    from gemmlib.paths import product as P
+    from gemmlib.runtime import select
+
+    def no_copy(op, order, stream):
+        raise AssertionError(f"copied an operand into {order} order")
+
+    monkeypatch.setattr(P, "reordered", no_copy)
+    seen = []
+    real = launch.launch
+
+    def spy(plan, A, B, C, *args, **kw):
+        seen.append((plan.spec.a_operand, A))
+        return real(plan, A, B, C, *args, **kw)
+
+    monkeypatch.setattr(launch, "launch", spy)
+    spec = select.build("wgmma_tf32", dict(BN=64, STAGES=2))
+    At = RNG.uniform(-1, 1, (K, M)).astype(np.float32)    # the memory: A is its transpose
+    Bm = RNG.uniform(-1, 1, (K, N) if b_order == "C" else (N, K)).astype(np.float32)
+    B = Bm if b_order == "C" else Bm.T
+    C = np.full((M, N), np.nan, np.float32)
+    gemmlib.matmul(At.T, B, kernel=spec, precision="tf32", out=C)
+    ref = At.T.astype(np.float64) @ B.astype(np.float64)
+    assert np.linalg.norm(C - ref) <= 2e-3 * np.linalg.norm(ref)
+    assert seen and seen[0][0] == "KM" and np.shares_memory(seen[0][1], At)
+
+
 def test_row_major_b_for_a_k_major_rung_is_copied():
     M, N, K = 4, 8, 8
     A = RNG.standard_normal((M, K)).astype(np.float32)

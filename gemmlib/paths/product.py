@@ -231,7 +231,7 @@ def _pitch(op: Operand):
 def _takes_pitch(spec: KernelSpec, op: Operand, ld: int, b_side: bool = False) -> bool:
     """Whether ``spec`` reads the operand only through a tensor map, whose row stride can
     be ``ld`` elements (a multiple of 16 bytes): the wgmma rungs' TMA loads.  A rung that
-    transposes B first (``b_prep``) reads it by pointer."""
-    if not spec.tma_boxes or (b_side and spec.b_prep is not None):
+    transposes B (A) first (``b_prep``, ``a_prep``) reads it by pointer."""
+    if not spec.tma_boxes or (spec.b_prep if b_side else spec.a_prep) is not None:
         return False
     return (ld * np.dtype(op.dtype).itemsize) % 16 == 0

@@ -195,7 +195,11 @@ def compiled_spec(spec: KernelSpec) -> Compiled:
                     scalars=spec.scalar_args)
 
 
-def compiled_prep(spec: KernelSpec) -> Compiled:
+def compiled_prep(spec: KernelSpec, operand: str = "b") -> Compiled:
+    """The compiled pre-pass of ``spec``'s B (``b_prep``) or, ``operand="a"``, A's."""
+    if operand == "a":
+        return compiled(spec.a_prep, module=spec.module, params={},
+                        dtype=spec.kernel_dtypes[0], nargs=2)
     return compiled(spec.b_prep, module=spec.module, params={}, dtype=spec.kernel_dtypes[1],
                     nargs=2)
 

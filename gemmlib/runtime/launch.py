@@ -112,6 +112,11 @@ class _Bound:
         if spec.b_prep is not None:   # B.T first, into a buffer kept per stream (_prepared_b)
             self.prep = compiled_prep(spec).function(ctx)
             self.prep_words = _array_words(0, K, N, ib) + _array_words(0, N, K, ib)
+        self.a_prep = self.a_prep_words = None
+        if spec.a_prep is not None:   # A.T first, likewise (_prepared_a)
+            self.a_prep = compiled_prep(spec, "a").function(ctx)
+            self.a_prep_words = _array_words(0, K, M, ia) + _array_words(0, M, K, ia)
+            self.stage_a = 0   # the pre-pass reads A where it is
         if p.splits > 1:
             self.red = compiled_reduce(spec).function(ctx)
             self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, N, item)
@@ -125,7 +130,7 @@ class _Bound:
         #: whether a launch uses buffers or maps of its own (what a CUDA-graph capture
         #: must give the graph: see run)
         self.needs_buffers = bool(p.splits > 1 or p.workspace or spec.tma_boxes
-                                  or spec.b_prep is not None)
+                                  or spec.b_prep is not None or spec.a_prep is not None)
 
 
     def parameters(self, which: str = "words"):
@@ -323,6 +328,8 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
     captured (the workspace and maps are the graph's own).  ``lds``: see :func:`run`."""
     if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
         b_ptr = _prepared_b(b, p, b_ptr, stream, graph)
+    if b.a_prep is not None:   # and A
+        a_ptr = _prepared_a(b, p, a_ptr, stream, graph)
     if p.spec.tma_boxes:
         maps_addr, a_ptr = _maps_for_call(b, p, a_ptr, b_ptr, c_ptr, stream, scales, graph,
                                           lds)
@@ -422,6 +429,21 @@ def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int, graph: bool = Fal
     words = b.prep_words.copy()
     words[_DATA[0]], words[_DATA[1]] = b_ptr, kept[1]
     _launch(b.prep, p.spec.b_prep_grid(p.K, p.N), p.spec.b_prep_block, 0, stream, words)
+    return kept[1]
+
+
+def _prepared_a(b: "_Bound", p: Plan, a_ptr: int, stream: int, graph: bool = False) -> int:
+    """Launch ``p.spec.a_prep`` on ``stream``: A's (K, M) memory at ``a_ptr`` transposed
+    into this stream's (M, K) buffer, allocated once per bound plan and stream; its
+    address."""
+    key = ("at", stream, graph)
+    kept = b.scratch.get(key)
+    if kept is None:
+        at = memory.allocate(p.M * p.K * np.dtype(p.spec.kernel_dtypes[0]).itemsize, stream)
+        kept = _keep(b, key, (at, at.ptr), at.nbytes, graph)
+    words = b.a_prep_words.copy()
+    words[_DATA[0]], words[_DATA[1]] = a_ptr, kept[1]
+    _launch(b.a_prep, p.spec.a_prep_grid(p.K, p.M), p.spec.b_prep_block, 0, stream, words)
     return kept[1]
 
 
@@ -559,6 +581,10 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
         if K == 0:   # as on the GPU (run): C = 0 without the kernel
             C[...] = 0
             return
+        if spec.a_prep is not None:   # as on the GPU (run): the kernel reads A.T
+            At = np.empty((M, K), dtype=A.dtype)
+            spec.a_prep[spec.a_prep_grid(K, M), spec.b_prep_block, s](A, At)
+            A = At
         if spec.b_prep is not None:   # as on the GPU (run): the kernel reads B.T
             Bt = np.empty((N, K), dtype=B.dtype)
             spec.b_prep[spec.b_prep_grid(K, N), spec.b_prep_block, s](B, Bt)
