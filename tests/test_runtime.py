@@ -232,3 +232,19 @@ def test_a_large_or_captured_a_is_mapped_where_it_is(bound_plan, fake_device):
     addr, a = launch._maps_for_call(small, ps, 6 << 30, 1 << 32, 0, 9, graph=True)
     assert a == 6 << 30 and not fake_device["copies"]
     assert fake_device["maps"][-1][1] is True and fake_device["maps"][-1][0][0][0] == 6 << 30
+
+
+def test_buffers_between_launches_are_each_threads_own(bound_plan, fake_device):
+    """Two threads calling on one stream interleave their launches: a buffer one call fills
+    in one launch and reads in the next (a staged A, the slices' sums) is per thread."""
+    import threading
+
+    b, p = bound_plan("wgmma_ws", 16, 256, 512, precision="fp16")
+    mine = launch._maps_for_call(b, p, 5 << 30, 1 << 32, 0, 7)[1]
+    assert launch._maps_for_call(b, p, 6 << 30, 1 << 32, 0, 7)[1] == mine
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.append(
+        launch._maps_for_call(b, p, 7 << 30, 1 << 32, 0, 7)[1]))
+    t.start()
+    t.join()
+    assert theirs and theirs[0] != mine

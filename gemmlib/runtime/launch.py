@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
+from threading import get_ident
 from collections import OrderedDict
 
 import numpy as np
@@ -97,7 +98,11 @@ class _Bound:
         #: the word after the arrays: TMA rungs' address of the tensor maps
         self.maps_word = len(self.words)
         self.words += [0] * len(spec.scalar_args)
-        self.scratch = {}  # (stream, graph) -> the workspace buffers, kept (_scratch)
+        #: (stream, graph) -> the workspace buffers, kept (_scratch); a buffer one call writes
+        #: in one launch and reads in the next (the slices' sums, a transposed operand, a
+        #: staged A) is kept per calling thread too: two threads' calls on one stream
+        #: interleave their launches, and would otherwise overwrite each other's
+        self.scratch = {}
         self.red = self.red_words = None
         #: the maps' addresses of this plan's recent operands (_maps_for_call)
         self.maps_memo = {}
@@ -311,7 +316,7 @@ def _run_then_bias(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
 def _partials(b: "_Bound", p: Plan, stream: int, graph: bool = False) -> int:
     """The address of this bound plan's float32 (splits * M) x N buffer on ``stream``
     (``graph``: the one calls captured on ``stream`` use)."""
-    key = ("w", stream, graph)
+    key = ("w", stream, graph, get_ident())
     kept = b.scratch.get(key)
     if kept is None:
         W = memory.allocate(4 * p.splits * p.M * p.N, stream)
@@ -421,7 +426,7 @@ def _keep(b: "_Bound", key, value, nbytes: int, graph: bool = False):
 def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int, graph: bool = False) -> int:
     """Launch ``p.spec.b_prep`` on ``stream``: B (K x N at ``b_ptr``) transposed into this
     stream's (N, K) buffer, allocated once per bound plan and stream; its address."""
-    key = ("bt", stream, graph)
+    key = ("bt", stream, graph, get_ident())
     kept = b.scratch.get(key)
     if kept is None:
         bt = memory.allocate(p.N * p.K * np.dtype(p.spec.kernel_dtypes[1]).itemsize, stream)
@@ -436,7 +441,7 @@ def _prepared_a(b: "_Bound", p: Plan, a_ptr: int, stream: int, graph: bool = Fal
     """Launch ``p.spec.a_prep`` on ``stream``: A's (K, M) memory at ``a_ptr`` transposed
     into this stream's (M, K) buffer, allocated once per bound plan and stream; its
     address."""
-    key = ("at", stream, graph)
+    key = ("at", stream, graph, get_ident())
     kept = b.scratch.get(key)
     if kept is None:
         at = memory.allocate(p.M * p.K * np.dtype(p.spec.kernel_dtypes[0]).itemsize, stream)
@@ -491,7 +496,7 @@ def _maps_for_call(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
 
 def _staging(b: "_Bound", stream: int) -> int:
     """The address of this bound plan's buffer of ``b.stage_a`` bytes on ``stream``."""
-    key = ("sa", stream, False)
+    key = ("sa", stream, False, get_ident())
     kept = b.scratch.get(key)
     if kept is None:
         buf = memory.allocate(b.stage_a, stream)
