@@ -220,6 +220,11 @@ def test_a_new_small_activation_is_staged_not_mapped(bound_plan, fake_device, ru
     ops = fake_device["maps"][0][0]
     kernel_a = ops[0][0]
     assert kernel_a == (W if p.spec.swap_ab else got[0][1])
+    # an A met again (a loop over the same operands) gets maps of its own: no more copies
+    again = launch._maps_for_call(b, p, 5 << 30, W, 0, 7)
+    assert again[1] == 5 << 30 and len(copies) == 5 and len(fake_device["maps"]) == 2
+    assert launch._maps_for_call(b, p, 5 << 30, W, 0, 7) == again
+    assert len(copies) == 5 and len(fake_device["maps"]) == 2
 
 
 def test_a_large_or_captured_a_is_mapped_where_it_is(bound_plan, fake_device):
@@ -244,7 +249,7 @@ def test_buffers_between_launches_are_each_threads_own(bound_plan, fake_device):
     assert launch._maps_for_call(b, p, 6 << 30, 1 << 32, 0, 7)[1] == mine
     theirs = []
     t = threading.Thread(target=lambda: theirs.append(
-        launch._maps_for_call(b, p, 7 << 30, 1 << 32, 0, 7)[1]))
+        launch._maps_for_call(b, p, 8 << 30, 1 << 32, 0, 7)[1]))
     t.start()
     t.join()
     assert theirs and theirs[0] != mine

@@ -104,8 +104,9 @@ class _Bound:
         #: interleave their launches, and would otherwise overwrite each other's
         self.scratch = {}
         self.red = self.red_words = None
-        #: the maps' addresses of this plan's recent operands (_maps_for_call)
-        self.maps_memo = {}
+        #: the maps' addresses of this plan's recent operands, and the small As met once
+        #: (_maps_for_call)
+        self.maps_memo, self.met_a = {}, set()
         #: bytes of a caller's A small enough to stage (_maps_for_call), else 0
         a_bytes = M * K * (ib if spec.swap_ab else ia)   # the caller's A
         self.stage_a = (a_bytes if spec.tma_boxes and p.batch == 1
@@ -468,10 +469,12 @@ def _maps_for_call(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
     The maps of recent operand addresses are remembered per bound plan.  A model's layers
     hand each call a new activation, whose maps would be written on every call (a
     readdressed map and one more launch, tens of microseconds of host time); a small A
-    (``b.stage_a`` bytes, at most STAGE_A_BYTES) at an address with no maps remembered is
-    instead copied, in order on ``stream``, into a buffer kept per bound plan and stream,
-    whose maps are remembered: one asynchronous copy per call.  Under a CUDA-graph capture
-    the maps are the graph's own (``graph``), written in it, and A is read where it is."""
+    (``b.stage_a`` bytes, at most STAGE_A_BYTES) at an address not met before is instead
+    copied, in order on ``stream``, into a buffer kept per bound plan, stream and thread,
+    whose maps are remembered: one asynchronous copy per call.  An A met again (a loop over
+    the same operands) gets maps of its own, and later calls on it no copy.  Under a
+    CUDA-graph capture the maps are the graph's own (``graph``), written in it, and A is
+    read where it is."""
     spec = p.spec
     c_key = c_ptr if spec.tma_store_box else 0   # C matters only to a TMA-store rung
     key = (a_ptr, b_ptr, c_key, scales, lds)
@@ -479,7 +482,10 @@ def _maps_for_call(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
         hit = b.maps_memo.get(key)
         if hit is not None and hit[1] == maps.GENERATION:
             return hit[0], a_ptr
-        if stage and b.stage_a and not lds:
+        if stage and b.stage_a and not lds and a_ptr not in b.met_a:
+            if len(b.met_a) >= MEMO_ENTRIES:
+                b.met_a.clear()
+            b.met_a.add(a_ptr)
             staged = _staging(b, stream)
             memory.copy_async(staged, a_ptr, b.stage_a, stream)
             return _maps_for_call(b, p, staged, b_ptr, c_ptr, stream, scales, graph, lds,
