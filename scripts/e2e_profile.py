@@ -178,6 +178,34 @@ def host_fresh(calls: int = 600) -> None:
                 print(f"host M={M:<3} {name:<15} {rot:>2} buffers: {us:6.1f} us/call", flush=True)
 
 
+def decode_rounds(model, batches, rounds: int, steps: int, before=None, after=None) -> None:
+    """Eager decoding of ``steps`` tokens, torch then gemmlib (the model unpatched, then
+    patched), ``rounds`` times per batch of ``batches``: ``before(batch, r, side)`` just
+    before a run's first step, ``after(batch, r, side, issued_ms, done_ms)`` after it (the
+    steps issued, then the GPU drained)."""
+    import time
+
+    vocab = model.config.vocab_size
+    for batch in batches:
+        prompt = torch.randint(0, vocab, (batch, 16), device="cuda")
+        with torch.inference_mode():
+            for r in range(rounds):
+                for side in ("torch", "gemmlib"):
+                    (gemmlib.patch if side == "gemmlib" else gemmlib.unpatch)(model)
+                    cache = model(input_ids=prompt, use_cache=True).past_key_values
+                    torch.cuda.synchronize()
+                    if before:
+                        before(batch, r, side)
+                    t0 = time.perf_counter()
+                    bench_e2e.eager_decode(model, prompt, prompt[:, -1:], steps, cache=cache)
+                    t1 = time.perf_counter()
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter()
+                    if after:
+                        after(batch, r, side, (t1 - t0) * 1e3, (t2 - t0) * 1e3)
+    gemmlib.unpatch(model)
+
+
 def gc_probe(model, batches=(1, 16), rounds: int = 6, steps: int = 32) -> None:
     """Python's garbage collector during eager decoding, patched and unpatched, round by
     round: each round's milliseconds, the collections per generation and the time spent in
@@ -198,24 +226,14 @@ def gc_probe(model, batches=(1, 16), rounds: int = 6, steps: int = 32) -> None:
             clock["n"][info["generation"]] += 1
 
     gc.callbacks.append(cb)
-    vocab = model.config.vocab_size
     print(f"gc thresholds {gc.get_threshold()}, tracked objects {len(gc.get_objects())}")
-    for batch in batches:
-        prompt = torch.randint(0, vocab, (batch, 16), device="cuda")
-        with torch.inference_mode():
-            for r in range(rounds):
-                for side in ("torch", "gemmlib"):
-                    (gemmlib.patch if side == "gemmlib" else gemmlib.unpatch)(model)
-                    cache = model(input_ids=prompt, use_cache=True).past_key_values
-                    torch.cuda.synchronize()
-                    clock.update(ms=0.0, n=[0, 0, 0])
-                    t0 = time.perf_counter()
-                    bench_e2e.eager_decode(model, prompt, prompt[:, -1:], steps, cache=cache)
-                    torch.cuda.synchronize()
-                    ms = (time.perf_counter() - t0) * 1e3
-                    print(f"gc decode b={batch} round {r} {side:<8} {ms:8.1f} ms; "
-                          f"collections {clock['n']} taking {clock['ms']:.1f} ms", flush=True)
-    gemmlib.unpatch(model)
+
+    def report(batch, r, side, issued_ms, done_ms):
+        print(f"gc decode b={batch} round {r} {side:<8} {done_ms:8.1f} ms; "
+              f"collections {clock['n']} taking {clock['ms']:.1f} ms", flush=True)
+
+    decode_rounds(model, batches, rounds, steps,
+                  before=lambda *_: clock.update(ms=0.0, n=[0, 0, 0]), after=report)
     x = torch.randn(16, 4096, device="cuda").bfloat16()
     W = torch.randn(4096, 4096, device="cuda").bfloat16()
     for name, f in (("F.linear", F.linear), ("gemmlib.linear", gemmlib.linear)):
@@ -291,33 +309,22 @@ def linear_host(model, batches=(1, 16), rounds: int = 4, steps: int = 32) -> Non
 
     for obj, name, f in originals:
         setattr(obj, name, inclusive(name, f))
-    vocab = model.config.vocab_size
+    def reset(*_):
+        spent.update(us=0.0, n=0)
+        steps_us.clear()
+        count.update(store=0, sync=0, encode=0)
+
+    def report(batch, r, side, issued_ms, done_ms):
+        n = max(spent["n"], 1)
+        print(f"linear-host b={batch} round {r} {side:<8} issued in {issued_ms:7.1f} ms, "
+              f"done {done_ms:7.1f} ms; {spent['n']} linear calls, "
+              f"{spent['us'] / n:6.1f} us each; {count}", flush=True)
+        if side == "gemmlib":
+            print("    per call, inclusive: " + ", ".join(
+                f"{k} {v / n:.1f}" for k, v in steps_us.items()), flush=True)
+
     try:
-        for batch in batches:
-            prompt = torch.randint(0, vocab, (batch, 16), device="cuda")
-            with torch.inference_mode():
-                for r in range(rounds):
-                    for side in ("torch", "gemmlib"):
-                        (gemmlib.patch if side == "gemmlib" else gemmlib.unpatch)(model)
-                        cache = model(input_ids=prompt, use_cache=True).past_key_values
-                        torch.cuda.synchronize()
-                        spent.update(us=0.0, n=0)
-                        steps_us.clear()
-                        count.update(store=0, sync=0, encode=0)
-                        t0 = time.perf_counter()
-                        bench_e2e.eager_decode(model, prompt, prompt[:, -1:], steps,
-                                               cache=cache)
-                        t1 = time.perf_counter()
-                        torch.cuda.synchronize()
-                        t2 = time.perf_counter()
-                        n = max(spent["n"], 1)
-                        print(f"linear-host b={batch} round {r} {side:<8} issued in "
-                              f"{(t1 - t0) * 1e3:7.1f} ms, done {(t2 - t0) * 1e3:7.1f} ms; "
-                              f"{spent['n']} linear calls, {spent['us'] / n:6.1f} us each; "
-                              f"{count}", flush=True)
-                        if side == "gemmlib":
-                            print("    per call, inclusive: " + ", ".join(
-                                f"{k} {v / n:.1f}" for k, v in steps_us.items()), flush=True)
+        decode_rounds(model, batches, rounds, steps, before=reset, after=report)
     finally:
         setattr(maps, "_store", store)
         memory.synchronize, maps.tma.encode_2d = sync, encode

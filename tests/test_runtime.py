@@ -186,6 +186,7 @@ def bound_plan(monkeypatch, fake_device):
             return 0
 
     monkeypatch.setattr(launch, "compiled_spec", lambda s: _Compiled())
+    monkeypatch.setattr(launch, "compiled_prep", lambda s, operand="b": _Compiled())
     fake_device["copies"], fake_device["maps"] = [], []
     monkeypatch.setattr(memory, "copy_async", lambda dst, src, n, stream:
                         fake_device["copies"].append((dst, src, n, stream)))
@@ -253,3 +254,22 @@ def test_buffers_between_launches_are_each_threads_own(bound_plan, fake_device):
     t.start()
     t.join()
     assert theirs and theirs[0] != mine
+
+
+def test_the_transposing_pre_passes_launch_into_kept_buffers(bound_plan, fake_device,
+                                                             monkeypatch):
+    """tf32's pre-passes: B (K, N) and a column-major A (K, M) transposed into buffers kept
+    per stream, the launch's two data words the source and the buffer, the grids over the
+    source's rows and columns; the kernel then reads the buffers."""
+    launches = []
+    monkeypatch.setattr(launch, "_launch", lambda fn, grid, block, shared, stream, words:
+                        launches.append((grid, words[launch._DATA[0]],
+                                         words[launch._DATA[1]], stream)))
+    b, p = bound_plan("wgmma_tf32", 40, 72, 36, BN=64, STAGES=2, A_LAYOUT="KM")
+    bt = launch._prepared_b(b, p, 1 << 30, 7)
+    at = launch._prepared_a(b, p, 2 << 30, 7)
+    assert bt != at and launch._prepared_b(b, p, 3 << 30, 7) == bt
+    (g_b, src_b, dst_b, s_b), (g_a, src_a, dst_a, _), _ = launches
+    assert (src_b, dst_b, s_b) == (1 << 30, bt, 7) and (src_a, dst_a) == (2 << 30, at)
+    assert g_b == p.spec.b_prep_grid(36, 72) and g_a == p.spec.a_prep_grid(36, 40)
+    assert b.stage_a == 0   # the pre-pass reads A where it lies

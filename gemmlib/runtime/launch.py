@@ -426,30 +426,32 @@ def _keep(b: "_Bound", key, value, nbytes: int, graph: bool = False):
 
 def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int, graph: bool = False) -> int:
     """Launch ``p.spec.b_prep`` on ``stream``: B (K x N at ``b_ptr``) transposed into this
-    stream's (N, K) buffer, allocated once per bound plan and stream; its address."""
-    key = ("bt", stream, graph, get_ident())
-    kept = b.scratch.get(key)
-    if kept is None:
-        bt = memory.allocate(p.N * p.K * np.dtype(p.spec.kernel_dtypes[1]).itemsize, stream)
-        kept = _keep(b, key, (bt, bt.ptr), bt.nbytes, graph)
-    words = b.prep_words.copy()
-    words[_DATA[0]], words[_DATA[1]] = b_ptr, kept[1]
-    _launch(b.prep, p.spec.b_prep_grid(p.K, p.N), p.spec.b_prep_block, 0, stream, words)
-    return kept[1]
+    stream's (N, K) buffer; its address (:func:`_transposed`)."""
+    return _transposed(b, ("bt", stream, graph, get_ident()), b.prep, b.prep_words, b_ptr,
+                       p.N * p.K * np.dtype(p.spec.kernel_dtypes[1]).itemsize,
+                       p.spec.b_prep_grid(p.K, p.N), p.spec.b_prep_block, stream, graph)
 
 
 def _prepared_a(b: "_Bound", p: Plan, a_ptr: int, stream: int, graph: bool = False) -> int:
     """Launch ``p.spec.a_prep`` on ``stream``: A's (K, M) memory at ``a_ptr`` transposed
-    into this stream's (M, K) buffer, allocated once per bound plan and stream; its
-    address."""
-    key = ("at", stream, graph, get_ident())
+    into this stream's (M, K) buffer; its address (:func:`_transposed`)."""
+    return _transposed(b, ("at", stream, graph, get_ident()), b.a_prep, b.a_prep_words, a_ptr,
+                       p.M * p.K * np.dtype(p.spec.kernel_dtypes[0]).itemsize,
+                       p.spec.a_prep_grid(p.K, p.M), p.spec.b_prep_block, stream, graph)
+
+
+def _transposed(b: "_Bound", key, fn: int, words: list, src: int, nbytes: int, grid, block,
+                stream: int, graph: bool) -> int:
+    """Launch the pre-pass ``fn`` (parameter ``words``, their two data pointers set here)
+    from ``src`` into the ``nbytes`` buffer kept as ``b.scratch[key]`` (allocated once per
+    bound plan, stream and thread); the buffer's address."""
     kept = b.scratch.get(key)
     if kept is None:
-        at = memory.allocate(p.M * p.K * np.dtype(p.spec.kernel_dtypes[0]).itemsize, stream)
-        kept = _keep(b, key, (at, at.ptr), at.nbytes, graph)
-    words = b.a_prep_words.copy()
-    words[_DATA[0]], words[_DATA[1]] = a_ptr, kept[1]
-    _launch(b.a_prep, p.spec.a_prep_grid(p.K, p.M), p.spec.b_prep_block, 0, stream, words)
+        buf = memory.allocate(nbytes, stream)
+        kept = _keep(b, key, (buf, buf.ptr), buf.nbytes, graph)
+    words = words.copy()
+    words[_DATA[0]], words[_DATA[1]] = src, kept[1]
+    _launch(fn, grid, block, 0, stream, words)
     return kept[1]
 
 
