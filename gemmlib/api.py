@@ -52,8 +52,9 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         place in either layout: row-major, or column-major (a transposed view such as
         ``W.t()`` of an ``nn.Linear`` weight, ``x.T``, Fortran order).  A B in
         column-major order is read as it lies by every rung with a K-major build (the
-        ``auto`` choices everywhere), a column-major A by the Hopper fp16/bf16 rungs'
-        ``A_LAYOUT="KM"`` builds; anything else -- another rung, views with no unit
+        ``auto`` choices everywhere), a column-major A by the Hopper fp16/bf16 rungs' and
+        the fp32 CUDA-core rungs' ``A_LAYOUT="KM"`` builds (Hopper's tf32 rung transposes
+        it with its own pass first, as it does a row-major B); anything else -- another rung, views with no unit
         stride (``A[:, ::2]``, a gap between rows) -- is copied into row-major order
         first, on the call's stream (the result is the same; the copy costs time).
         Shapes follow ``torch.matmul``: ``(..., M, K) @ (K, N)`` flattens the leading
