@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from gemmlib import api
+from gemmlib.frontends.torch_tensors import tensor_types
 
 
 @torch.library.custom_op("gemmlib::matmul", mutates_args=())
@@ -130,7 +131,8 @@ class _Eager(torch.autograd.Function):
         return _gradients(mm, ctx.needs_input_grad, a, b, ctx.bias_shape, grad) + (None,)
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: torch.Tensor and nn.Parameter: the types gemmlib.matmul's lean path takes as they are
+_PLAIN = tuple(tensor_types())
 
 
 def _product(a, b, bias, out_dtype):

@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     for M, N, K in shapes:
         for layout in args.layouts:
             A, B = operands(torch, layout, args.precision, M, N, K, 0)
-            for who, fn in (("gemmlib", lambda: gemmlib.matmul(A, B, precision=prec)),
-                            ("torch", lambda: torch.matmul(A, B))):
+            for who, fn in (("gemmlib", lambda A=A, B=B: gemmlib.matmul(A, B, precision=prec)),
+                            ("torch", lambda A=A, B=B: torch.matmul(A, B))):
                 ks = kernels(torch, fn, args.calls)
                 total = sum(t for _, t in ks)
                 print(f"{args.precision} {layout} {M}x{N}x{K} {who:<8} {total:9.1f} us")

@@ -109,8 +109,8 @@ class _Bound:
         self.maps_memo, self.met_a = {}, set()
         #: bytes of a caller's A small enough to stage (_maps_for_call), else 0
         a_bytes = M * K * (ib if spec.swap_ab else ia)   # the caller's A
-        self.stage_a = (a_bytes if spec.tma_boxes and p.batch == 1
-                        and a_bytes <= STAGE_A_BYTES else 0)
+        self.stage_a = (a_bytes if spec.tma_boxes and spec.a_prep is None and p.batch == 1
+                        and a_bytes <= STAGE_A_BYTES else 0)   # (a pre-pass reads A as it is)
         self._local = threading.local()
         self.prep = self.prep_words = None
         #: the grid launched: a cluster rung's, cut to the clusters that fit at once
@@ -122,7 +122,6 @@ class _Bound:
         if spec.a_prep is not None:   # A.T first, likewise (_prepared_a)
             self.a_prep = compiled_prep(spec, "a").function(ctx)
             self.a_prep_words = _array_words(0, K, M, ia) + _array_words(0, M, K, ia)
-            self.stage_a = 0   # the pre-pass reads A where it is
         if p.splits > 1:
             self.red = compiled_reduce(spec).function(ctx)
             self.red_words = _array_words(0, c_rows, N, item) + _array_words(0, M, N, item)
@@ -317,11 +316,18 @@ def _run_then_bias(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
 def _partials(b: "_Bound", p: Plan, stream: int, graph: bool = False) -> int:
     """The address of this bound plan's float32 (splits * M) x N buffer on ``stream``
     (``graph``: the one calls captured on ``stream`` use)."""
-    key = ("w", stream, graph, get_ident())
+    return _kept_buffer(b, "w", 4 * p.splits * p.M * p.N, stream, graph)
+
+
+def _kept_buffer(b: "_Bound", name: str, nbytes: int, stream: int, graph: bool = False) -> int:
+    """The address of bound plan ``b``'s buffer ``name`` of ``nbytes`` for this stream and
+    calling thread, allocated once (:func:`_keep`).  For a buffer one launch fills and the
+    next reads: two threads' calls on one stream interleave their launches."""
+    key = (name, stream, graph, get_ident())
     kept = b.scratch.get(key)
     if kept is None:
-        W = memory.allocate(4 * p.splits * p.M * p.N, stream)
-        kept = _keep(b, key, (W, W.ptr), W.nbytes, graph)
+        buf = memory.allocate(nbytes, stream)
+        kept = _keep(b, key, (buf, buf.ptr), buf.nbytes, graph)
     return kept[1]
 
 
@@ -427,7 +433,7 @@ def _keep(b: "_Bound", key, value, nbytes: int, graph: bool = False):
 def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int, graph: bool = False) -> int:
     """Launch ``p.spec.b_prep`` on ``stream``: B (K x N at ``b_ptr``) transposed into this
     stream's (N, K) buffer; its address (:func:`_transposed`)."""
-    return _transposed(b, ("bt", stream, graph, get_ident()), b.prep, b.prep_words, b_ptr,
+    return _transposed(b, "bt", b.prep, b.prep_words, b_ptr,
                        p.N * p.K * np.dtype(p.spec.kernel_dtypes[1]).itemsize,
                        p.spec.b_prep_grid(p.K, p.N), p.spec.b_prep_block, stream, graph)
 
@@ -435,24 +441,20 @@ def _prepared_b(b: "_Bound", p: Plan, b_ptr: int, stream: int, graph: bool = Fal
 def _prepared_a(b: "_Bound", p: Plan, a_ptr: int, stream: int, graph: bool = False) -> int:
     """Launch ``p.spec.a_prep`` on ``stream``: A's (K, M) memory at ``a_ptr`` transposed
     into this stream's (M, K) buffer; its address (:func:`_transposed`)."""
-    return _transposed(b, ("at", stream, graph, get_ident()), b.a_prep, b.a_prep_words, a_ptr,
+    return _transposed(b, "at", b.a_prep, b.a_prep_words, a_ptr,
                        p.M * p.K * np.dtype(p.spec.kernel_dtypes[0]).itemsize,
                        p.spec.a_prep_grid(p.K, p.M), p.spec.b_prep_block, stream, graph)
 
 
-def _transposed(b: "_Bound", key, fn: int, words: list, src: int, nbytes: int, grid, block,
-                stream: int, graph: bool) -> int:
+def _transposed(b: "_Bound", name: str, fn: int, words: list, src: int, nbytes: int, grid,
+                block, stream: int, graph: bool) -> int:
     """Launch the pre-pass ``fn`` (parameter ``words``, their two data pointers set here)
-    from ``src`` into the ``nbytes`` buffer kept as ``b.scratch[key]`` (allocated once per
-    bound plan, stream and thread); the buffer's address."""
-    kept = b.scratch.get(key)
-    if kept is None:
-        buf = memory.allocate(nbytes, stream)
-        kept = _keep(b, key, (buf, buf.ptr), buf.nbytes, graph)
+    from ``src`` into the ``nbytes`` buffer ``name`` (:func:`_kept_buffer`); its address."""
+    dst = _kept_buffer(b, name, nbytes, stream, graph)
     words = words.copy()
-    words[_DATA[0]], words[_DATA[1]] = src, kept[1]
+    words[_DATA[0]], words[_DATA[1]] = src, dst
     _launch(fn, grid, block, 0, stream, words)
-    return kept[1]
+    return dst
 
 
 #: a caller's A of at most this many bytes (a decode step's activation) whose maps are not
@@ -488,7 +490,7 @@ def _maps_for_call(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
             if len(b.met_a) >= MEMO_ENTRIES:
                 b.met_a.clear()
             b.met_a.add(a_ptr)
-            staged = _staging(b, stream)
+            staged = _kept_buffer(b, "sa", b.stage_a, stream)
             memory.copy_async(staged, a_ptr, b.stage_a, stream)
             return _maps_for_call(b, p, staged, b_ptr, c_ptr, stream, scales, graph, lds,
                                   stage=False)
@@ -502,23 +504,13 @@ def _maps_for_call(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, str
     return addr, a_ptr
 
 
-def _staging(b: "_Bound", stream: int) -> int:
-    """The address of this bound plan's buffer of ``b.stage_a`` bytes on ``stream``."""
-    key = ("sa", stream, False, get_ident())
-    kept = b.scratch.get(key)
-    if kept is None:
-        buf = memory.allocate(b.stage_a, stream)
-        kept = _keep(b, key, (buf, buf.ptr), buf.nbytes)
-    return kept[1]
-
-
 def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (),
                  c_ptr: int = 0, graph: bool = False, lds: tuple = ()) -> int:
     """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``, then C's
     when ``c_ptr`` is given (a spec that stores C by TMA, and a C that can take it:
-    ``KernelSpec.c_map_ok``, decided by :func:`_maps_of`): 3-D, (batch, M, N), so that a
+    ``KernelSpec.c_map_ok``, decided by :func:`_maps_for_call`): 3-D, (batch, M, N), so that a
     batched launch's boxes stop at their product's last row."""
-    spec, M, N, K = p.spec, p.M, p.N, p.K
+    spec, M, N = p.spec, p.M, p.N
     ia, ib, ic = spec.kernel_dtypes
     name = TMA_DTYPE[spec.precision]
     (box_a, box_b), sw = spec.tma_boxes, spec.tma_swizzle
