@@ -315,3 +315,20 @@ def test_mma_pipeline_km_on_the_gpu(precision, b_order):
             ref = At.t().double() @ B.double()
             err = float((C.double() - ref).norm() / ref.norm())
             assert err < tol, (kernel.name, M, N, K, b_order, err)
+
+
+@sim_only
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
+def test_mma_pipeline_km_default_tile(precision):
+    """The KM build of the tile ``auto`` takes (128 x 128, four warps, 4 stages): several
+    blocks and k-tiles, a poisoned C, against float64."""
+    import gemmlib
+
+    M, N, K = 136, 72, 200
+    A, B, a64, b64 = _km_operands("fp16" if precision == "fp16" else "fp32", M, N, K, "C",
+                                  seed=70)
+    C = np.full((M, N), np.nan, np.float32)
+    spec = mma_pipeline.build(precision)
+    gemmlib.matmul(A, B, out=C, kernel=spec, out_dtype="float32",
+                   precision=precision if precision == "tf32" else None)
+    assert backend.relative_error(C.astype(np.float64), a64 @ b64) <= P.tolerance(precision, K)
