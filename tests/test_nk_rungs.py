@@ -208,3 +208,127 @@ def test_split_k_nk():
     C1 = check(spec, 13, 21, 83, seed=5)
     assert dispatch.plan(spec, 13, 21, 83).splits == 3
     assert C1.tobytes() == check(spec, 13, 21, 83, seed=5).tobytes()
+
+
+# --------------------------------------------------------------------------- a column-major A
+
+KM_SHAPES = [(8, 13, 29), (24, 40, 70), (40, 17, 33)]
+
+
+def _km_operands(precision, M, N, K, b_order, seed):
+    """A as the transpose of its (K, M) memory, B row-major or column-major, in the types
+    gemmlib.matmul takes; and their float64 values."""
+    from gemmlib.precision import BF16Array
+
+    rng = np.random.default_rng(seed)
+    At = rng.uniform(-1, 1, (K, M)).astype(np.float32)
+    Bm = rng.uniform(-1, 1, (K, N) if b_order == "C" else (N, K)).astype(np.float32)
+    if precision == "fp16":
+        At, Bm = At.astype(np.float16), Bm.astype(np.float16)
+        a64, b64 = At.astype(np.float64), Bm.astype(np.float64)
+    elif precision == "bf16":
+        at, bm = P.to_bf16_bits(At), P.to_bf16_bits(Bm)
+        a64 = P.bf16_bits_to_float32(at).astype(np.float64)
+        b64 = P.bf16_bits_to_float32(bm).astype(np.float64)
+        At, Bm = BF16Array(at), BF16Array(bm)
+    else:
+        a64, b64 = At.astype(np.float64), Bm.astype(np.float64)
+    A = At.T
+    B = Bm if b_order == "C" else Bm.T
+    return A, B, a64.T, (b64 if b_order == "C" else b64.T)
+
+
+@sim_only
+@pytest.mark.parametrize("precision", ("fp16", "bf16", "tf32", "3xtf32"))
+@pytest.mark.parametrize("b_order", ("C", "F"))
+@pytest.mark.parametrize("split", (False, True))
+def test_mma_pipeline_reads_a_column_major_a_in_place(precision, b_order, split, monkeypatch):
+    """``A.T`` (a weight gradient's x^T) reaches ``mma_pipeline`` / ``mma_split_k``'s
+    ``A_LAYOUT="KM"`` build as the caller's (K, M) memory -- its tile copied as a row-major
+    B's, its fragments from ``ldmatrix.trans`` (16-bit) or scalar loads (TF32) -- with B
+    either way round, odd N and K, a poisoned C, against float64."""
+    import gemmlib
+    from gemmlib.paths import product
+    from gemmlib.runtime import launch
+
+    def no_copy(op, order, stream):
+        raise AssertionError(f"copied an operand into {order} order")
+
+    monkeypatch.setattr(product, "reordered", no_copy)
+    seen = []
+    real = launch.launch
+
+    def spy(plan, A, B, C, *args, **kw):
+        seen.append(plan.spec)
+        return real(plan, A, B, C, *args, **kw)
+
+    monkeypatch.setattr(launch, "launch", spy)
+    bk = 32 if precision in ("fp16", "bf16") else 16
+    tile = dict(BM=32, BN=32, BK=bk, WM=32, WN=32, STAGES=2)
+    spec = (mma_split_k.build(precision, SPLITS=2, **tile) if split
+            else mma_pipeline.build(precision, **tile))
+    for i, (M, N, K) in enumerate(KM_SHAPES):
+        A, B, a64, b64 = _km_operands("fp32" if precision in ("tf32", "3xtf32") else precision,
+                                      M, N, K, b_order, seed=60 + i)
+        C = np.full((M, N), np.nan, np.float32)
+        gemmlib.matmul(A, B, out=C, kernel=spec, out_dtype="float32",
+                       precision=precision if precision in ("tf32", "3xtf32") else None)
+        assert seen[-1].a_operand == "KM" and seen[-1].name.count("_km") == 1, seen[-1].name
+        err = backend.relative_error(C.astype(np.float64), a64 @ b64)
+        assert err <= P.tolerance(precision, K), (spec.name, M, N, K, err)
+
+
+def test_km_builds_refuse_a_short_m_and_name_themselves():
+    spec = mma_pipeline.build("fp16", A_LAYOUT="KM", B_LAYOUT="NK")
+    assert spec.name.endswith("_km_nk") and spec.params["A_LAYOUT"] == "KM"
+    assert spec.kernel_operands(24, 16, 40) == ((40, 24), (16, 40))
+    (rule,) = spec.constraints
+    assert not rule.holds(spec, 12, 16, 40, None) and rule.holds(spec, 16, 12, 40, None)
+    assert ", M must" in rule.why
+    split = mma_split_k.build("fp16", SPLITS=2, A_LAYOUT="KM")
+    assert split.a_operand == "KM" and "_km" in split.name
+    with pytest.raises(ValueError, match="A_LAYOUT"):
+        mma_pipeline.build("fp16", A_LAYOUT="TN")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp16", "bf16", "tf32", "3xtf32"))
+@pytest.mark.parametrize("b_order", ("C", "F"))
+def test_mma_pipeline_km_on_the_gpu(precision, b_order):
+    """The ``A_LAYOUT="KM"`` builds of ``mma_pipeline`` (default tile) and ``mma_split_k``
+    on a GPU, A as ``x.t()`` of a torch tensor, odd and large shapes, a poisoned C."""
+    torch = pytest.importorskip("torch")
+    import gemmlib
+
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    call_prec = precision if precision in ("tf32", "3xtf32") else None
+    tol = {"fp16": 2e-3, "bf16": 1e-2, "tf32": 3e-3, "3xtf32": 1e-5}[precision]
+    g = torch.Generator(device="cuda").manual_seed(9)
+    for kernel in (mma_pipeline.build(precision), mma_split_k.build(precision, SPLITS=3)):
+        for M, N, K in ((8, 13, 29), (264, 200, 1000), (1024, 520, 4104)):
+            At = (torch.rand((K, M), generator=g, device="cuda") - 0.5).to(dt)
+            Bm = (torch.rand((K, N) if b_order == "C" else (N, K), generator=g,
+                             device="cuda") - 0.5).to(dt)
+            B = Bm if b_order == "C" else Bm.t()
+            C = torch.full((M, N), float("nan"), device="cuda")
+            gemmlib.matmul(At.t(), B, out=C, kernel=kernel, precision=call_prec)
+            ref = At.t().double() @ B.double()
+            err = float((C.double() - ref).norm() / ref.norm())
+            assert err < tol, (kernel.name, M, N, K, b_order, err)
+
+
+@sim_only
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
+def test_mma_pipeline_km_default_tile(precision):
+    """The KM build of the tile ``auto`` takes (128 x 128, four warps, 4 stages): several
+    blocks and k-tiles, a poisoned C, against float64."""
+    import gemmlib
+
+    M, N, K = 136, 72, 200
+    A, B, a64, b64 = _km_operands("fp16" if precision == "fp16" else "fp32", M, N, K, "C",
+                                  seed=70)
+    C = np.full((M, N), np.nan, np.float32)
+    spec = mma_pipeline.build(precision)
+    gemmlib.matmul(A, B, out=C, kernel=spec, out_dtype="float32",
+                   precision=precision if precision == "tf32" else None)
+    assert backend.relative_error(C.astype(np.float64), a64 @ b64) <= P.tolerance(precision, K)

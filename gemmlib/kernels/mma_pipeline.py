@@ -90,15 +90,17 @@ def _periodic(lay, step: int, rows: int) -> bool:
 
 
 def _aligned(spec, M, N, K, dev):
+    # a (K, M) A's rows are M long, a (K, N) B's N long, an (M, K) A's and (N, K) B's K long
     a = spec.operand_align
-    return K % a == 0 and (N % a == 0 or spec.b_operand == "NK")
+    return (K % a == 0 and (N % a == 0 or spec.b_operand == "NK")
+            and (M % a == 0 or spec.a_operand != "KM"))
 
 
 def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
           BK: int | None = None, WM: int | None = None, WN: int | None = None,
           STAGES: int | None = None, GROUP_M: int = 8, min_blocks: int = 1,
           PROMOTE: bool | None = None, SPLIT_K: bool = False,
-          B_LAYOUT: str = "KN") -> KernelSpec:
+          B_LAYOUT: str = "KN", A_LAYOUT: str = "MK") -> KernelSpec:
     """A pipeline spec (None: the precision's default from DEFAULTS).
 
     ``SPLIT_K`` compiles the split-K form used by :mod:`gemmlib.kernels.mma_split_k`:
@@ -111,10 +113,19 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     bytes along K, into a BN x BK tile swizzled like A's) and its fragments come from
     ``ldmatrix`` without ``.trans`` (``mma_swizzle.fragment_loaders``).  Only K need be a
     multiple of the 16-byte piece: N is free.
+
+    ``A_LAYOUT="KM"``: A is given as its (K, M) row-major memory (a column-major A, such as
+    a weight gradient's ``x.t()``).  Its k-tile is then copied as a row-major B's is (16
+    bytes along M, into a BK x BM tile swizzled like B's) and its fragments come from
+    ``ldmatrix.trans`` (16-bit) or four scalar loads (TF32): no copy of A is made.  M must
+    be a multiple of the 16-byte piece too.
     """
     if B_LAYOUT not in ("KN", "NK"):
         raise ValueError(f"B_LAYOUT must be 'KN' or 'NK', got {B_LAYOUT!r}")
     NK_ = B_LAYOUT == "NK"
+    if A_LAYOUT not in ("MK", "KM"):
+        raise ValueError(f"A_LAYOUT must be 'MK' or 'KM', got {A_LAYOUT!r}")
+    KM_ = A_LAYOUT == "KM"
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     d = DEFAULTS[precision]
@@ -135,7 +146,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     MI, NI = WM // 16, WN // 8
     NT = (BM // WM) * (BN // WN) * 32
     lay_a, lay_b, sw_a, sw_b, warp_step, store_tile = warp_code(precision, BM, BN, BK, WM, WN,
-                                                                PROMOTE, b_nk=NK_)
+                                                                PROMOTE, b_nk=NK_, a_km=KM_)
     elem = uint16 if sixteen else float32
     ACC = MI * NI * 4
     SA, SB = BM * BK, BK * BN            # elements per stage
@@ -148,23 +159,32 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     # Each thread copies the same column of chunks in every k-tile, on rows ROWS_A (ROWS_B)
     # apart; those steps are multiples of the swizzle's period, so a thread's destinations
     # are its first one plus constants -- computed once, not per k-tile.
-    CPR_A, CPR_B = BK // EPC, (BK if NK_ else BN) // EPC   # 16-byte chunks per tile row
+    CPR_A, CPR_B = (BM if KM_ else BK) // EPC, (BK if NK_ else BN) // EPC   # chunks per row
     ROWS_A, ROWS_B = NT // CPR_A, NT // CPR_B     # rows between one thread's chunks
     IT_A, IT_B = CA // NT, CB // NT               # chunks per thread per k-tile
     if NT % CPR_A or NT % CPR_B or CA % NT or CB % NT or not (
-            _periodic(lay_a, ROWS_A, BM) and _periodic(lay_b, ROWS_B, BN if NK_ else BK)):
+            _periodic(lay_a, ROWS_A, BK if KM_ else BM)
+            and _periodic(lay_b, ROWS_B, BN if NK_ else BK)):
         raise ValueError(f"the {NT} threads must cover whole rows of chunks and repeat the "
                          f"swizzle: BM={BM}, BN={BN}, BK={BK} with warps of {WM}x{WN} do not")
 
     @cuda.jit(device=True)
     def issue_tile(sA, sB, stage, A, B, k0, a_row, a_col, a_dst, b_row, b_col, b_dst, M, N, K):
         """Start the 16-byte copies of the k-tile at ``k0`` into ``stage`` (zeros outside)."""
-        k_ok = k0 + a_col < K
-        for i in range(IT_A):
-            r = a_row + i * ROWS_A
-            ok = k_ok and r < M
-            cp16(sA, uidx(stage * SA + a_dst + i * ROWS_A * BK), A, uidx(r if ok else 0),
-                 uidx(k0 + a_col if ok else 0), 16 if ok else 0)
+        if KM_:   # A is (K, M): rows k0 + a_row.. of k, m from a_col -- as a (K, N) B
+            m_ok = a_col < M
+            for i in range(IT_A):
+                r = k0 + a_row + i * ROWS_A
+                ok = m_ok and r < K
+                cp16(sA, uidx(stage * SA + a_dst + i * ROWS_A * BM), A, uidx(r if ok else 0),
+                     uidx(a_col if ok else 0), 16 if ok else 0)
+        else:
+            k_ok = k0 + a_col < K
+            for i in range(IT_A):
+                r = a_row + i * ROWS_A
+                ok = k_ok and r < M
+                cp16(sA, uidx(stage * SA + a_dst + i * ROWS_A * BK), A, uidx(r if ok else 0),
+                     uidx(k0 + a_col if ok else 0), 16 if ok else 0)
         if NK_:   # B is (N, K): rows b_row.. of n, k from b_col -- copied as A is
             kb_ok = k0 + b_col < K
             for i in range(IT_B):
@@ -189,7 +209,10 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         lane, warp = tid % 32, tid // 32
         wr = (warp // (BN // WN)) * WM
         wc = (warp % (BN // WN)) * WN
-        M, K = A.shape
+        if KM_:
+            K, M = A.shape
+        else:
+            M, K = A.shape
         N = B.shape[0] if NK_ else B.shape[1]
         # grouped order: GROUP_M block-rows share the B tiles they read from L2
         tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
@@ -201,9 +224,14 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         bn = (pid % (GROUP_M * tiles_n)) // rows
         m0, n0 = bm * BM, bn * BN
         # this thread's chunks: first row, column and swizzled destination of each operand
-        a_col = (tid % CPR_A) * EPC
-        a_row = m0 + tid // CPR_A
-        a_dst = sw_a(tid // CPR_A, a_col)
+        if KM_:   # (k, m) of A's chunks, as a (K, N) B's (k, n)
+            a_col = m0 + (tid % CPR_A) * EPC
+            a_row = tid // CPR_A
+            a_dst = sw_a(a_row, (tid % CPR_A) * EPC)
+        else:
+            a_col = (tid % CPR_A) * EPC
+            a_row = m0 + tid // CPR_A
+            a_dst = sw_a(tid // CPR_A, a_col)
         if NK_:   # (n, k) of B's chunks, as A's (m, k)
             b_col = (tid % CPR_B) * EPC
             b_row = n0 + tid // CPR_B
@@ -222,7 +250,10 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             per = (num_k + cuda.gridDim.z - 1) // cuda.gridDim.z
             k_first = cuda.blockIdx.z * per
             num_k = max(min(num_k - k_first, per), 0)
-            a_col += k_first * BK
+            if KM_:
+                a_row += k_first * BK
+            else:
+                a_col += k_first * BK
             if NK_:
                 b_col += k_first * BK
             else:
@@ -263,6 +294,9 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             ("_promote" if PROMOTE else "_nopromote") if PROMOTE != promote_default else "")
     params = dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, STAGES=STAGES,
                   GROUP_M=GROUP_M, min_blocks=min_blocks, PROMOTE=PROMOTE)
+    if KM_:
+        params["A_LAYOUT"] = "KM"
+        name += "_km"
     if NK_:
         params["B_LAYOUT"] = "NK"
         name += "_nk"
@@ -286,13 +320,16 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         arg_dtypes=ARG_DTYPES[precision],
         precision=precision,
         b_operand=B_LAYOUT,
+        a_operand=A_LAYOUT,
         operand_align=EPC,
         constraints=(Constraint(
             "16-byte rows", _aligned,
-            f"cp.async moves 16 bytes: K " + ("" if NK_ else "and N ")
-            + f"must be multiples of {EPC} (gemmlib.matmul pads other shapes)"),),
-        ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"ldmatrix\.sync\.aligned",
-                  r"cp\.async\.cg\.shared\.global") + ((r"%nctaid\.z",) if SPLIT_K_ else ()),
+            f"cp.async moves 16 bytes: K" + ("" if NK_ else ", N") + (", M" if KM_ else "")
+            + f" must be multiples of {EPC} (gemmlib.matmul pads other shapes)"),),
+        # (TF32 with both tiles k-major, a (K, M) A and a (K, N) B, loads them all by scalars)
+        ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"cp\.async\.cg\.shared\.global")
+        + (() if KM_ and not NK_ and not sixteen else (r"ldmatrix\.sync\.aligned",))
+        + ((r"%nctaid\.z",) if SPLIT_K_ else ()),
         # the split's branch reads the grid's z; the plain rung must not contain it at all
         ptx_must_not=(r"\bld\.local", r"\bst\.local") + (() if SPLIT_K_ else (r"%ctaid\.z",)),
         index=dict(sw_a=L.jit(lay_a.source("sw_a")), sw_b=L.jit(lay_b.source("sw_b"))),

@@ -51,21 +51,28 @@ from gemmlib.precision import TENSOR_CORE as PRECISIONS  # what these rungs comp
 from gemmlib.spec import Access, KernelSpec, cdiv
 
 
-def tile_layouts(BM: int, BN: int, BK: int, elem_bytes: int, b_nk: bool = False):
-    """The swizzled shared layouts of A (BM x BK, row-major) and B (BK x BN, row-major;
-    ``b_nk``: BN x BK, row-major -- K-major like A, and swizzled like A)."""
-    a = L.SwizzledLayout(L.row_major((BM, BK)), L.chunk_swizzle(BK, elem_bytes))
+def _mn_major(rows: int, cols: int, elem_bytes: int):
+    """A k-major tile (rows of k, ``cols`` of m or n): 16-bit ones are read by
+    ldmatrix.trans (8 rows at once); fp32 ones by scalar loads of 4 rows x 8 columns, which
+    need only 4 rows spread, over chunk bits 1.. (two chunks per row)."""
+    return L.SwizzledLayout(L.row_major((rows, cols)),
+                            L.chunk_swizzle(cols, 2) if elem_bytes == 2 else
+                            L.chunk_swizzle(cols, 4, rows_xor=4, low=1))
+
+
+def tile_layouts(BM: int, BN: int, BK: int, elem_bytes: int, b_nk: bool = False,
+                 a_km: bool = False):
+    """The swizzled shared layouts of A (BM x BK, row-major; ``a_km``: BK x BM, rows of k
+    -- a column-major A's tile as it lies, laid out like a row-major B's) and B (BK x BN,
+    row-major; ``b_nk``: BN x BK, row-major -- K-major like A, and swizzled like A)."""
+    a = (_mn_major(BK, BM, elem_bytes) if a_km else
+         L.SwizzledLayout(L.row_major((BM, BK)), L.chunk_swizzle(BK, elem_bytes)))
     if b_nk:
         return a, L.SwizzledLayout(L.row_major((BN, BK)), L.chunk_swizzle(BK, elem_bytes))
-    # 16-bit B is read by ldmatrix.trans (8 rows at once); fp32 B by scalar loads of 4 rows
-    # x 8 columns, which need only 4 rows spread, over chunk bits 1.. (two chunks per row)
-    b = L.SwizzledLayout(L.row_major((BK, BN)),
-                         L.chunk_swizzle(BN, 2) if elem_bytes == 2 else
-                         L.chunk_swizzle(BN, 4, rows_xor=4, low=1))
-    return a, b
+    return a, _mn_major(BK, BN, elem_bytes)
 
 
-def fragment_loaders(precision: str, sw_a, sw_b, b_nk: bool = False):
+def fragment_loaders(precision: str, sw_a, sw_b, b_nk: bool = False, a_km: bool = False):
     """Device functions that load one warp's fragments for k-step ``kk`` from a stage
     at element offset ``base`` of the shared arrays.
 
@@ -73,6 +80,10 @@ def fragment_loaders(precision: str, sw_a, sw_b, b_nk: bool = False):
     pairs along k of one column n -- are then rows of that tile, which ``ldmatrix``
     delivers without ``.trans``, 16-bit and TF32 alike (a TF32 8 x 4 piece is an 8 x 8
     tile of 16-bit halves, as for A).
+
+    ``a_km``: A's tile is k-major (BK x BM, rows of k): its fragments -- pairs along k of
+    one row m -- are columns of that tile, which ``ldmatrix.trans`` delivers (16-bit), as it
+    does B's from a row-major B; TF32 loads the four elements one by one.
 
     ``load_a(sA, base, lane, row0, kk)``: the A fragment of the 16-row atom at
     ``row0``; ``load_b(sB, base, lane, col0, kk)``: B fragments of the n-atoms at
@@ -103,6 +114,30 @@ def fragment_loaders(precision: str, sw_a, sw_b, b_nk: bool = False):
         g1, s1 = big_small(a1)
         g2, s2 = big_small(a2)
         g3, s3 = big_small(a3)
+        return g0, g1, g2, g3, s0, s1, s2, s3
+
+    @cuda.jit(device=True)
+    def load_a16_km(sA, base, lane, row0, kk):
+        # matrices: (m row0.., k 0-7), (m row0+8.., k 0-7), (row0.., k 8-15), (row0+8.., k 8-15)
+        k = kk * 16 + lane % 8 + (lane // 16) * 8
+        off = sw_a(k, row0 + ((lane // 8) % 2) * 8)
+        return I.ldmatrix_x4_trans(sA, uidx(base + off))
+
+    @cuda.jit(device=True)
+    def load_a32_km(sA, base, lane, row0, kk):
+        # lane (g, t) = (lane // 4, lane % 4): A[m g, k t], [g + 8, t], [g, t + 4], [g + 8, t + 4]
+        k = kk * 8 + lane % 4
+        m = row0 + lane // 4
+        x0 = sA[uidx(base + sw_a(k, m))]
+        x1 = sA[uidx(base + sw_a(k, m + 8))]
+        x2 = sA[uidx(base + sw_a(k + 4, m))]
+        x3 = sA[uidx(base + sw_a(k + 4, m + 8))]
+        if not split:
+            return I.cvt_tf32(x0), I.cvt_tf32(x1), I.cvt_tf32(x2), I.cvt_tf32(x3)
+        g0, s0 = big_small(I.as_bits(x0))
+        g1, s1 = big_small(I.as_bits(x1))
+        g2, s2 = big_small(I.as_bits(x2))
+        g3, s3 = big_small(I.as_bits(x3))
         return g0, g1, g2, g3, s0, s1, s2, s3
 
     @cuda.jit(device=True)
@@ -142,6 +177,8 @@ def fragment_loaders(precision: str, sw_a, sw_b, b_nk: bool = False):
         g1, s1 = big_small(r1)
         return g0, g1, s0, s1
 
+    if a_km:
+        load_a = load_a16_km if sixteen else load_a32_km
     if b_nk:
         return load_a, (load_b16_nk if sixteen else load_b32_nk)
     return load_a, (load_b16 if sixteen else load_b32)
@@ -220,18 +257,20 @@ def epilogue(MI: int, NI: int):
 
 
 def warp_code(precision: str, BM: int, BN: int, BK: int, WM: int, WN: int,
-              promote: bool = False, arch: str = "sm80", b_nk: bool = False):
+              promote: bool = False, arch: str = "sm80", b_nk: bool = False,
+              a_km: bool = False):
     """The warp-level pieces of a block tile: swizzled layouts, their device index
     functions, ``warp_step`` and ``store_tile`` (shared with ``mma_pipeline``;
     ``promote``: see :func:`warp_step_source`; ``arch="sm75"``: FP16 as two m16n8k8;
-    ``b_nk``: B's shared tile K-major, BN x BK, see :func:`fragment_loaders`)."""
+    ``b_nk``: B's shared tile K-major, BN x BK; ``a_km``: A's k-major, BK x BM; see
+    :func:`fragment_loaders`)."""
     sixteen = precision in ("fp16", "bf16")
     KA = 16 if sixteen else 8
     MI, NI = WM // 16, WN // 8
-    lay_a, lay_b = tile_layouts(BM, BN, BK, 2 if sixteen else 4, b_nk)
+    lay_a, lay_b = tile_layouts(BM, BN, BK, 2 if sixteen else 4, b_nk, a_km)
     sw_a = L.jit(lay_a.source("sw_a"), device=True)
     sw_b = L.jit(lay_b.source("sw_b"), device=True)
-    load_a, load_b = fragment_loaders(precision, sw_a, sw_b, b_nk)
+    load_a, load_b = fragment_loaders(precision, sw_a, sw_b, b_nk, a_km)
     warp_step = L.jit(warp_step_source(precision, MI, NI, BK // KA, promote), device=True,
                       env=dict(load_a=load_a, load_b=load_b, mma=I.mma_for(precision, arch),
                                ZERO=float32(0.0)))
@@ -327,6 +366,8 @@ def fragment_accesses(spec, swizzled: bool = True) -> list[Access]:
     eb = 2 if sixteen else 4
     BK, BN, WM, WN = p["BK"], p["BN"], p["WM"], p["WN"]
     b_nk = p.get("B_LAYOUT", "KN") == "NK"
+    if p.get("A_LAYOUT", "MK") == "KM":
+        raise ValueError("the fragment-load analysis covers row-major A tiles (A_LAYOUT='MK')")
     lay_a, lay_b = tile_layouts(p["BM"], BN, BK, eb, b_nk)
     fa = lay_a if swizzled else lay_a.layout
     fb = lay_b if swizzled else lay_b.layout
