@@ -273,3 +273,24 @@ def test_the_transposing_pre_passes_launch_into_kept_buffers(bound_plan, fake_de
     assert (src_b, dst_b, s_b) == (1 << 30, bt, 7) and (src_a, dst_a) == (2 << 30, at)
     assert g_b == p.spec.b_prep_grid(36, 72) and g_a == p.spec.a_prep_grid(36, 40)
     assert b.stage_a == 0   # the pre-pass reads A where it lies
+
+
+def test_a_dropped_driver_buffer_is_freed_later_and_never_inside_a_capture(monkeypatch):
+    """A driver buffer is not tied to a stream (the one it served may be gone): dropping it
+    queues its free, which runs at the next safe point and not inside a captured call."""
+    freed = []
+
+    class Driver:
+        def mem_free(self, ptr):
+            freed.append(ptr)
+
+    monkeypatch.setattr(memory, "driver", lambda: Driver())
+    monkeypatch.setattr(memory, "_PENDING", [])
+    buf = memory.DeviceBuffer(0x1000, 256, None, memory._PENDING.append)
+    del buf
+    assert memory._PENDING == [0x1000] and not freed
+    with memory.CapturedCall():
+        memory.release_pending()
+    assert not freed
+    memory.release_pending()
+    assert freed == [0x1000] and not memory._PENDING

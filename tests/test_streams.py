@@ -230,3 +230,38 @@ def test_two_threads_on_one_stream_gpu(dtype, shape):
             assert err < (1e-2 if dtype == "bfloat16" else 2e-3 if dtype == "float16" else 1e-5), (i, j, err)
 
     _threads(work)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_buffers_of_a_destroyed_stream_are_evicted_safely_gpu(dtype, monkeypatch):
+    """A call on a stream the caller then destroys leaves buffers kept for that stream
+    (split-K's partial sums, a staged A); evicting them later, with torch's CUDA up, must
+    not touch the dead stream.  Every result checked against float64."""
+    import gc
+
+    torch = pytest.importorskip("torch")
+    cp = _cp()
+    from gemmlib.runtime import launch
+
+    torch.zeros(1, device="cuda")   # torch's CUDA up: kept buffers come from the driver
+    rng = np.random.default_rng(5)
+    A_h = (rng.random((16, 8192)) - 0.5).astype(dtype)
+    B_h = (rng.random((8192, 96)) - 0.5).astype(dtype)
+    ref = A_h.astype(np.float64) @ B_h.astype(np.float64)
+
+    def check(C):
+        got = cp.asnumpy(C).astype(np.float64)
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < (1e-5 if dtype == "float32" else 2e-3)
+
+    for _ in range(3):
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            C = gemmlib.matmul(cp.asarray(A_h), cp.asarray(B_h), out_dtype=np.float32)
+            check(C)
+        s.synchronize()
+        del s, C
+        gc.collect()                                  # the stream is destroyed
+    monkeypatch.setattr(launch, "SCRATCH_BYTES", 1)   # every earlier stream's buffers go
+    check(gemmlib.matmul(cp.asarray(A_h), cp.asarray(B_h), out_dtype=np.float32))
+    cp.cuda.Device().synchronize()

@@ -91,8 +91,8 @@ class _Driver:
         self.memcpy_dtod_async = fn("cuMemcpyDtoDAsync_v2" if hasattr(lib, "cuMemcpyDtoDAsync_v2")
                                     else "cuMemcpyDtoDAsync", ctypes.c_uint64, ctypes.c_uint64,
                                     ctypes.c_size_t, vp)
-        self._mem_alloc_async = fn("cuMemAllocAsync", P(ctypes.c_uint64), ctypes.c_size_t, vp)
-        self._mem_free_async = fn("cuMemFreeAsync", ctypes.c_uint64, vp)
+        self._mem_alloc = fn("cuMemAlloc_v2", P(ctypes.c_uint64), ctypes.c_size_t)
+        self._mem_free = fn("cuMemFree_v2", ctypes.c_uint64)
         self._tensor_map_replace_address = (fn("cuTensorMapReplaceAddress", vp, ctypes.c_uint64)
                                             if hasattr(lib, "cuTensorMapReplaceAddress")
                                             else None)
@@ -139,17 +139,17 @@ class _Driver:
             self.check(self.memcpy_dtod_async(dst, src, nbytes, stream or None),
                        "cuMemcpyDtoDAsync")
 
-    def mem_alloc_async(self, nbytes: int, stream: int) -> int:
-        """``nbytes`` from the device's stream-ordered pool, usable in order on ``stream``
-        (cuMemAllocAsync): memory no framework's allocator hands out or accounts for."""
+    def mem_alloc(self, nbytes: int) -> int:
+        """``nbytes`` of device memory on the current device (cuMemAlloc), usable on every
+        stream: memory no framework's allocator hands out or accounts for."""
         ptr = ctypes.c_uint64()
-        self.check(self._mem_alloc_async(ctypes.byref(ptr), nbytes, stream or None),
-                   "cuMemAllocAsync")
+        self.check(self._mem_alloc(ctypes.byref(ptr), nbytes), "cuMemAlloc")
         return ptr.value
 
-    def mem_free_async(self, ptr: int, stream: int) -> None:
-        """Give back a :meth:`mem_alloc_async` buffer once ``stream``'s earlier work is done."""
-        self.check(self._mem_free_async(ptr, stream or None), "cuMemFreeAsync")
+    def mem_free(self, ptr: int) -> None:
+        """Give back a :meth:`mem_alloc` buffer (cuMemFree waits for the device's work in
+        flight, so no stream has to outlive the buffer)."""
+        self.check(self._mem_free(ptr), "cuMemFree")
 
     def tensor_map_replace_address(self, tmap: int, ptr: int) -> bool:
         """Put device address ``ptr`` into the encoded tensor map at host address ``tmap``

@@ -427,6 +427,7 @@ def _keep(b: "_Bound", key, value, nbytes: int, graph: bool = False):
         while sum(n for _, n in _SCRATCH.values()) > SCRATCH_BYTES and len(_SCRATCH) > 1:
             (_, old_key), (old, _) = _SCRATCH.popitem(last=False)
             old.scratch.pop(old_key, None)   # CuPy's pool reuses it on that stream only
+    memory.release_pending()
     return value
 
 

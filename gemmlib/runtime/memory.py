@@ -2,12 +2,16 @@
 transposed B, tensor maps), safe under CUDA graphs.
 
 Where it comes from.  Once torch has initialised CUDA (a torch caller then never needs
-CuPy): the buffers kept across calls from the driver's stream-ordered pool
-(``cuMemAllocAsync``), outside torch's allocator, whose pool of the moment may belong to
-torch.compile's CUDA graphs; a captured call's buffers from torch's allocator (the
-graph's private pool, see below).  Otherwise CuPy's pool.  All are stream-ordered: a
-buffer allocated on a stream and freed is handed out again only in order on that stream,
-which is the only stream its kernels use.
+CuPy): the buffers kept across calls straight from the driver (``cuMemAlloc``), outside
+torch's allocator, whose pool of the moment may belong to torch.compile's CUDA graphs; a
+captured call's buffers from torch's allocator (the graph's private pool, see below).
+Otherwise CuPy's pool, stream-ordered: a buffer freed there is handed out again only in
+order on its stream.  A driver buffer is not tied to a stream: the stream it served may
+be destroyed before it goes (a CuPy stream, an external one), and ``cuMemFreeAsync`` on
+a destroyed stream is a crash.  So it is freed with ``cuMemFree``, which waits for the
+device's work in flight; and since a garbage collection may drop it at any moment, a
+capture's included, its free waits in :data:`_PENDING` for the next safe point
+(:func:`release_pending`: an allocation or an eviction outside any capture).
 
 CUDA graphs.  A graph bakes in the addresses its kernels were captured with and
 replays them for as long as it lives, with no way for gemmlib to learn when it dies.
@@ -68,12 +72,11 @@ def allocate(nbytes: int, stream: int, zero: bool = False) -> DeviceBuffer:
         ptr = torch.cuda.caching_allocator_alloc(nbytes, device, stream)
         buf = DeviceBuffer(ptr, nbytes, None, torch.cuda.caching_allocator_delete)
     elif torch is not None:
-        # kept across calls: from the driver's stream-ordered pool, not torch's, whose pool
-        # of the moment may be one that torch.compile's CUDA graphs hold (their warm-up
-        # runs allocate into it) and that must hold nothing but their outputs
-        drv = driver()
-        ptr = drv.mem_alloc_async(nbytes, stream)
-        buf = DeviceBuffer(ptr, nbytes, None, lambda p, s=stream: drv.mem_free_async(p, s))
+        # kept across calls: from the driver, not torch's pool, whose pool of the moment
+        # may be one that torch.compile's CUDA graphs hold (their warm-up runs allocate
+        # into it) and that must hold nothing but their outputs
+        release_pending()
+        buf = DeviceBuffer(driver().mem_alloc(nbytes), nbytes, None, _PENDING.append)
     else:
         import cupy as cp
 
@@ -84,6 +87,23 @@ def allocate(nbytes: int, stream: int, zero: bool = False) -> DeviceBuffer:
     if zero:
         driver().memset_async(buf.ptr, nbytes, stream)
     return buf
+
+
+#: driver buffers dropped and not yet freed (see the module's docstring)
+_PENDING: list = []
+
+
+def release_pending() -> None:
+    """Free the driver buffers dropped since the last call, unless this thread is inside a
+    captured call (``cuMemFree`` waits for the device, which a capture forbids)."""
+    if not _PENDING or holding():
+        return
+    drv = driver()
+    while _PENDING:
+        try:
+            drv.mem_free(_PENDING.pop())
+        except Exception:   # interpreter shutdown: the driver may be gone
+            pass
 
 
 def capturing(stream: int) -> bool:
