@@ -167,11 +167,22 @@ def resources(ptx: str, cc=(9, 0), max_registers: int | None = None,
             "stack_bytes": num(r"(\d+) bytes stack frame")}
 
 
+#: PTX that may read or write global memory: loads, stores and atomics other than to
+#: parameters, shared, local or constant memory (numba's are generic), TMA, tensor maps
+_GLOBAL_ACCESS = r"\b(ld|st|atom|red)(?!\.(param|shared|local|const))\.|cp\.async\.bulk|tensormap"
+
+
 def problems(spec, ptx: str, res: dict | None = None) -> list[str]:
     """What the compiled code fails to show (empty list: it shows what the rung claims)."""
     out = [f"missing /{p}/" for p in spec.ptx_must if not re.search(p, ptx)]
     out += [f"forbidden /{p}/ found: {re.search(p, ptx).group(0)!r}"
             for p in spec.ptx_must_not if re.search(p, ptx)]
+    if spec.early_launch:   # launched before the previous kernel ends: wait first
+        entry = ptx[ptx.find(".entry"):]
+        first = re.search(_GLOBAL_ACCESS, entry)
+        wait = entry.find("griddepcontrol.wait")
+        if wait < 0 or (first is not None and first.start() < wait):
+            out.append("launched early, but touches global memory before griddepcontrol.wait")
     spills = (res or {}).get("spill_stores") or 0
     if spills > spec.max_spill_bytes:
         out.append(f"{spills} bytes of register spills (allowed: {spec.max_spill_bytes})")

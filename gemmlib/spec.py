@@ -193,6 +193,11 @@ class KernelSpec:
     #: caller's B (as ``b_operand`` lays it), its B the caller's A (M, K), and it writes C
     #: transposed back -- so the runtime passes and maps the two operands exchanged
     swap_ab: bool = False
+    #: rungs whose kernel's first step is ``ws_pipeline.early_launch`` (it waits for the
+    #: stream's previous kernel before touching global memory): the runtime launches them
+    #: with programmatic stream serialization, so their blocks are placed while the
+    #: previous kernel drains, not after it and a launch gap
+    early_launch: bool = False
 
     @property
     def b_kmajor(self) -> bool:

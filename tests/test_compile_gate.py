@@ -28,3 +28,22 @@ def gate_records(tmp_path_factory):
 def test_kernel_compiles_and_ptx_shows_its_claims(gate_records, name, cc):
     rec = gate_records[(name, cc)]
     assert not rec["problems"], f"{name} for {cc}: " + "; ".join(rec["problems"])
+
+
+def test_an_early_launched_kernel_must_wait_before_touching_global_memory():
+    """The gate's rule for ``KernelSpec.early_launch`` rungs, on PTX written here."""
+    from types import SimpleNamespace
+
+    from gemmlib.ptx import problems
+
+    spec = SimpleNamespace(ptx_must=(), ptx_must_not=(), max_spill_bytes=0, early_launch=True)
+    head = ".visible .entry k(\n.param .u64 k_param_0\n)\n{\nld.param.u64 %rd1, [k_param_0];\n"
+    waits = "griddepcontrol.wait;\n"
+    assert problems(spec, head + "mbarrier.init.shared::cta.b64 [%r1], 1;\n" + waits
+                    + "ld.f32 %f1, [%rd1];\n") == []
+    assert problems(spec, head + "ld.f32 %f1, [%rd1];\n" + waits)     # a generic load first
+    assert problems(spec, head + "cp.async.bulk.tensor.2d [%r1], [%rd1];\n" + waits)
+    assert problems(spec, head + "ld.shared.f32 %f1, [%r1];\n")       # never waits
+    ordinary = SimpleNamespace(ptx_must=(), ptx_must_not=(), max_spill_bytes=0,
+                               early_launch=False)
+    assert problems(ordinary, head + "ld.f32 %f1, [%rd1];\n") == []

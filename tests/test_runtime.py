@@ -294,3 +294,24 @@ def test_a_dropped_driver_buffer_is_freed_later_and_never_inside_a_capture(monke
     assert not freed
     memory.release_pending()
     assert freed == [0x1000] and not memory._PENDING
+
+
+def test_launch_configurations_carry_the_cluster_and_early_launch_attributes():
+    from gemmlib.runtime.driver import launch_config
+
+    early = launch_config((132, 1, 1), (384, 1, 1), 1024, 7, early=True)
+    assert early.num_attrs == 1 and early.attrs[0].id == 6 and early.attrs[0].value.flag == 1
+    both = launch_config((132, 1, 1), (384, 1, 1), 1024, 7, cluster=2, early=True)
+    assert both.num_attrs == 2 and both.attrs[0].id == 4 and both.attrs[0].value.cluster.x == 2
+    assert both.attrs[1].id == 6
+    assert launch_config((1, 1, 1), (32, 1, 1), 0, 0, cluster=2).num_attrs == 1
+
+
+def test_the_hopper_rungs_that_wait_first_are_launched_early():
+    """Every rung built on the warp-specialised ring starts with ``early_launch``."""
+    from gemmlib.kernels import get as get_kernel
+
+    for name in ("wgmma_ws", "wgmma_split_k", "wgmma_swap", "wgmma_store", "wgmma_pingpong",
+                 "wgmma_cluster", "wgmma_tf32", "wgmma_fp8"):
+        assert get_kernel(name).early_launch, name
+    assert not get_kernel("wgmma_tma").early_launch

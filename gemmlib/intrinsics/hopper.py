@@ -41,6 +41,15 @@ pointers are 64-bit):
 ``setmaxnreg(n, increase)``          (a factory) move registers between warpgroups
 ``tma_load_2d(dst, tmap, x, y, bar)`` the box at column ``x``, row ``y`` -> ``dst``
 ``tensormap_acquire(tmap)``          the map was written through the generic proxy
+``grid_dependency_wait()``           wait for the grids this one may overlap (see below)
+``launch_dependents()``              let the next grid on the stream start launching
+
+Programmatic dependent launch (``griddepcontrol``).  A kernel launched with the
+programmatic-serialization attribute may start while the stream's previous kernel is still
+running; ``grid_dependency_wait`` holds the thread until that kernel has finished and its
+writes are visible, so a kernel that calls it before touching global memory may be so
+launched (:func:`gemmlib.kernels.ws_pipeline.early_launch`).  ``launch_dependents`` lets
+the next such kernel launch once every block of this one has called it (else as they exit).
 
 Measured on an H100 (``results/hopper-2026-11-23/``, kept as
 ``tests/test_hopper.py``): wgmma m64n8k16 from unswizzled and 128-byte
@@ -110,6 +119,8 @@ def _make():
     wgmma_fence = bare("wgmma_fence", "wgmma.fence.sync.aligned;")
     wgmma_commit = bare("wgmma_commit", "wgmma.commit_group.sync.aligned;")
     _WAITS = {n: bare(f"wgmma_wait{n}", f"wgmma.wait_group.sync.aligned {n};") for n in range(8)}
+    grid_dependency_wait = bare("grid_dependency_wait", "griddepcontrol.wait;")
+    launch_dependents = bare("launch_dependents", "griddepcontrol.launch_dependents;")
 
     def _bar_u32(name, ptx):
         """An intrinsic f(bar, value): a barrier address and one 32-bit operand."""
@@ -276,7 +287,8 @@ def _make():
                 mbarrier_expect_tx=mbarrier_expect_tx, mbarrier_try_wait=mbarrier_try_wait,
                 mbarrier_arrive=mbarrier_arrive, tensormap_acquire=tensormap_acquire,
                 tma_load_2d=tma_load_2d, wgmma=_wgmma, setmaxnreg=_setmaxnreg,
-                ld_global_u64=ld_global_u64, ld_global_f32=ld_global_f32)
+                ld_global_u64=ld_global_u64, ld_global_f32=ld_global_f32,
+                grid_dependency_wait=grid_dependency_wait, launch_dependents=launch_dependents)
 
 
 # --------------------------------------------------------------------------
@@ -531,7 +543,8 @@ _PHASE_DONE = __import__("threading").Condition(_SIM_LOCK)   # an mbarrier phase
 
 _NAMES = ("smem_addr", "fence_proxy_async", "fence_mbarrier_init", "wgmma_fence", "wgmma_commit",
           "mbarrier_init", "mbarrier_expect_tx", "mbarrier_try_wait", "mbarrier_arrive",
-          "tensormap_acquire", "tma_load_2d", "ld_global_u64", "ld_global_f32")
+          "tensormap_acquire", "tma_load_2d", "ld_global_u64", "ld_global_f32",
+          "grid_dependency_wait", "launch_dependents")
 
 if SIMULATOR:
     _impl = dict(smem_addr=smem_addr_py, fence_proxy_async=_nothing,
@@ -541,13 +554,15 @@ if SIMULATOR:
                  tensormap_acquire=_nothing, tma_load_2d=tma_load_2d_py,
                  waits={n: wgmma_wait_py for n in range(8)}, wgmma=_wgmma_py,
                  setmaxnreg=lambda n, inc: _nothing, ld_global_u64=ld_global_u64_py,
-                 ld_global_f32=ld_global_f32_py)
+                 ld_global_f32=ld_global_f32_py, grid_dependency_wait=_nothing,
+                 launch_dependents=_nothing)
 else:
     _impl = _make()
 
 (smem_addr, fence_proxy_async, fence_mbarrier_init, wgmma_fence, wgmma_commit, mbarrier_init,
  mbarrier_expect_tx, mbarrier_try_wait, mbarrier_arrive, tensormap_acquire,
- tma_load_2d, ld_global_u64, ld_global_f32) = (_impl[n] for n in _NAMES)
+ tma_load_2d, ld_global_u64, ld_global_f32, grid_dependency_wait,
+ launch_dependents) = (_impl[n] for n in _NAMES)
 
 #: N of the m64nNk16 shapes wgmma offers with fp32 accumulators
 WGMMA_N = tuple(range(8, 257, 8))

@@ -62,7 +62,7 @@ from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, bias_code
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes
 from gemmlib.kernels.wgmma_ws import as_accumulated, check_tile, register_roles, regs_suffix
-from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 #: blocks per cluster of the default build: 2 on a GPU, 1 in the simulator (see above)
@@ -150,6 +150,7 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
 
     @cuda.jit(**jit_opts)
     def wgmma_cluster_kernel(A, B, C, bias, maps):
+        early_launch()                       # before any global memory
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
@@ -238,6 +239,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
         name += ("" if MULTICAST else "_unicast") + ("" if ARRIVE == "one" else f"_{ARRIVE}")
     name += out_suffix(OUT) + layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
+        early_launch=True,
         name=name,
         idea=f"clusters of {CM} blocks along M: each copies its A and 1/{CM} of B's panels, "
              "multicast by TMA into every block of the cluster; empty barriers count the "

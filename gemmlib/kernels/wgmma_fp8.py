@@ -103,6 +103,7 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
     name += f"_{precision}_{OUT}" + ("_kn" if B_LAYOUT == "KN" else "")
     out_dtype = "uint16" if OUT == "bf16" else "float32"
     return KernelSpec(
+        early_launch=True,
         name=name,
         chapter="17d-tf32-fp8",
         idea="FP8 (e4m3/e5m2) on wgmma m64nNk32, K-major tiles, the tile's accumulators "

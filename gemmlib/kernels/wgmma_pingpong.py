@@ -70,7 +70,7 @@ from gemmlib.kernels.wgmma_async import (BK, bias_code, bias_entry, bias_fields,
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (batched_walk, check_tile, persistent_grid, register_roles,
                                       regs_suffix)
-from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec
 
 #: dynamic shared memory one block may opt in to on an H100 / H200
@@ -112,6 +112,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
 
     @cuda.jit(**jit_opts)
     def wgmma_pingpong_kernel(A, B, C, bias, maps):
+        early_launch()                       # before any global memory
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
@@ -198,6 +199,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 128, STAGES: int | N
         name += "_unordered"
     name += out_suffix(OUT) + layout_suffix(B_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
+        early_launch=True,
         name=name,
         idea="wgmma_ws with two consumer warpgroups on alternating whole tiles, taking turns "
              "at the tensor cores (ordered by an mbarrier pair): one stores while the other "

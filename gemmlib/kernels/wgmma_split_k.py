@@ -58,7 +58,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
 from gemmlib.kernels.wgmma_ws import check_build, register_roles, regs_suffix
-from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 #: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
@@ -285,6 +285,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
         return True
 
     def wgmma_split_k_kernel(A, B, C, bias, W, L, maps):
+        early_launch()                       # before any global memory
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
@@ -423,6 +424,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
         name += "_stream" + (f"{GRID}" if GRID else "")
     name += out_suffix(OUT) + layout_suffix(B_LAYOUT, A_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
+        early_launch=True,
         name=name,
         idea="wgmma_ws's persistent blocks walk (tile, slice of K) units; each consumer "
              "thread leaves its partials in a workspace and the last of a tile's slices "

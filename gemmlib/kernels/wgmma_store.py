@@ -55,7 +55,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry,
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, batched_walk, check_build,
                                       persistent_grid, register_roles, regs_suffix)
-from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec
 
 #: bytes of one staged row of a box (the 128-byte swizzle's span) and rows per box
@@ -201,6 +201,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
 
     @cuda.jit(**jit_opts)
     def wgmma_store_kernel(A, B, C, bias, maps):
+        early_launch()                       # before any global memory
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
@@ -323,6 +324,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     name += regs_suffix(REGS) + out_suffix(OUT) + (f"_p{PIECES}" if split else "")
     name += layout_suffix(B_LAYOUT, A_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
+        early_launch=True,
         name=name,
         idea="wgmma_ws with the epilogue through shared memory: consumers stage each tile "
              "in swizzled boxes and go on; a producer thread TMA-stores them to C",

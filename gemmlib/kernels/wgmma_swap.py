@@ -299,6 +299,7 @@ def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
     fields["constraints"] = (HOPPER_ONLY,
                              K_SIXTEEN_BYTE_ROWS if B_LAYOUT == "NK" else SIXTEEN_BYTE_ROWS)
     return KernelSpec(
+        early_launch=True,
         name=name,
         idea="swap-AB: C^T = W^T X^T, the weight's outputs fill wgmma's 64 rows and the "
              "tokens its narrow n; small stages make a deep ring; stream-K: every block "

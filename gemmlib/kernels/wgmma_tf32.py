@@ -167,6 +167,7 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
     name = rung_name("wgmma_tf32", None, default, BM, BN, STAGES, GROUP_M)
     name += layout_suffix(B_LAYOUT, A_LAYOUT) + bias_suffix(BIAS)
     return KernelSpec(
+        early_launch=True,
         name=name,
         chapter="17d-tf32-fp8",
         idea=("tf32 wgmma reads both operands K-major: B given as (N, K) is read as it is, "

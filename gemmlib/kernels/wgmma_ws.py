@@ -64,7 +64,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          out_ptx, out_suffix, rung_name, spec_fields,
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
-from gemmlib.kernels.ws_pipeline import acquire_maps, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -153,6 +153,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
 
     @cuda.jit(**jit_opts)
     def wgmma_ws_kernel(A, B, C, bias, maps):
+        early_launch()                       # before any global memory
         sm = cuda.shared.array(0, uint16)
         bars = cuda.shared.array(NBARS, uint64, alignment=BAR_ALIGN)
         t = cuda.threadIdx.x
@@ -253,6 +254,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
     name += (regs_suffix(REGS) + out_suffix(OUT) + layout_suffix(B_LAYOUT, A_LAYOUT)
              + bias_suffix(BIAS))
     return KernelSpec(
+        early_launch=True,
         name=name,
         idea="a producer warpgroup issues TMA, consumer warpgroups issue wgmma; full and "
              "empty mbarriers per stage; one persistent block per SM walks the tiles",

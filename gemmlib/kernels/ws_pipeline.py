@@ -18,7 +18,9 @@ ring's parts live here and each rung's kernel keeps only its own idea:
   wgmma over those k-tiles (``slice_``: the byte offset of its rows in A's tile), each stage
   released once the next k-tile's wgmma is issued and its own has finished
   (``wgmma.wait_group 1``), so one wgmma is always in flight;
-* ``drain(bars, it, k0, k1, t, rank)``: the last wgmma waited for, its stage released.
+* ``drain(bars, it, k0, k1, t, rank)``: the last wgmma waited for, its stage released;
+* ``early_launch()``: each kernel's first step, so the runtime may launch it while the
+  stream's previous kernel finishes (programmatic dependent launch).
 
 ``full`` is the index of stage 0's full barrier in ``bars``, ``EMPTY`` (a build constant)
 that of stage 0's empty barrier.  Two hooks change the ring's bookkeeping, not its shape:
@@ -43,6 +45,17 @@ class Ring(NamedTuple):
     fill: object
     mma: object
     drain: object
+
+
+@cuda.jit(device=True)
+def early_launch():
+    """The first step of a kernel that may be launched early (``KernelSpec.early_launch``:
+    with programmatic stream serialization, so that its blocks are placed while the
+    stream's previous kernel drains): wait until that kernel has finished and its writes
+    (activations, tensor maps, counters) are visible, then let the stream's next such
+    kernel be placed in turn.  Nothing before it may touch global memory."""
+    H.grid_dependency_wait()
+    H.launch_dependents()
 
 
 @cuda.jit(device=True)

@@ -24,7 +24,7 @@ class _ClusterDim(ctypes.Structure):
 
 
 class _AttrValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_char * 64), ("cluster", _ClusterDim)]
+    _fields_ = [("pad", ctypes.c_char * 64), ("cluster", _ClusterDim), ("flag", ctypes.c_int)]
 
 
 class _LaunchAttr(ctypes.Structure):
@@ -39,19 +39,29 @@ class _LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
 
 
-#: CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-_CLUSTER_ATTR = 4
+#: CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_CLUSTER_ATTR, _EARLY_ATTR = 4, 6
 
 
-def _cluster_config(grid, block, shared: int, stream: int, cluster: int) -> _LaunchConfig:
-    """A launch configuration whose blocks form clusters of ``cluster`` along x (the
-    attribute array is kept alive by the returned object)."""
-    attr = _LaunchAttr(id=_CLUSTER_ATTR)
-    attr.value.cluster = _ClusterDim(cluster, 1, 1)
+def launch_config(grid, block, shared: int, stream: int, cluster: int = 1,
+                  early: bool = False) -> _LaunchConfig:
+    """A cuLaunchKernelEx configuration: blocks in clusters of ``cluster`` along x (> 1);
+    ``early``: programmatic stream serialization -- the kernel may be placed before the
+    stream's previous kernel has finished, for it waits for that kernel itself
+    (``griddepcontrol.wait``).  The attribute array is kept alive by the returned object."""
+    attrs = (_LaunchAttr * 2)()
+    n = 0
+    if cluster > 1:
+        attrs[n].id = _CLUSTER_ATTR
+        attrs[n].value.cluster = _ClusterDim(cluster, 1, 1)
+        n += 1
+    if early:
+        attrs[n].id = _EARLY_ATTR
+        attrs[n].value.flag = 1
+        n += 1
     cfg = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(*block),
-                        shared=shared, stream=stream or None, attrs=ctypes.pointer(attr),
-                        num_attrs=1)
-    cfg._attr = attr
+                        shared=shared, stream=stream or None, attrs=attrs, num_attrs=n)
+    cfg._attrs = attrs
     return cfg
 
 

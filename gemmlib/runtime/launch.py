@@ -16,6 +16,7 @@ good) and the tensor maps.  In the simulator kernels are launched through numba
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import threading
 from threading import get_ident
@@ -29,9 +30,14 @@ from gemmlib.runtime import maps, memory
 from gemmlib.runtime.caches import LOCK
 from gemmlib.runtime.compile import (compiled_finish, compiled_prep, compiled_reduce,
                                      compiled_round16, compiled_spec)
-from gemmlib.runtime.driver import CudaError, _cluster_config, driver
+from gemmlib.runtime.driver import CudaError, driver, launch_config
 from gemmlib.runtime.memory import stream_handle
 from gemmlib.runtime.plans import Plan, plan
+
+#: launch the rungs that wait for the stream's previous kernel themselves
+#: (``KernelSpec.early_launch``) with programmatic stream serialization: their blocks are
+#: placed while that kernel drains.  ``GEMMLIB_EARLY_LAUNCH=0`` launches them as any other
+EARLY_LAUNCH = os.environ.get("GEMMLIB_EARLY_LAUNCH", "1") != "0"
 
 # Kernel parameters: numba passes a 2-D array as 9 eight-byte words.
 _WORDS = 9
@@ -115,6 +121,8 @@ class _Bound:
         self.prep = self.prep_words = None
         #: the grid launched: a cluster rung's, cut to the clusters that fit at once
         self.grid = p.grid if spec.cluster == 1 else _cluster_grid(self.fn, p)
+        #: (stream, early) -> the cuLaunchKernelEx configuration of the main kernel
+        self.configs = {}
         if spec.b_prep is not None:   # B.T first, into a buffer kept per stream (_prepared_b)
             self.prep = compiled_prep(spec).function(ctx)
             self.prep_words = _array_words(0, K, N, ib) + _array_words(0, N, K, ib)
@@ -168,7 +176,7 @@ def _cluster_grid(fn: int, p: Plan) -> tuple[int, int, int]:
     (``cuOccupancyMaxActiveClusters``: clusters live inside one GPC, so SMs / cluster
     may not all fit), or the late ones would run after the others as a second wave."""
     cm = p.spec.cluster
-    cfg = _cluster_config(p.grid, p.block, p.shared_bytes, 0, cm)
+    cfg = launch_config(p.grid, p.block, p.shared_bytes, 0, cm)
     n = ctypes.c_int()
     drv = driver()
     drv.check(drv.max_active_clusters(ctypes.byref(n), fn, ctypes.byref(cfg)),
@@ -367,8 +375,12 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
     if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
         values[b.maps_word] = maps_addr
     drv = driver()
-    if p.spec.cluster > 1:
-        cfg = _cluster_config(b.grid, p.block, p.shared_bytes, stream, p.spec.cluster)
+    early = EARLY_LAUNCH and p.spec.early_launch
+    if early or p.spec.cluster > 1:
+        cfg = b.configs.get((stream, early))
+        if cfg is None:
+            cfg = b.configs[(stream, early)] = launch_config(
+                b.grid, p.block, p.shared_bytes, stream, p.spec.cluster, early)
         rc = drv.launch_kernel_ex(ctypes.byref(cfg), b.fn, pointers, None)
     else:
         rc = drv.launch_kernel(b.fn, *p.grid, *p.block, p.shared_bytes, stream, pointers,
