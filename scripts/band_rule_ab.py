@@ -1,0 +1,90 @@
+"""auto's choice at prefill-chunk sizes against the whole-wave tile alone, on layers it was
+not tuned on.
+
+For each projection of the serving suite's models (``bench_serving.MODELS``: held apart
+from the tuner's ``tune_hopper.TRAINING``) and each token count, a loop of
+``matmul(x, W.t(), out=C)`` calls with ``kernel="auto"`` and with the tuner's candidates
+"split128xfit" (tiles of 128 tokens by the outputs that fill whole waves) and "rule",
+beside ``torch.matmul`` on the same data, round by round (``bench_serving.time_rounds``).
+
+    python scripts/band_rule_ab.py --tokens 96 128 256 384 512 --out band.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="*", default=[128, 256, 512])
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--candidates", nargs="*", default=["split128xfit", "rule"])
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import gemmlib
+    from gemmlib import tune_hopper
+    from gemmlib.bench_models import framework, operand_sets
+    from gemmlib.bench_serving import MODELS, projections_of, time_rounds, warm_gpu
+
+    fw = framework("torch")
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = {}
+    for m, cfg in MODELS.items():
+        for proj, N, K in projections_of(cfg):
+            shapes.setdefault((N, K), f"{m} {proj}")
+    warm_gpu(torch, 1.0)
+    rows = []
+    for (N, K), use in shapes.items():
+        for M in args.tokens:
+            sets = operand_sets(2 * (M * K + N * K + M * N), l2)
+            ops = [((torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(dt),
+                    (torch.rand(N, K, device="cuda", generator=g) * 2 - 1).to(dt),
+                    torch.empty(M, N, device="cuda", dtype=dt)) for _ in range(sets)]
+            ref = ops[0][0].float() @ ops[0][1].float().t()
+            specs = {"auto": "auto"}
+            for c in args.candidates:
+                s = tune_hopper.spec_of(c, args.precision, M, N, K)
+                if s is not None:
+                    specs[c] = s
+            calls = {"torch": [lambda o=o: torch.matmul(o[0], o[1].t(), out=o[2]) for o in ops]}
+            names = {}
+            for c, s in specs.items():
+                C = torch.full((M, N), float("nan"), device="cuda", dtype=dt)
+                gemmlib.matmul(ops[0][0], ops[0][1].t(), kernel=s, out=C)
+                err = float((C.float() - ref).norm() / ref.norm())
+                assert err < 2e-2, (c, M, N, K, err)
+                names[c] = getattr(s, "name", s)
+                calls[c] = [lambda o=o, s=s: gemmlib.matmul(o[0], o[1].t(), kernel=s, out=o[2])
+                            for o in ops]
+            times, _ = time_rounds(fw, calls, target_ms=3.0, loops=7)
+            t = times.pop("torch")
+            row = dict(use=use, M=M, N=N, K=K, precision=args.precision,
+                       gpu=torch.cuda.get_device_name(), torch_us=statistics.median(t) * 1e3)
+            for c, ts in times.items():
+                row[c + "_us"] = statistics.median(ts) * 1e3
+                row[c + "_pct"] = statistics.median(100 * a / b for a, b in zip(t, ts))
+                row[c + "_kernel"] = names[c]
+            rows.append(row)
+            print(f"{M:5d} {N:6d} {K:6d} torch {row['torch_us']:7.1f} us  " + "  ".join(
+                f"{c} {row[c + '_pct']:5.1f}%" for c in times), flush=True)
+            del ops, calls
+    for M in args.tokens:
+        sel = [r for r in rows if r["M"] == M]
+        print(f"M={M}: " + "  ".join(
+            f"{c} {statistics.geometric_mean(r[c + '_pct'] for r in sel if c + '_pct' in r):.1f}%"
+            for c in ["auto"] + args.candidates))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": {"what": __doc__.splitlines()[0]}, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
