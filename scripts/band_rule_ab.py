@@ -5,7 +5,10 @@ For each projection of the serving suite's models (``bench_serving.MODELS``: hel
 from the tuner's ``tune_hopper.TRAINING``) and each token count, a loop of
 ``matmul(x, W.t(), out=C)`` calls with ``kernel="auto"`` and with the tuner's candidates
 "split128xfit" (tiles of 128 tokens by the outputs that fill whole waves) and "rule",
-beside ``torch.matmul`` on the same data, round by round (``bench_serving.time_rounds``).
+beside ``torch.matmul`` on the same data.  Each implementation's loop of calls is
+captured once in a CUDA graph and replayed, the graphs in turn, round by round: device
+time only, so the choice of kernel is compared without the host path (whose cost the
+serving suite's eager loops include).
 
     python scripts/band_rule_ab.py --tokens 96 128 256 384 512 --out band.json
 """
@@ -15,6 +18,37 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+
+
+def graph_rounds(torch, calls: dict, per_loop: int = 20, rounds: int = 7) -> dict:
+    """Milliseconds per call of each implementation ({name: [per round]}): its calls
+    (cycling through the operand sets) captured ``per_loop`` times in one CUDA graph, the
+    graphs replayed in turn, ``rounds`` times."""
+    graphs = {}
+    side = torch.cuda.Stream()
+    for name, cs in calls.items():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):   # warm-up outside the capture
+            for c in cs:
+                c()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(per_loop):
+                cs[i % len(cs)]()
+        graphs[name] = g
+    out = {name: [] for name in calls}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for name, g in graphs.items():
+        g.replay()
+    for _ in range(rounds):
+        for name, g in graphs.items():
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            out[name].append(start.elapsed_time(end) / per_loop)
+    return out
 
 
 def main(argv=None):
@@ -29,10 +63,9 @@ def main(argv=None):
 
     import gemmlib
     from gemmlib import tune_hopper
-    from gemmlib.bench_models import framework, operand_sets
-    from gemmlib.bench_serving import MODELS, projections_of, time_rounds, warm_gpu
+    from gemmlib.bench_models import operand_sets
+    from gemmlib.bench_serving import MODELS, projections_of, warm_gpu
 
-    fw = framework("torch")
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -64,7 +97,7 @@ def main(argv=None):
                 names[c] = getattr(s, "name", s)
                 calls[c] = [lambda o=o, s=s: gemmlib.matmul(o[0], o[1].t(), kernel=s, out=o[2])
                             for o in ops]
-            times, _ = time_rounds(fw, calls, target_ms=3.0, loops=7)
+            times = graph_rounds(torch, calls)
             t = times.pop("torch")
             row = dict(use=use, M=M, N=N, K=K, precision=args.precision,
                        gpu=torch.cuda.get_device_name(), torch_us=statistics.median(t) * 1e3)
