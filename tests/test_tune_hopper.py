@@ -111,6 +111,27 @@ def test_past_the_table_whole_wave_tiles_where_wide_ones_leave_a_wave_empty(monk
         S._CHOICES.clear()
 
 
+def test_a_class_that_keeps_the_rule_still_fits_a_nearly_empty_last_wave(monkeypatch):
+    """Within the table (M <= HOPPER_TUNED_MMAX) a class whose entry is the rule: a K-major
+    B takes whole-wave tiles where 128 x 256 ones would leave their last wave nearly empty
+    (512 x 9216: 144 tiles on 132 SMs), and the rule where they fill it (512 x 8192: 128)."""
+    from dataclasses import replace
+
+    dev = replace(backend.device_info(), sm_count=132, simulated=False)
+    monkeypatch.setattr(backend, "device_info", lambda device_id=None: dev)
+    monkeypatch.setattr(S, "SIMULATOR", False)
+    monkeypatch.setattr(S.tuning, "best_entry", lambda *a, **k: dict(rung="rule"))
+    S._CHOICES.clear()
+    try:
+        fit = S.select_tc("bf16", 512, 9216, 3072, out="bf16", b_layout="NK")
+        assert fit.b_operand == "NK" and fit.params["BN"] not in (128, 256)
+        assert -(-512 // 128) * -(-9216 // fit.params["BN"]) <= 2 * 132
+        rule = S.select_tc("bf16", 512, 8192, 3072, out="bf16", b_layout="NK")
+        assert rule.params.get("BN", 256) == 256
+    finally:
+        S._CHOICES.clear()
+
+
 def test_fit_columns_fills_whole_waves():
     """The widths cuBLAS's own kernels take at these shapes (results/ncu-serving-2026-11-27/):
     96 at 256 x 6144, 112 at 512 x 3584, 128 at 512 x 4096 -- tiles of 128 tokens."""
