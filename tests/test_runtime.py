@@ -120,18 +120,36 @@ def test_captured_maps_are_the_graphs_own(fake_device, monkeypatch):
 
 def test_a_graphs_workspace_is_kept_for_good(fake_device, monkeypatch):
     class Bound:
-        scratch = {}
+        def __init__(self):
+            self.scratch = {}
 
-    b = Bound()
+    b, other = Bound(), Bound()
     before = len(memory.GRAPH_OWNED)
     monkeypatch.setattr(launch, "SCRATCH_BYTES", 1)   # anything eager is evicted at once
     launch._keep(b, ("w", 9, True), ("graph buffer", 123), 10**9, graph=True)
     launch._keep(b, ("w", 7, False), ("eager buffer", 456), 10**9)
-    launch._keep(b, ("w", 8, False), ("eager buffer", 789), 10**9)
+    launch._keep(other, ("w", 8, False), ("eager buffer", 789), 10**9)
     assert b.scratch[("w", 9, True)] == ("graph buffer", 123)
     assert ("w", 7, False) not in b.scratch
     assert len(memory.GRAPH_OWNED) == before + 1
     memory.GRAPH_OWNED.pop()
+
+
+def test_eviction_spares_the_buffers_of_the_call_under_way(fake_device, monkeypatch):
+    """Past the budget the oldest kept buffers go, but not the plan's own: a call that keeps
+    a transposed B and then a transposed A has launched work on the first already."""
+    class Bound:
+        def __init__(self):
+            self.scratch = {}
+
+    other, b = Bound(), Bound()
+    monkeypatch.setattr(launch, "_SCRATCH", launch.OrderedDict())
+    monkeypatch.setattr(launch, "SCRATCH_BYTES", 100)
+    launch._keep(other, ("w", 7, False), "other's", 60)
+    launch._keep(b, ("bt", 7, False), "B transposed", 80)    # over: the other plan's go
+    launch._keep(b, ("at", 7, False), "A transposed", 80)    # over, but both are b's
+    assert not other.scratch
+    assert b.scratch == {("bt", 7, False): "B transposed", ("at", 7, False): "A transposed"}
 
 
 class _Freed:
@@ -281,6 +299,9 @@ def test_a_dropped_driver_buffer_is_freed_later_and_never_inside_a_capture(monke
     freed = []
 
     class Driver:
+        def synchronize(self):
+            freed.append("synchronized")
+
         def mem_free(self, ptr):
             freed.append(ptr)
 
@@ -293,7 +314,7 @@ def test_a_dropped_driver_buffer_is_freed_later_and_never_inside_a_capture(monke
         memory.release_pending()
     assert not freed
     memory.release_pending()
-    assert freed == [0x1000] and not memory._PENDING
+    assert freed == ["synchronized", 0x1000] and not memory._PENDING
 
 
 def test_launch_configurations_carry_the_cluster_and_early_launch_attributes():

@@ -436,9 +436,15 @@ def _keep(b: "_Bound", key, value, nbytes: int, graph: bool = False):
     b.scratch[key] = value
     with LOCK:
         _SCRATCH[(id(b), key)] = (b, nbytes)
-        while sum(n for _, n in _SCRATCH.values()) > SCRATCH_BYTES and len(_SCRATCH) > 1:
-            (_, old_key), (old, _) = _SCRATCH.popitem(last=False)
-            old.scratch.pop(old_key, None)   # CuPy's pool reuses it on that stream only
+        total = sum(n for _, n in _SCRATCH.values())
+        # the oldest go first, but never this plan's own: the call under way may have
+        # launched work on them already (a transposed B, before its A is kept)
+        for entry in [e for e in _SCRATCH if e[0] != id(b)]:
+            if total <= SCRATCH_BYTES:
+                break
+            old, n = _SCRATCH.pop(entry)
+            old.scratch.pop(entry[1], None)   # CuPy's pool reuses it on that stream only
+            total -= n
     memory.release_pending()
     return value
 

@@ -8,10 +8,11 @@ captured call's buffers from torch's allocator (the graph's private pool, see be
 Otherwise CuPy's pool, stream-ordered: a buffer freed there is handed out again only in
 order on its stream.  A driver buffer is not tied to a stream: the stream it served may
 be destroyed before it goes (a CuPy stream, an external one), and ``cuMemFreeAsync`` on
-a destroyed stream is a crash.  So it is freed with ``cuMemFree``, which waits for the
-device's work in flight; and since a garbage collection may drop it at any moment, a
-capture's included, its free waits in :data:`_PENDING` for the next safe point
-(:func:`release_pending`: an allocation or an eviction outside any capture).
+a destroyed stream is a crash.  So it is freed with ``cuMemFree`` once the device is idle
+(a synchronisation: rare, for buffers go only when the kept ones pass a budget); and since
+a garbage collection may drop it at any moment, a capture's included, its free waits in
+:data:`_PENDING` for the next safe point (:func:`release_pending`: an allocation or an
+eviction outside any capture).
 
 CUDA graphs.  A graph bakes in the addresses its kernels were captured with and
 replays them for as long as it lives, with no way for gemmlib to learn when it dies.
@@ -99,6 +100,7 @@ def release_pending() -> None:
     if not _PENDING or holding():
         return
     drv = driver()
+    drv.synchronize()   # no kernel in flight still reads them (cuMemFree need not wait)
     while _PENDING:
         try:
             drv.mem_free(_PENDING.pop())
