@@ -265,3 +265,23 @@ def test_buffers_of_a_destroyed_stream_are_evicted_safely_gpu(dtype, monkeypatch
     monkeypatch.setattr(launch, "SCRATCH_BYTES", 1)   # every earlier stream's buffers go
     check(gemmlib.matmul(cp.asarray(A_h), cp.asarray(B_h), out_dtype=np.float32))
     cp.cuda.Device().synchronize()
+
+
+@pytest.mark.gpu
+def test_a_call_keeping_buffers_past_the_budget_keeps_its_own_gpu(monkeypatch):
+    """tf32 with A column-major and B row-major keeps a transposed B, then a transposed A: with
+    a budget smaller than either, neither may go before the call's kernel has read them."""
+    torch = pytest.importorskip("torch")
+    from gemmlib.runtime import launch
+
+    if tuple(backend.device_info().compute_capability) != (9, 0):
+        pytest.skip("the tf32 wgmma rung's pre-passes: an H100/H200")
+    monkeypatch.setattr(launch, "SCRATCH_BYTES", 1 << 16)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for M, N, K in ((640, 520, 1032), (256, 4104, 2048)):
+        A = (torch.rand((K, M), generator=g, device="cuda") - 0.5).t()     # column-major
+        B = torch.rand((K, N), generator=g, device="cuda") - 0.5           # row-major
+        C = gemmlib.matmul(A, B, precision="tf32")
+        ref = A.double() @ B.double()
+        assert float((C.double() - ref).norm() / ref.norm()) < 2e-3, (M, N, K)
+    torch.cuda.synchronize()
