@@ -54,9 +54,10 @@ def matmul(A, B, out=None, *, kernel: str | KernelSpec | None = None, stream=Non
         column-major order is read as it lies by every rung with a K-major build (the
         ``auto`` choices everywhere), a column-major A by the Hopper fp16/bf16 rungs' and
         the fp32 CUDA-core rungs' ``A_LAYOUT="KM"`` builds (Hopper's tf32 rung transposes
-        it with its own pass first, as it does a row-major B); anything else -- another rung, views with no unit
-        stride (``A[:, ::2]``, a gap between rows) -- is copied into row-major order
-        first, on the call's stream (the result is the same; the copy costs time).
+        it with its own pass first, as it does a row-major B); anything else -- another
+        rung, views with no unit stride (``A[:, ::2]``, a gap between rows) -- is copied
+        into row-major order first, on the call's stream (the result is the same; the copy
+        costs time).
         Shapes follow ``torch.matmul``: ``(..., M, K) @ (K, N)`` flattens the leading
         dimensions into one product; ``(b, M, K) @ (b, K, N)`` and broadcast batch
         dimensions give ``(b, M, N)``: one launch for 16-bit stacks on Hopper

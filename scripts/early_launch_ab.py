@@ -52,8 +52,11 @@ def main(argv=None):
     for N, K in SHAPES:
         for M in args.tokens:
             sets = operand_sets(2 * (M * K + N * K + M * N), l2)
-            xs = [(torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(dt) for _ in range(sets)]
-            Ws = [(torch.rand(N, K, device="cuda", generator=g) * 2 - 1).to(dt) for _ in range(sets)]
+            def rand(*dims):
+                return (torch.rand(dims, device="cuda", generator=g) * 2 - 1).to(dt)
+
+            xs = [rand(M, K) for _ in range(sets)]
+            Ws = [rand(N, K) for _ in range(sets)]
             Cs = [torch.empty(M, N, device="cuda", dtype=dt) for _ in range(sets)]
             ref = xs[0].float() @ Ws[0].float().t()
             for f in (early, late):
@@ -66,25 +69,29 @@ def main(argv=None):
                      "early": [lambda o=o: early(*o) for o in ops],
                      "late": [lambda o=o: late(*o) for o in ops]}
             times, per = time_rounds(fw, calls, target_ms=3.0, loops=7)
-            t = times["torch"]
+            t, te, tl = times["torch"], times["early"], times["late"]
+
+            def ratio(num, den):   # the median of the rounds' ratios
+                return statistics.median(a / b for a, b in zip(num, den))
+
             row = dict(M=M, N=N, K=K, precision=args.precision,
                        gpu=torch.cuda.get_device_name(), calls_per_loop=per,
                        torch_us=statistics.median(t) * 1e3,
-                       early_us=statistics.median(times["early"]) * 1e3,
-                       late_us=statistics.median(times["late"]) * 1e3,
-                       early_pct_torch=statistics.median(100 * a / b for a, b in zip(t, times["early"])),
-                       late_pct_torch=statistics.median(100 * a / b for a, b in zip(t, times["late"])),
-                       early_over_late=statistics.median(b / a for a, b in zip(times["early"], times["late"])))
+                       early_us=statistics.median(te) * 1e3, late_us=statistics.median(tl) * 1e3,
+                       early_pct_torch=100 * ratio(t, te), late_pct_torch=100 * ratio(t, tl),
+                       early_over_late=ratio(tl, te))
             rows.append(row)
-            print(f"{M:5d} {N:6d} {K:6d}  torch {row['torch_us']:7.1f} us  early {row['early_us']:7.1f} "
-                  f"({row['early_pct_torch']:5.1f}%)  late {row['late_us']:7.1f} ({row['late_pct_torch']:5.1f}%)  "
+            print(f"{M:5d} {N:6d} {K:6d}  torch {row['torch_us']:7.1f} us  "
+                  f"early {row['early_us']:7.1f} ({row['early_pct_torch']:5.1f}%)  "
+                  f"late {row['late_us']:7.1f} ({row['late_pct_torch']:5.1f}%)  "
                   f"speedup {row['early_over_late']:.3f}", flush=True)
             del xs, Ws, Cs, ops, calls
     launch.EARLY_LAUNCH = True
     for M in args.tokens:
         sel = [r for r in rows if r["M"] == M]
         gm = lambda k: statistics.geometric_mean(r[k] for r in sel)  # noqa: E731
-        print(f"M={M}: early {gm('early_pct_torch'):.1f}% late {gm('late_pct_torch'):.1f}% of torch")
+        print(f"M={M}: early {gm('early_pct_torch'):.1f}% "
+              f"late {gm('late_pct_torch'):.1f}% of torch")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": {"what": __doc__.splitlines()[0]}, "rows": rows}, f, indent=1)

@@ -192,3 +192,34 @@ def rng():
     import numpy as np
 
     return np.random.default_rng()
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """``launched(record)``: a list that gets ``record(plan, A, B)`` for every kernel launch
+    through ``gemmlib.runtime.launch.launch`` (which still runs): what reached the kernel."""
+    from gemmlib.runtime import launch
+
+    def spy(record):
+        seen = []
+        real = launch.launch
+
+        def recorded(plan, A, B, C, *args, **kw):
+            seen.append(record(plan, A, B))
+            return real(plan, A, B, C, *args, **kw)
+
+        monkeypatch.setattr(launch, "launch", recorded)
+        return seen
+
+    return spy
+
+
+@pytest.fixture
+def no_reorder(monkeypatch):
+    """An operand copied into another order (``gemmlib.paths.product.reordered``) fails."""
+    from gemmlib.paths import product
+
+    def no_copy(op, order, stream):
+        raise AssertionError(f"copied an operand into {order} order")
+
+    monkeypatch.setattr(product, "reordered", no_copy)

@@ -98,16 +98,9 @@ def test_leading_dimension_and_steps():
 
 
 @pytest.mark.parametrize("kernel", ["layout_nt", "double_buffer"])
-def test_k_major_b_is_read_in_place(kernel, monkeypatch):
+def test_k_major_b_is_read_in_place(kernel, launched):
     """A column-major B (``W.T``) reaches a K-major rung as the caller's own memory."""
-    seen = []
-    real = launch.launch
-
-    def spy(plan, A, B, C, *args, **kw):
-        seen.append(B)
-        return real(plan, A, B, C, *args, **kw)
-
-    monkeypatch.setattr(launch, "launch", spy)
+    seen = launched(lambda plan, A, B: B)
     M, N, K = 5, 8, 12
     A = RNG.standard_normal((M, K)).astype(np.float32)
     W = RNG.standard_normal((N, K)).astype(np.float32)
@@ -119,17 +112,11 @@ def test_k_major_b_is_read_in_place(kernel, monkeypatch):
 @pytest.mark.parametrize("kernel", ["warptile", "split_k", "auto"])
 @pytest.mark.parametrize("M, N, K", [(1, 5, 7), (37, 29, 23), (130, 257, 33)])
 @pytest.mark.parametrize("b_order", ["C", "F"])
-def test_column_major_a_is_read_in_place_in_fp32(kernel, M, N, K, b_order, monkeypatch):
+def test_column_major_a_is_read_in_place_in_fp32(kernel, M, N, K, b_order, launched):
     """``A.T`` (a weight gradient's x^T) reaches the fp32 CUDA-core rungs as the caller's own
     (K, M) memory, with B either way round, into a poisoned C; odd shapes."""
-    seen = []
-    real = launch.launch
-
-    def spy(plan, A, B, C, *args, **kw):
-        seen.append((plan.spec.a_operand if hasattr(plan, "spec") else plan.a_operand, A))
-        return real(plan, A, B, C, *args, **kw)
-
-    monkeypatch.setattr(launch, "launch", spy)
+    seen = launched(lambda plan, A, B: (plan.spec.a_operand if hasattr(plan, "spec")
+                                        else plan.a_operand, A))
     At = RNG.standard_normal((K, M)).astype(np.float32)    # the memory: A is its transpose
     Bm = RNG.standard_normal((K, N) if b_order == "C" else (N, K)).astype(np.float32)
     B = Bm if b_order == "C" else Bm.T
@@ -143,25 +130,14 @@ def test_column_major_a_is_read_in_place_in_fp32(kernel, M, N, K, b_order, monke
 
 @pytest.mark.parametrize("M, N, K", [(12, 40, 36), (8, 20, 4), (20, 24, 68)])
 @pytest.mark.parametrize("b_order", ["C", "F"])
-def test_column_major_a_is_transposed_by_the_pre_pass_in_tf32(M, N, K, b_order, monkeypatch):
+def test_column_major_a_is_transposed_by_the_pre_pass_in_tf32(M, N, K, b_order, launched,
+                                                              no_reorder):
     """tf32 wgmma reads A K-major only: ``A.T`` reaches ``wgmma_tf32``'s KM build as the
     caller's own (K, M) memory -- no copy by the array library -- and the rung's pre-pass
     transposes it; B either way round, a poisoned C."""
-    from gemmlib.paths import product as P
     from gemmlib.runtime import select
 
-    def no_copy(op, order, stream):
-        raise AssertionError(f"copied an operand into {order} order")
-
-    monkeypatch.setattr(P, "reordered", no_copy)
-    seen = []
-    real = launch.launch
-
-    def spy(plan, A, B, C, *args, **kw):
-        seen.append((plan.spec.a_operand, A))
-        return real(plan, A, B, C, *args, **kw)
-
-    monkeypatch.setattr(launch, "launch", spy)
+    seen = launched(lambda plan, A, B: (plan.spec.a_operand, A))
     spec = select.build("wgmma_tf32", dict(BN=64, STAGES=2))
     At = RNG.uniform(-1, 1, (K, M)).astype(np.float32)    # the memory: A is its transpose
     Bm = RNG.uniform(-1, 1, (K, N) if b_order == "C" else (N, K)).astype(np.float32)

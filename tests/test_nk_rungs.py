@@ -242,27 +242,15 @@ def _km_operands(precision, M, N, K, b_order, seed):
 @pytest.mark.parametrize("precision", ("fp16", "bf16", "tf32", "3xtf32"))
 @pytest.mark.parametrize("b_order", ("C", "F"))
 @pytest.mark.parametrize("split", (False, True))
-def test_mma_pipeline_reads_a_column_major_a_in_place(precision, b_order, split, monkeypatch):
+def test_mma_pipeline_reads_a_column_major_a_in_place(precision, b_order, split, launched,
+                                                       no_reorder):
     """``A.T`` (a weight gradient's x^T) reaches ``mma_pipeline`` / ``mma_split_k``'s
     ``A_LAYOUT="KM"`` build as the caller's (K, M) memory -- its tile copied as a row-major
     B's, its fragments from ``ldmatrix.trans`` (16-bit) or scalar loads (TF32) -- with B
     either way round, odd N and K, a poisoned C, against float64."""
     import gemmlib
-    from gemmlib.paths import product
-    from gemmlib.runtime import launch
 
-    def no_copy(op, order, stream):
-        raise AssertionError(f"copied an operand into {order} order")
-
-    monkeypatch.setattr(product, "reordered", no_copy)
-    seen = []
-    real = launch.launch
-
-    def spy(plan, A, B, C, *args, **kw):
-        seen.append(plan.spec)
-        return real(plan, A, B, C, *args, **kw)
-
-    monkeypatch.setattr(launch, "launch", spy)
+    seen = launched(lambda plan, A, B: plan.spec)
     bk = 32 if precision in ("fp16", "bf16") else 16
     tile = dict(BM=32, BN=32, BK=bk, WM=32, WN=32, STAGES=2)
     spec = (mma_split_k.build(precision, SPLITS=2, **tile) if split

@@ -157,8 +157,8 @@ class _Driver:
         return ptr.value
 
     def mem_free(self, ptr: int) -> None:
-        """Give back a :meth:`mem_alloc` buffer (cuMemFree waits for the device's work in
-        flight, so no stream has to outlive the buffer)."""
+        """Give back a :meth:`mem_alloc` buffer (cuMemFree names no stream, so none has to
+        outlive the buffer; the caller makes sure no kernel still reads it)."""
         self.check(self._mem_free(ptr), "cuMemFree")
 
     def tensor_map_replace_address(self, tmap: int, ptr: int) -> bool:

@@ -19,7 +19,6 @@ import ctypes
 import os
 import struct
 import threading
-from threading import get_ident
 from collections import OrderedDict
 
 import numpy as np
@@ -331,7 +330,7 @@ def _kept_buffer(b: "_Bound", name: str, nbytes: int, stream: int, graph: bool =
     """The address of bound plan ``b``'s buffer ``name`` of ``nbytes`` for this stream and
     calling thread, allocated once (:func:`_keep`).  For a buffer one launch fills and the
     next reads: two threads' calls on one stream interleave their launches."""
-    key = (name, stream, graph, get_ident())
+    key = (name, stream, graph, threading.get_ident())
     kept = b.scratch.get(key)
     if kept is None:
         buf = memory.allocate(nbytes, stream)

@@ -332,10 +332,10 @@ def _tuned_entry(M: int, N: int, K: int, slug):
 #: 128 x 256 tiles fill one wave with ones that leave a second nearly empty (9216 outputs
 #: at 512 tokens: 56% of torch under the rule, 77% fitted, CUDA graphs on an H200,
 #: scripts/band_rule_ab.py) -- where the rule's 128 x 256 tiles fill less than
-#: HOPPER_FIT_FILL of their last wave, the tile width fitted to whole waves instead (HOPPER_FIT_ENTRY: the tuner's split128xfit,
-#: which won most classes it was tried on at 128-512 tokens on both GPUs,
-#: results/tune-2026-11-27c/); a 1024-token prefill chunk on a 4608-output layer makes 144
-#: such tiles, 1.09 waves of 132 SMs
+#: HOPPER_FIT_FILL of their last wave, the tile width fitted to whole waves instead
+#: (HOPPER_FIT_ENTRY: the tuner's split128xfit, which won most classes it was tried on at
+#: 128-512 tokens on both GPUs, results/tune-2026-11-27c/); a 1024-token prefill chunk on
+#: a 4608-output layer makes 144 such tiles, 1.09 waves of 132 SMs
 HOPPER_FIT_ENTRY = dict(rung=HOPPER_SPLIT, params=dict(BM=128, STAGES=8), width="fit_n")
 HOPPER_FIT_MMAX = 2048
 HOPPER_FIT_FILL = 0.8
@@ -345,8 +345,8 @@ def _tuned_kmajor(precision: str, M: int, N: int, K: int, slug, out: str):
     """On an H100/H200, the choice that only a K-major B can take (``width`` "fit_n":
     tiles of any multiple of 8 outputs): the tuned one up to HOPPER_TUNED_MMAX tokens,
     HOPPER_FIT_ENTRY where whole-wave tiles pay and the table (if any) keeps the rule
-    (see HOPPER_FIT_MMAX); built for the
-    C ``out``; else None (the choice for a row-major B, rebuilt K-major, serves)."""
+    (see HOPPER_FIT_MMAX); built for the C ``out``; else None (the choice for a row-major
+    B, rebuilt K-major, serves)."""
     if not (_hopper16(precision, slug) and HOPPER_SWAP_MMAX < M <= HOPPER_FIT_MMAX):
         return None
     entry = _tuned_entry(M, N, K, slug) if M <= HOPPER_TUNED_MMAX else None
