@@ -193,6 +193,13 @@ class KernelSpec:
     #: caller's B (as ``b_operand`` lays it), its B the caller's A (M, K), and it writes C
     #: transposed back -- so the runtime passes and maps the two operands exchanged
     swap_ab: bool = False
+    #: builds that read A and B through ``gemmlib.intrinsics.pitch.pitched`` views (a
+    #: rung's ``PITCHED`` build: ``gemmlib.runtime.select.with_pitch``): an operand that is
+    #: a slice of a wider matrix (rows further apart than a row) is read where it lies, its
+    #: row stride taken from the strides word of its array argument (written by
+    #: ``gemmlib.runtime.launch``; taken where every row stays 16-byte aligned:
+    #: ``gemmlib.paths.product._takes_pitch``)
+    reads_pitched: bool = False
 
     @property
     def b_kmajor(self) -> bool:
