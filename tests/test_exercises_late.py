@@ -162,6 +162,13 @@ def test_ch18_step_us():
 # The pages
 
 
+def test_ch18_early_step_us():
+    kw = dict(products=29, gpu_us=900.0, replay_us=15.0, seam_us=2.0)
+    assert ch18.early_step_us(hidden=0.0, **kw) == 915.0          # as a graph, no overlap
+    assert ch18.early_step_us(hidden=0.75, **kw) == 915.0 - 29 * 1.5
+    assert ex.expected("ch18.early_step_us", hidden=1.0, **kw) == 915.0 - 58.0
+
+
 def _pages(*prefixes):
     return [p for p in sorted((ROOT / "chapters").glob("*.ipynb")) if p.name.startswith(prefixes)]
 

@@ -66,6 +66,14 @@ def step_us(products: int, others: int, product_host_us: float, other_host_us: f
     return max(products * product_host_us + others * other_host_us, gpu_us)
 
 
+def early_step_us(products: int, gpu_us: float, replay_us: float, seam_us: float,
+                  hidden: float) -> float:
+    """Microseconds of one decode step replayed as a graph when each product launched early
+    hides the share ``hidden`` of the ``seam_us`` that separates it from the kernel before
+    it (that kernel's drain, then its own blocks placed and set up)."""
+    return replay_us + gpu_us - products * seam_us * hidden
+
+
 # --------------------------------------------------------------------------
 # Chapter 18.8: swap-AB and stream-K (gemmlib.kernels.wgmma_swap)
 
