@@ -198,6 +198,13 @@ class KernelSpec:
     #: with programmatic stream serialization, so their blocks are placed while the
     #: previous kernel drains, not after it and a launch gap
     early_launch: bool = False
+    #: builds that read A and B through ``gemmlib.intrinsics.pitch.pitched`` views (a
+    #: rung's ``PITCHED`` build: ``gemmlib.runtime.select.with_pitch``): an operand that is
+    #: a slice of a wider matrix (rows further apart than a row) is read where it lies, its
+    #: row stride taken from the strides word of its array argument (written by
+    #: ``gemmlib.runtime.launch``; taken where every row stays 16-byte aligned:
+    #: ``gemmlib.paths.product._takes_pitch``)
+    reads_pitched: bool = False
 
     @property
     def b_kmajor(self) -> bool:

@@ -137,7 +137,8 @@ def is_bf16array(x) -> bool:
 def kernel_array(op: Operand, xp, pitched: bool = False):
     """The operand as an array the kernel can take: raw 16-bit patterns for 16-bit inputs;
     NumPy (simulator, private copy when read-only) or a GPU array.  ``pitched``: a slice of
-    a wider matrix that the kernel's tensor maps read in place (kept as it lies)."""
+    a wider matrix that the kernel reads in place, through its tensor maps or its strides
+    (kept as it lies)."""
     x = op.obj
     if op.on_host:   # (a size-1 dimension may carry any stride: TMA maps read the strides)
         canonical = x.strides == np.empty(x.shape, x.dtype).strides

@@ -1,4 +1,4 @@
-"""Lowering pieces every inline-PTX intrinsic module shares (cp.async, mma, Hopper).
+"""Lowering pieces the intrinsic modules share (cp.async, mma, Hopper, 16-byte loads).
 
 Used only when numba compiles for a GPU: the modules call these from inside
 their ``_make...`` functions, never in the simulator, so the compiler's
@@ -22,6 +22,26 @@ def shared_address(context, builder, aty, ary, index, ity):
     if ptr.type.addrspace != 3:  # generic -> shared window, as a 32-bit address
         ptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3))
     return builder.ptrtoint(ptr, ir.IntType(32))
+
+
+def item_pointer(context, builder, aty, ary, inds):
+    """The address of element ``inds`` of the array ``ary`` (no bounds check, no negative
+    indices): numba's own for a C-contiguous array; for a pitched view ("A" layout,
+    :mod:`gemmlib.intrinsics.pitch`) the strides' byte offset from the data pointer by a
+    GEP -- numba adds it as an integer (ptrtoint, inttoptr), which hides from NVVM that
+    the pointer is global: its loads would be generic ``ld``, not ``ld.global``."""
+    from functools import reduce
+
+    from llvmlite import ir
+    from numba.cuda import cgutils
+
+    if aty.layout == "C":
+        return cgutils.get_item_pointer(context, builder, aty, ary, inds, wraparound=False)
+    strides = cgutils.unpack_tuple(builder, ary.strides, aty.ndim)
+    offset = reduce(builder.add, [builder.mul(i, s) for i, s in zip(inds, strides)])
+    data = ary.data
+    raw = builder.bitcast(data, ir.PointerType(ir.IntType(8), data.type.addrspace))
+    return builder.bitcast(builder.gep(raw, [offset], inbounds=True), data.type)
 
 
 def bare(name: str, ptx: str):

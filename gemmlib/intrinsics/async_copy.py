@@ -47,9 +47,9 @@ Functions (usable inside ``@cuda.jit`` kernels):
 
 ``cp_async4(dst, di, src, si, sj, src_bytes)``
     copy the float ``src[si, sj]`` to ``dst[di]`` (``dst`` a 1-D shared float32
-    array, ``src`` a C-contiguous 2-D float32 array); ``src_bytes`` 4 copies,
-    0 writes 0.0 and reads nothing (``src[si, sj]`` must still be an element
-    of ``src``: pass a clamped index).
+    array, ``src`` a C-contiguous 2-D float32 array, or the ``pitched`` view of one:
+    :mod:`gemmlib.intrinsics.pitch`); ``src_bytes`` 4 copies, 0 writes 0.0 and reads
+    nothing (``src[si, sj]`` must still be an element of ``src``: pass a clamped index).
 ``cp_async16(dst, di, src, si, sj, src_bytes)``
     the same for 16 bytes, ``src[si, sj:sj+4]`` -> ``dst[di:di+4]`` (float32) or
     ``src[si, sj:sj+8]`` -> ``dst[di:di+8]`` (uint16: FP16/BF16 bits); both
@@ -103,6 +103,12 @@ def _issue(dst, di, src, si, sj, src_bytes, cp_bytes):
     if cp_bytes == 16 and ((di * item) % 16 or (sj * item) % 16):
         raise AsyncCopyError(f"cp_async16 needs 16-byte aligned addresses: dst index {di} "
                              f"and source column {sj} must be multiples of {16 // item}")
+    # a NumPy source (a pitched view: gemmlib.intrinsics.pitch) at its true address, rows
+    # a pitch apart (a simulated argument is a fresh aligned copy: the column test suffices)
+    if cp_bytes == 16 and isinstance(src, np.ndarray) and (
+            src.ctypes.data + int(si) * src.strides[0] + int(sj) * src.strides[1]) % 16:
+        raise AsyncCopyError(f"cp_async16 from [{si}, {sj}]: the source address is not a "
+                             f"multiple of 16 (row stride {src.strides[0]} bytes)")
     n, total = int(src_bytes) // item, cp_bytes // item
     vals = [src[si, sj + e] for e in range(n)] + [0] * (total - n)
     _queues().open.append((dst, int(di), vals))
@@ -179,11 +185,10 @@ def _make_sync():
 def _make_intrinsics():
     from llvmlite import ir
     from numba import types
-    from numba.cuda import cgutils
     from numba.cuda.core.errors import NumbaTypeError
     from numba.cuda.extending import intrinsic
 
-    from gemmlib.intrinsics._lower import bare, shared_address
+    from gemmlib.intrinsics._lower import bare, item_pointer, shared_address
 
     i32, i64 = ir.IntType(32), ir.IntType(64)
 
@@ -192,9 +197,9 @@ def _make_intrinsics():
         if not (isinstance(dst, types.Array) and dst.ndim == 1 and dst.dtype in kinds):
             raise NumbaTypeError(f"{name}: dst must be a 1-D shared array of {kinds}, got {dst}")
         if not (isinstance(src, types.Array) and src.ndim == 2 and src.dtype == dst.dtype
-                and src.layout == "C"):
-            raise NumbaTypeError(f"{name}: src must be a C-contiguous 2-D {dst.dtype} array, "
-                                 f"got {src}")
+                and src.layout in "CA"):   # "A": a pitched view (gemmlib.intrinsics.pitch)
+            raise NumbaTypeError(f"{name}: src must be a C-contiguous or pitched 2-D "
+                                 f"{dst.dtype} array, got {src}")
         for v in (di, si, sj, nbytes):
             if not isinstance(v, types.Integer):
                 raise NumbaTypeError(f"{name}: indices and src_bytes must be integers, got {v}")
@@ -203,10 +208,9 @@ def _make_intrinsics():
         dty, dity, sty, sity, sjty, nty = sig.args
         daddr = shared_address(context, builder, dty, args[0], args[1], dity)
         sary = context.make_array(sty)(context, builder, args[2])
-        sptr = cgutils.get_item_pointer(
-            context, builder, sty, sary,
-            [context.cast(builder, args[3], sity, types.intp),
-             context.cast(builder, args[4], sjty, types.intp)], wraparound=False)
+        sptr = item_pointer(context, builder, sty, sary,
+                            [context.cast(builder, args[3], sity, types.intp),
+                             context.cast(builder, args[4], sjty, types.intp)])
         saddr = builder.ptrtoint(sptr, i64)
         nbytes = context.cast(builder, args[5], nty, types.int32)
         return daddr, saddr, nbytes

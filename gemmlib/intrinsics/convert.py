@@ -17,9 +17,9 @@ at ``arr[i, j]`` as four ``uint32`` words (``ld.global.v4.u32``); element
 ``j + 2e`` is the low half of word ``e``, ``j + 2e + 1`` its high half
 (little-endian).  The same intrinsic reads four float32 values as their bits
 (``as_float`` turns a word back into a float, for free).  The contract is
-:func:`gemmlib.intrinsics.vector.load4`'s: a C-contiguous 2-D array, the 16
-bytes inside one row, the address a multiple of 16 (the simulator twin checks
-both and raises :class:`~gemmlib.intrinsics.vector.MisalignedAccess`).
+:func:`gemmlib.intrinsics.vector.load4`'s: a C-contiguous 2-D array (or its
+``pitched`` view), the 16 bytes inside one row, the address a multiple of 16 (the
+simulator twin checks both and raises :class:`~gemmlib.intrinsics.vector.MisalignedAccess`).
 
 :func:`load16_stream` is the same load through the read-only (non-coherent)
 path with no L1 allocation, ``ld.global.nc.L1::no_allocate.v4.u32``: data
@@ -114,18 +114,19 @@ def float_to_bf16_py(x):
 def _make_intrinsics():
     from llvmlite import ir
     from numba import types
-    from numba.cuda import cgutils
     from numba.cuda.core.errors import NumbaTypeError
     from numba.cuda.extending import intrinsic
+
+    from gemmlib.intrinsics._lower import item_pointer
 
     i16, i32, i64, f32 = ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
     v4 = ir.VectorType(i32, 4)
 
     def _check(arr, i, j, name):
-        if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout == "C"
-                and arr.dtype.bitwidth in (16, 32)):
-            raise NumbaTypeError(f"{name} needs a C-contiguous 2-D array of 2- or 4-byte "
-                                 f"elements, got {arr}")
+        if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout in "CA"
+                and arr.dtype.bitwidth in (16, 32)):   # "A": a pitched view (intrinsics.pitch)
+            raise NumbaTypeError(f"{name} needs a C-contiguous or pitched 2-D array of 2- or "
+                                 f"4-byte elements, got {arr}")
         if not (isinstance(i, types.Integer) and isinstance(j, types.Integer)):
             raise NumbaTypeError(f"{name} needs integer indices, got {i}, {j}")
 
@@ -134,7 +135,7 @@ def _make_intrinsics():
         ary = context.make_array(aryty)(context, builder, args[0])
         inds = [context.cast(builder, args[1], ity, types.intp),
                 context.cast(builder, args[2], jty, types.intp)]
-        return cgutils.get_item_pointer(context, builder, aryty, ary, inds, wraparound=False)
+        return item_pointer(context, builder, aryty, ary, inds)
 
     def _tuple(context, builder, sig, vals):
         return context.make_tuple(builder, sig.return_type, vals)

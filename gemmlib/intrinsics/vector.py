@@ -12,8 +12,9 @@ turns that into ``ld.global.v4.f32`` for a global array and
 
 The contract, which the caller must keep (the hardware does not forgive it):
 
-* ``arr`` is a C-contiguous 2-D float32 array, and the four elements
-  ``arr[i, j:j+4]`` lie in the same row;
+* ``arr`` is a C-contiguous 2-D float32 array (or the ``pitched`` view of one:
+  :mod:`gemmlib.intrinsics.pitch`), and the four elements ``arr[i, j:j+4]`` lie in
+  the same row;
 * the address of ``arr[i, j]`` is a multiple of 16 bytes.  For a row-major
   matrix with ``n`` columns that needs ``n % 4 == 0``, ``j % 4 == 0`` and a
   16-byte-aligned base pointer (:func:`aligned16` checks the last one at run
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics.index import uidx
+from gemmlib.intrinsics.pitch import read
 
 #: Pass as ``alignment=`` to ``cuda.shared.array``: 16 on a GPU; None in the
 #: simulator, which raises on any alignment (its NumPy arrays are aligned anyway).
@@ -139,17 +141,20 @@ store2_u16_py = _pair_store_py("store2_u16", 2)
 def _make_intrinsics():
     from llvmlite import ir
     from numba import types
-    from numba.cuda import cgutils
     from numba.cuda.core.errors import NumbaTypeError
     from numba.cuda.extending import intrinsic
+
+    from gemmlib.intrinsics._lower import item_pointer
 
     f4 = ir.VectorType(ir.FloatType(), 4)
     f2 = ir.VectorType(ir.FloatType(), 2)
 
     def _check_array(arr, i, j, name):
+        # "A": a pitched view (gemmlib.intrinsics.pitch), rows of unit stride
         if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.dtype == types.float32
-                and arr.layout == "C"):
-            raise NumbaTypeError(f"{name} needs a C-contiguous 2-D float32 array, got {arr}")
+                and arr.layout in "CA"):
+            raise NumbaTypeError(f"{name} needs a C-contiguous or pitched 2-D float32 array, "
+                                 f"got {arr}")
         if not (isinstance(i, types.Integer) and isinstance(j, types.Integer)):
             raise NumbaTypeError(f"{name} needs integer indices, got {i}, {j}")
 
@@ -160,7 +165,7 @@ def _make_intrinsics():
         ary = context.make_array(aryty)(context, builder, args[0])
         inds = [context.cast(builder, args[1], ity, types.intp),
                 context.cast(builder, args[2], jty, types.intp)]
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds, wraparound=False)
+        ptr = item_pointer(context, builder, aryty, ary, inds)
         return builder.bitcast(ptr, ir.PointerType(vec, addrspace=ptr.type.addrspace))
 
     @intrinsic
@@ -258,7 +263,8 @@ def _load4_or_zero(arr, i, j, vec):
     multiple of 4 and the base pointer 16-byte aligned).  Then a chunk starting
     at a multiple of 4 is either wholly inside the matrix or wholly outside, so
     one bounds check covers it.  Otherwise each element is checked and loaded
-    on its own.  Indices are >= 0 (``uidx``: see gemmlib.intrinsics.index).
+    on its own.  Indices are >= 0 (``uidx``: see gemmlib.intrinsics.index).  ``arr``
+    may be a ``pitched`` view (gemmlib.intrinsics.pitch).
     """
     rows, cols = arr.shape
     if vec:
@@ -266,10 +272,10 @@ def _load4_or_zero(arr, i, j, vec):
             return load4(arr, i, j)
         return float32(0.0), float32(0.0), float32(0.0), float32(0.0)
     inside = i < rows
-    v0 = arr[uidx(i), uidx(j)] if inside and j < cols else float32(0.0)
-    v1 = arr[uidx(i), uidx(j + 1)] if inside and j + 1 < cols else float32(0.0)
-    v2 = arr[uidx(i), uidx(j + 2)] if inside and j + 2 < cols else float32(0.0)
-    v3 = arr[uidx(i), uidx(j + 3)] if inside and j + 3 < cols else float32(0.0)
+    v0 = read(arr, uidx(i), uidx(j)) if inside and j < cols else float32(0.0)
+    v1 = read(arr, uidx(i), uidx(j + 1)) if inside and j + 1 < cols else float32(0.0)
+    v2 = read(arr, uidx(i), uidx(j + 2)) if inside and j + 2 < cols else float32(0.0)
+    v3 = read(arr, uidx(i), uidx(j + 3)) if inside and j + 3 < cols else float32(0.0)
     return v0, v1, v2, v3
 
 

@@ -28,7 +28,12 @@ the grid's z, and ``mma_split_k`` launches it.
 K and N multiples of 8 (FP16/BF16) or 4 (fp32) and aligned base pointers
 (the ``operand_align`` constraint).  ``gemmlib.matmul`` stages any other
 operands into zero-padded copies first, so every shape works through the
-library call; the copy is the price of a misaligned shape.
+library call; the copy is the price of a misaligned shape.  A slice of a
+wider matrix -- rows further apart than a row, the distance a multiple of 16
+bytes -- is copied from where it lies by the ``PITCHED`` build (name suffix
+``_ld``), which reads A and B through ``pitched`` views that step by the row
+stride of the array argument (:mod:`gemmlib.intrinsics.pitch`): compile-time,
+as the views cost registers the packed build keeps.
 
 ``B_LAYOUT="NK"`` (name suffix ``_nk``) takes B as torch holds an ``nn.Linear`` weight,
 (N, K) row-major, and computes C = A @ B.T: B's k-tile is then K-major like A's, copied
@@ -73,6 +78,7 @@ from gemmlib.backend import SIMULATOR, cuda, float32, uint16
 from gemmlib.intrinsics import async_copy
 from gemmlib.intrinsics import mma as I
 from gemmlib.intrinsics.index import uidx
+from gemmlib.intrinsics.pitch import packed, pitched
 from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
 from gemmlib.kernels.mma_swizzle import PRECISIONS, fragment_accesses, warp_code
 from gemmlib.spec import Constraint, KernelSpec, cdiv
@@ -100,7 +106,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
           BK: int | None = None, WM: int | None = None, WN: int | None = None,
           STAGES: int | None = None, GROUP_M: int = 8, min_blocks: int = 1,
           PROMOTE: bool | None = None, SPLIT_K: bool = False,
-          B_LAYOUT: str = "KN", A_LAYOUT: str = "MK") -> KernelSpec:
+          B_LAYOUT: str = "KN", A_LAYOUT: str = "MK", PITCHED: bool = False) -> KernelSpec:
     """A pipeline spec (None: the precision's default from DEFAULTS).
 
     ``SPLIT_K`` compiles the split-K form used by :mod:`gemmlib.kernels.mma_split_k`:
@@ -119,6 +125,9 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     bytes along M, into a BK x BM tile swizzled like B's) and its fragments come from
     ``ldmatrix.trans`` (16-bit) or four scalar loads (TF32): no copy of A is made.  M must
     be a multiple of the 16-byte piece too.
+
+    ``PITCHED``: the build for operands that are slices of wider matrices (name suffix
+    ``_ld``; see the module docstring); compile-time, the packed build's code unchanged.
     """
     if B_LAYOUT not in ("KN", "NK"):
         raise ValueError(f"B_LAYOUT must be 'KN' or 'NK', got {B_LAYOUT!r}")
@@ -155,6 +164,8 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
     wait_tile = async_copy.cp_async_wait_group(STAGES - 2)
     jit_opts = {} if SIMULATOR else {"launch_bounds": (NT, min_blocks)}
     SPLIT_K_ = bool(SPLIT_K)
+    PITCHED_ = bool(PITCHED)
+    view = pitched if PITCHED_ else packed   # (gemmlib.intrinsics.pitch)
 
     # Each thread copies the same column of chunks in every k-tile, on rows ROWS_A (ROWS_B)
     # apart; those steps are multiples of the swizzle's period, so a thread's destinations
@@ -214,6 +225,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         else:
             M, K = A.shape
         N = B.shape[0] if NK_ else B.shape[1]
+        Ap, Bp = view(A), view(B)   # PITCHED: slices of wider matrices, read by their strides
         # grouped order: GROUP_M block-rows share the B tiles they read from L2
         tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
         pid = cuda.blockIdx.x
@@ -260,7 +272,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
                 b_row += k_first * BK
         for s in range(STAGES - 1):              # prologue: tiles 0 .. STAGES-2 in flight
             if s < num_k:
-                issue_tile(sA, sB, s, A, B, s * BK, a_row, a_col, a_dst, b_row, b_col, b_dst,
+                issue_tile(sA, sB, s, Ap, Bp, s * BK, a_row, a_col, a_dst, b_row, b_col, b_dst,
                            M, N, K)
             commit()                             # (empty groups keep the count uniform)
         rd, wt = 0, STAGES - 1                   # stage read now, stage filled next
@@ -268,7 +280,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             wait_tile()                          # tile kt has landed (for this thread) ...
             cuda.syncthreads()                   # ... and for everyone; tile kt-1 is free
             if kt + STAGES - 1 < num_k:
-                issue_tile(sA, sB, wt, A, B, (kt + STAGES - 1) * BK, a_row, a_col, a_dst,
+                issue_tile(sA, sB, wt, Ap, Bp, (kt + STAGES - 1) * BK, a_row, a_col, a_dst,
                            b_row, b_col, b_dst, M, N, K)
             commit()
             warp_step(sA, sB, rd * SA, rd * SB, acc, lane, wr, wc)
@@ -294,6 +306,9 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
             ("_promote" if PROMOTE else "_nopromote") if PROMOTE != promote_default else "")
     params = dict(precision=precision, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, STAGES=STAGES,
                   GROUP_M=GROUP_M, min_blocks=min_blocks, PROMOTE=PROMOTE)
+    if PITCHED_:
+        params["PITCHED"] = True
+        name += "_ld"
     if KM_:
         params["A_LAYOUT"] = "KM"
         name += "_km"
@@ -324,7 +339,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         operand_align=EPC,
         constraints=(Constraint(
             "16-byte rows", _aligned,
-            f"cp.async moves 16 bytes: K" + ("" if NK_ else ", N") + (", M" if KM_ else "")
+            "cp.async moves 16 bytes: K" + ("" if NK_ else ", N") + (", M" if KM_ else "")
             + f" must be multiples of {EPC} (gemmlib.matmul pads other shapes)"),),
         # (TF32 with both tiles k-major, a (K, M) A and a (K, N) B, loads them all by scalars)
         ptx_must=(r"mma\.sync\.aligned\.m16n8k", r"cp\.async\.cg\.shared\.global")
@@ -334,6 +349,7 @@ def build(precision: str = "fp16", BM: int | None = None, BN: int | None = None,
         ptx_must_not=(r"\bld\.local", r"\bst\.local") + (() if SPLIT_K_ else (r"%ctaid\.z",)),
         index=dict(sw_a=L.jit(lay_a.source("sw_a")), sw_b=L.jit(lay_b.source("sw_b"))),
         module=__name__,
+        reads_pitched=PITCHED_,
     )
 
 

@@ -23,8 +23,9 @@ cores' rate; :func:`choose` is what the dispatcher asks.  As in ``split_k``
 the slice count changes only the grid's z: every count runs one compiled
 kernel.
 
-``B_LAYOUT="NK"`` (B given as (N, K), C = A @ B.T; name suffix ``_nk``) is the pipeline's:
-the slices do not care how B is laid out.
+``B_LAYOUT="NK"`` (B given as (N, K), C = A @ B.T; name suffix ``_nk``) is the pipeline's,
+as are ``A_LAYOUT="KM"`` and the reading of slices of wider matrices where they lie: the
+slices do not care how A and B are laid out.
 """
 
 from __future__ import annotations

@@ -52,6 +52,14 @@ multiple of VEC and an aligned base pointer, decided once per launch, a
 uniform branch); otherwise with guarded scalar loads -- never through a
 padded copy, which for decode would cost as much as the product.
 
+The ``PITCHED`` build (name suffix ``_ld``) reads A and B where they lie when they are
+slices of wider matrices (rows further apart than a row, ``x[:, :k]``): through
+``pitched`` views, which step by the row stride of the array argument
+(:mod:`gemmlib.intrinsics.pitch`); B's 16-byte loads then also need that stride to be a
+multiple of 16 bytes.  A column-major A (``x.t()``,
+or a slice's transpose) is read as its (K, M) memory by the ``A_LAYOUT="KM"`` build
+(name suffix ``_km``), which changes only how A is staged.
+
 Parameters: ``precision`` ("fp16", "bf16" or "fp32"), ``MT`` (rows of A per
 block, compiled in: the accumulators are MT x VEC registers), ``CT`` (lanes
 per row of the slab), ``NT`` (threads per block), ``U`` (loads in flight per
@@ -90,6 +98,7 @@ from gemmlib.backend import SIMULATOR, cuda, float32, int32, uint32
 from gemmlib.intrinsics import convert
 from gemmlib.intrinsics.index import uidx
 from gemmlib.intrinsics.mma import as_bits, as_float, shfl_xor_f32
+from gemmlib.intrinsics.pitch import packed, pitched, read
 from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, store4
 from gemmlib.precision import INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
@@ -204,11 +213,14 @@ def workspace_for(grid):
 
 def build(precision: str = "fp16", MT: int = 16, CT: int = 32, NT: int = 256, U: int = 4,
           NC: int = 0, SPLITS: int = 0, OUT: str = "fp32", PIPE: int = 0,
-          B_LAYOUT: str = "KN") -> KernelSpec:
+          B_LAYOUT: str = "KN", A_LAYOUT: str = "MK", PITCHED: bool = False) -> KernelSpec:
     """A skinny spec.  ``SPLITS`` changes only the grid's z: every slice count shares
     the kernel compiled for the other parameters.  ``B_LAYOUT="NK"``: B is given as
-    (N, K) row-major (an ``nn.Linear`` weight) and C = A @ B.T (see the module docstring)."""
-    base = _code(precision, MT, CT, NT, U, int(bool(NC)), OUT, int(bool(PIPE)), B_LAYOUT)
+    (N, K) row-major (an ``nn.Linear`` weight) and C = A @ B.T (see the module docstring).
+    ``A_LAYOUT="KM"``: A is given as its (K, M) row-major memory (a column-major A).
+    ``PITCHED``: the build for slices of wider matrices (name suffix ``_ld``)."""
+    base = _code(precision, MT, CT, NT, U, int(bool(NC)), OUT, int(bool(PIPE)), B_LAYOUT,
+                 A_LAYOUT, bool(PITCHED))
     if not SPLITS:
         return base
     p = base.params
@@ -218,9 +230,10 @@ def build(precision: str = "fp16", MT: int = 16, CT: int = 32, NT: int = 256, U:
         gx, gy, _ = base.grid(M, N, K)
         return (gx, gy, effective_splits(SPLITS, K, KG))
 
-    nk = B_LAYOUT == "NK"
-    name = (base.name.replace("_nk", "").replace("_o16", "") + f"_s{SPLITS}"
-            + ("_o16" if OUT != "fp32" else "") + ("_nk" if nk else ""))
+    nk, km = B_LAYOUT == "NK", A_LAYOUT == "KM"
+    name = (base.name.replace("_km", "").replace("_nk", "").replace("_o16", "")
+            + f"_s{SPLITS}" + ("_o16" if OUT != "fp32" else "") + ("_nk" if nk else "")
+            + ("_km" if km else ""))
     return dataclasses.replace(base, name=name, grid=grid, workspace=workspace_for(grid),
                                params=dict(p, SPLITS=SPLITS))
 
@@ -233,7 +246,8 @@ def _k_granule(precision: str, CT: int, NT: int, U: int, B_LAYOUT: str) -> int:
 
 @lru_cache(maxsize=None)
 def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
-          PIPE: int, B_LAYOUT: str = "KN") -> KernelSpec:
+          PIPE: int, B_LAYOUT: str = "KN", A_LAYOUT: str = "MK",
+          PITCHED: bool = False) -> KernelSpec:
     """The spec with SPLITS = 0 (slices per shape) of one compiled configuration."""
     if precision not in PRECISIONS:
         raise ValueError(f"the skinny rung computes {', '.join(PRECISIONS)}; got {precision!r} "
@@ -247,7 +261,11 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
                          f"(MT={MT}, CT={CT}, NT={NT}, U={U})")
     if B_LAYOUT not in ("KN", "NK"):
         raise ValueError(f"B_LAYOUT must be 'KN' or 'NK', got {B_LAYOUT!r}")
+    if A_LAYOUT not in ("MK", "KM"):
+        raise ValueError(f"A_LAYOUT must be 'MK' or 'KM', got {A_LAYOUT!r}")
     NK = B_LAYOUT == "NK"
+    KM = A_LAYOUT == "KM"   # A's memory is (K, M): only its staging reads it otherwise
+    view = pitched if PITCHED else packed   # (gemmlib.intrinsics.pitch)
     if NK and (CT > 32 or CT & (CT - 1)):
         raise ValueError(f"B_LAYOUT='NK' adds a row's CT partial sums by warp shuffles: CT "
                          f"must be a power of two <= 32 (CT={CT})")
@@ -323,15 +341,15 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
             N = B.shape[1]
             for e in range(4):
                 j = n + 2 * e
-                lo = uint32(B[uidx(k), uidx(j)]) if j < N else uint32(0)
-                hi = uint32(B[uidx(k), uidx(j + 1)]) if j + 1 < N else uint32(0)
+                lo = uint32(read(B, uidx(k), uidx(j))) if j < N else uint32(0)
+                hi = uint32(read(B, uidx(k), uidx(j + 1))) if j + 1 < N else uint32(0)
                 raw[o + e] = lo | (hi << uint32(16))
     else:
         def _scalar_words(B, k, n, raw, o):
             N = B.shape[1]
             for e in range(4):
                 j = n + e
-                raw[o + e] = as_bits(B[uidx(k), uidx(j)]) if j < N else uint32(0)
+                raw[o + e] = as_bits(read(B, uidx(k), uidx(j))) if j < N else uint32(0)
 
     def _same(x):
         return x
@@ -481,7 +499,10 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         tot = cuda.local.array(EPT, float32)
         ws = cuda.local.array(SB, float32)
         bf = cuda.local.array(V, float32)
-        M, K = A.shape
+        if KM:
+            K, M = A.shape
+        else:
+            M, K = A.shape
         N = B.shape[1]
         tid = cuda.threadIdx.x
         kr = tid // CT
@@ -491,8 +512,11 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         per = ((K + KG - 1) // KG + cuda.gridDim.z - 1) // cuda.gridDim.z * KG
         kb = z * per
         ke = min(K, kb + per)
+        Ap, Bp = view(A), view(B)   # PITCHED: slices of wider matrices, read by their strides
         # Uniform decisions, once per launch: may B's rows be read in 16-byte pieces?
         b_vec = N % V == 0 and aligned16(B)
+        if PITCHED:   # (rows a pitch apart: aligned if it is a multiple of 16 bytes)
+            b_vec = b_vec and Bp.strides[0] % 16 == 0
         active = n < N
         for e in range(ACC):
             acc[e] = float32(0.0)
@@ -500,14 +524,17 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         for k0 in range(kb, ke, KC):
             kc = min(KC, ke - k0)
             if PIPE and active:   # the chunk's first round of B is in flight while A stages
-                fetch_round(B, k0, kr, kc, n, b_vec, raw)
+                fetch_round(Bp, k0, kr, kc, n, b_vec, raw)
             # Stage A[m0:m0+MT, k0:k0+kc] as fp32, k-major (zeros for rows past M).
             for t in range(tid, MT * kc, NT):
                 kk = t // MT
                 i = t - kk * MT
                 v = float32(0.0)
                 if m0 + i < M:
-                    v = to_f32(A[uidx(m0 + i), uidx(k0 + kk)])
+                    if KM:   # A's (K, M) memory: consecutive threads along its rows
+                        v = to_f32(read(Ap, uidx(k0 + kk), uidx(m0 + i)))
+                    else:
+                        v = to_f32(read(Ap, uidx(m0 + i), uidx(k0 + kk)))
                 sh[uidx(t // 4), uidx(t % 4)] = v
             cuda.syncthreads()
             if active and PIPE:
@@ -516,18 +543,18 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
                 # is unrolled by two so each buffer keeps constant indices: registers.)
                 kk = kr
                 while kk < kc:
-                    fetch_round(B, k0, kk + KG, kc, n, b_vec, raw2)
+                    fetch_round(Bp, k0, kk + KG, kc, n, b_vec, raw2)
                     use_round(sh, kk, kc, raw, acc, bf)
                     kk += KG
                     if kk >= kc:
                         break
-                    fetch_round(B, k0, kk + KG, kc, n, b_vec, raw)
+                    fetch_round(Bp, k0, kk + KG, kc, n, b_vec, raw)
                     use_round(sh, kk, kc, raw2, acc, bf)
                     kk += KG
             elif active:
                 kk = kr
                 while kk < kc:
-                    fetch_round(B, k0, kk, kc, n, b_vec, raw)   # U 16-byte loads in flight
+                    fetch_round(Bp, k0, kk, kc, n, b_vec, raw)   # U 16-byte loads in flight
                     use_round(sh, kk, kc, raw, acc, bf)
                     kk += KG
             cuda.syncthreads()
@@ -581,14 +608,14 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
             """Two 16-bit values per word along row n, each guarded by lim (<= K)."""
             for e in range(4):
                 j = k + 2 * e
-                lo = uint32(B[uidx(n), uidx(j)]) if j < lim else uint32(0)
-                hi = uint32(B[uidx(n), uidx(j + 1)]) if j + 1 < lim else uint32(0)
+                lo = uint32(read(B, uidx(n), uidx(j))) if j < lim else uint32(0)
+                hi = uint32(read(B, uidx(n), uidx(j + 1))) if j + 1 < lim else uint32(0)
                 raw[o + e] = lo | (hi << uint32(16))
     else:
         def _scalar_words_nk(B, n, k, lim, raw, o):
             for e in range(4):
                 j = k + e
-                raw[o + e] = as_bits(B[uidx(n), uidx(j)]) if j < lim else uint32(0)
+                raw[o + e] = as_bits(read(B, uidx(n), uidx(j))) if j < lim else uint32(0)
 
     scalar_words_nk = cuda.jit(device=True)(_scalar_words_nk)
 
@@ -663,7 +690,10 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         raw2 = cuda.local.array(RAW if PIPE else 1, uint32)
         ws = cuda.local.array(SB, float32)
         bf = cuda.local.array(BFN, float32)
-        M, K = A.shape
+        if KM:
+            K, M = A.shape
+        else:
+            M, K = A.shape
         N = B.shape[0]
         tid = cuda.threadIdx.x
         g = tid // CT
@@ -674,8 +704,11 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         per = ((K + KG - 1) // KG + cuda.gridDim.z - 1) // cuda.gridDim.z * KG
         kb = z * per
         ke = min(K, kb + per)
+        Ap, Bp = view(A), view(B)   # as the KN form
         # Uniform, once per launch: may B's rows be read in 16-byte pieces?
         b_vec = K % V == 0 and aligned16(B)
+        if PITCHED:
+            b_vec = b_vec and Bp.strides[0] % 16 == 0
         for e in range(ACC):
             acc[e] = float32(0.0)
 
@@ -684,16 +717,23 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
             lim = k0 + kc
             kk = c * V                           # this lane's first piece of the chunk
             if PIPE:   # the chunk's first round of B is in flight while A stages
-                fetch_round_nk(B, nb, N, k0 + kk, lim, b_vec, raw)
+                fetch_round_nk(Bp, nb, N, k0 + kk, lim, b_vec, raw)
             # Stage A[m0:m0+MT, k0:k0+kc] as fp32 (zeros past kc up to a whole piece, and
             # for rows past M): piece j's half h of row i at shared row (i*NH + h)*KCV + j.
             kcv = (kc + V - 1) // V * V
             for t in range(tid, MT * kcv, NT):
-                i = t // kcv
-                q = t - i * kcv
+                if KM:   # A's (K, M) memory: consecutive threads along its rows
+                    q = t // MT
+                    i = t - q * MT
+                else:
+                    i = t // kcv
+                    q = t - i * kcv
                 v = float32(0.0)
                 if m0 + i < M and q < kc:
-                    v = to_f32(A[uidx(m0 + i), uidx(k0 + q)])
+                    if KM:
+                        v = to_f32(read(Ap, uidx(k0 + q), uidx(m0 + i)))
+                    else:
+                        v = to_f32(read(Ap, uidx(m0 + i), uidx(k0 + q)))
                 j = q // V
                 h = (q - j * V) // 4
                 sh[uidx((i * NH + h) * KCV + j), uidx(q % 4)] = v
@@ -702,17 +742,17 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
                 # Two register buffers, as in the KN form: the next round's U loads are
                 # issued before this round's FMAs (unrolled by two: constant indices).
                 while kk < kc:
-                    fetch_round_nk(B, nb, N, k0 + kk + KG, lim, b_vec, raw2)
+                    fetch_round_nk(Bp, nb, N, k0 + kk + KG, lim, b_vec, raw2)
                     use_round_nk(sh, kk // V, raw, acc, bf)
                     kk += KG
                     if kk >= kc:
                         break
-                    fetch_round_nk(B, nb, N, k0 + kk + KG, lim, b_vec, raw)
+                    fetch_round_nk(Bp, nb, N, k0 + kk + KG, lim, b_vec, raw)
                     use_round_nk(sh, kk // V, raw2, acc, bf)
                     kk += KG
             else:
                 while kk < kc:
-                    fetch_round_nk(B, nb, N, k0 + kk, lim, b_vec, raw)   # U loads in flight
+                    fetch_round_nk(Bp, nb, N, k0 + kk, lim, b_vec, raw)   # U loads in flight
                     use_round_nk(sh, kk // V, raw, acc, bf)
                     kk += KG
             cuda.syncthreads()
@@ -747,11 +787,17 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         name += "_nc"
     if PIPE:
         name += "_p"
+    if PITCHED:
+        params["PITCHED"] = True
+        name += "_ld"
     if OUT != "fp32":
         name += "_o16"
     if NK:
         params["B_LAYOUT"] = "NK"
         name += "_nk"
+    if KM:
+        params["A_LAYOUT"] = "KM"
+        name += "_km"
     # 16-byte loads of B, fp32 FMAs, the sums through shared memory and C (or the slices'
     # partials) in 16-byte pieces, the tickets (NK: the lanes' sums by shuffles, not
     # through 16-byte shared stores)
@@ -769,7 +815,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
              "loads, all M rows of A from shared memory, fp32 FMAs into registers; K split "
              "across warps and, when N is narrow, across blocks (fixed-order sums)"
              + ("; B given (N, K): lanes read its rows along K, sums by warp shuffles"
-                if NK else ""),
+                if NK else "") + ("; A given (K, M)" if KM else ""),
         kernel=kernel,
         block=(NT, 1, 1),
         tile=(MT, BN),
@@ -782,6 +828,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
                     if SIXTEEN else ()),
         precision=precision,
         b_operand=B_LAYOUT,
+        a_operand=A_LAYOUT,
         operand_align=0,
         constraints=CONSTRAINTS,
         ptx_must=tuple(must),
@@ -791,6 +838,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         workspace=workspace_for(grid),
         workspace_dtypes=WORKSPACE_DTYPES,
         launch_only=("SPLITS",),
+        reads_pitched=PITCHED,
     )
 
 

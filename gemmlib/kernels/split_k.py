@@ -20,8 +20,9 @@ uses; ``gemmlib.dispatch`` explains the whole choice).  The slice count is a
 launch parameter, not a compile-time one: ``SPLITS`` changes only the grid's
 z, so every slice count runs the same compiled kernel.
 
-``B_LAYOUT="NK"`` (B given as (N, K), C = A @ B.T) is warptile's: the slices and their sum
-do not care how B was laid out.
+``B_LAYOUT="NK"`` (B given as (N, K), C = A @ B.T) is warptile's, as are ``A_LAYOUT="KM"``
+and the reading of slices of wider matrices where they lie: the slices and their sum do not
+care how A and B were laid out.
 """
 
 from __future__ import annotations
@@ -230,6 +231,7 @@ def build(SPLITS: int = 0, **tile) -> KernelSpec:
         reduce_kernel=reduce_slices,
         reduce_block=REDUCE_BLOCK,
         launch_only=("SPLITS",),
+        reads_pitched=main.reads_pitched,
     )
 
 

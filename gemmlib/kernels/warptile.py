@@ -41,6 +41,13 @@ weight gradient x^T dY hands it).  Then A's memory is already what ``sAT`` holds
 for each k: A takes B's road instead, float4 loads along M and float4 stores into ``sAT``
 with no transpose and so no swizzle.  Also compile-time.
 
+**A slice of a wider matrix** (``x[:, :k]``, or the transpose of one for the KM and NK
+forms: rows further apart than a row) is read where it lies by the ``PITCHED`` build (name
+suffix ``_ld``): it reads A and B through ``pitched`` views, which step by the row stride
+of the array argument (:mod:`gemmlib.intrinsics.pitch`), and takes the float4 loads only
+where that stride keeps every row 16-byte aligned.  Compile-time, as the view costs
+registers the default tile has none to spare for.
+
 All loops over the accumulator have constant trip counts and small bodies
 (the k loop and the epilogue are unrolled by hand where numba would leave
 them rolled), so the accumulator lives in registers: the compile gate checks
@@ -49,6 +56,7 @@ there is no local memory in the PTX even for 8 x 16 results per thread.
 
 from gemmlib.backend import SIMULATOR, cuda, float32
 from gemmlib.intrinsics.index import uidx
+from gemmlib.intrinsics.pitch import packed, pitched
 from gemmlib.intrinsics.vector import SHARED_ALIGN, aligned16, load4, load4_or_zero, store4
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
@@ -139,7 +147,8 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
           WM: int = DEFAULTS["WM"], WN: int = DEFAULTS["WN"], WNITER: int = DEFAULTS["WNITER"],
           TM: int = DEFAULTS["TM"], TN: int = DEFAULTS["TN"], PAD: int = DEFAULTS["PAD"],
           SWIZZLE: bool = True, max_registers: int | None = None,
-          SPLIT_K: bool = False, B_LAYOUT: str = "KN", A_LAYOUT: str = "MK") -> KernelSpec:
+          SPLIT_K: bool = False, B_LAYOUT: str = "KN", A_LAYOUT: str = "MK",
+          PITCHED: bool = False) -> KernelSpec:
     """A warptile spec for these tile parameters.
 
     ``SPLIT_K`` compiles the split-K variant used by :mod:`gemmlib.kernels.split_k`:
@@ -151,6 +160,10 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     stored transposed as A's is (see the module docstring).  ``A_LAYOUT="KM"``: A is given
     as its (K, M) row-major memory (a column-major A), copied into shared memory as it
     lies.  Both compile-time.
+
+    ``PITCHED``: the build for operands that are slices of wider matrices (name suffix
+    ``_ld``; see the module docstring), also compile-time: the packed build's code is
+    unchanged.
     """
     if B_LAYOUT not in ("KN", "NK"):
         raise ValueError(f"B_LAYOUT must be 'KN' or 'NK', got {B_LAYOUT!r}")
@@ -169,6 +182,10 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         params["B_LAYOUT"] = "NK"
     if KM_:
         params["A_LAYOUT"] = "KM"
+    PITCHED_ = bool(PITCHED)
+    if PITCHED_:
+        params["PITCHED"] = True
+    view = pitched if PITCHED_ else packed   # (gemmlib.intrinsics.pitch)
     d = _derived(params) or dict(NT=WARP, WMITER=1, WSUBM=WM, WSUBN=WN, LANE_COLS=1)
     NT, WMITER, WSUBM, WSUBN, LANE_COLS = (d[k] for k in
                                            ("NT", "WMITER", "WSUBM", "WSUBN", "LANE_COLS"))
@@ -333,12 +350,16 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         else:
             M, K = A.shape
         N = B.shape[0] if NK_ else B.shape[1]
+        Ap, Bp = view(A), view(B)   # PITCHED: slices of wider matrices, read by their strides
         tid = cuda.threadIdx.x
         m0 = cuda.blockIdx.y * BM
         n0 = cuda.blockIdx.x * BN
         row0, col0 = _thread_origin(tid)
         a_vec = (M if KM_ else K) % 4 == 0 and aligned16(A)   # A's rows 16-byte aligned
         b_vec = (K if NK_ else N) % 4 == 0 and aligned16(B)   # B's rows 16-byte aligned
+        if PITCHED_:   # (rows a pitch apart: aligned if it is a multiple of 16 bytes)
+            a_vec = a_vec and Ap.strides[0] % 16 == 0
+            b_vec = b_vec and Bp.strides[0] % 16 == 0
         c_vec = N % 4 == 0 and aligned16(C)
         for i in range(ACC):
             acc[i] = float32(0.0)
@@ -352,16 +373,16 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
             t0 = cuda.blockIdx.z * per
             t1 = min(ntiles, t0 + per)
             crow = cuda.blockIdx.z * M
-        fetch_a(A, ra, tid, m0, t0 * BK, a_vec)
-        fetch_b(B, rb, tid, t0 * BK, n0, b_vec)
+        fetch_a(Ap, ra, tid, m0, t0 * BK, a_vec)
+        fetch_b(Bp, rb, tid, t0 * BK, n0, b_vec)
         stage(sAT, sB, ra, rb, tid, 0)
         cuda.syncthreads()
         for t in range(t0, t1):
             boff = ((t - t0) % 2) * BK
             more = t + 1 < t1
             if more:  # issue the next tile's global loads now; use them after the FMAs
-                fetch_a(A, ra, tid, m0, (t + 1) * BK, a_vec)
-                fetch_b(B, rb, tid, (t + 1) * BK, n0, b_vec)
+                fetch_a(Ap, ra, tid, m0, (t + 1) * BK, a_vec)
+                fetch_b(Bp, rb, tid, (t + 1) * BK, n0, b_vec)
             # Four k-steps per iteration, written out: numba leaves a loop this large
             # rolled, and unrolling by hand turns the per-step address arithmetic into
             # constant offsets of the shared-memory loads.
@@ -405,6 +426,8 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
     name = "warptile" if default else (
         f"warptile_{BM}x{BN}x{BK}_w{WM}x{WN}n{WNITER}_t{TM}x{TN}_p{PAD}"
         + ("" if SWIZZLE_ else "_noswz") + (f"_r{max_registers}" if max_registers else ""))
+    if PITCHED_:
+        name += "_ld"
     if NK_:
         name += "_nk"
     if KM_:
@@ -434,6 +457,7 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         index={"thread_origin": thread_origin, "a_frag": a_frag, "b_frag": b_frag,
                "a_chunk": a_chunk, "b_chunk": b_chunk, "swz": swz, "swz_b": swz_b},
         module=__name__,
+        reads_pitched=PITCHED_,
     )
 
 

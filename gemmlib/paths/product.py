@@ -1,8 +1,9 @@
 """The path of one 2-D product: its precision (fp32 on the CUDA cores, or a tensor-core
 precision), every check with its message, the spec chosen (:func:`product`), then the
 product on the operands where they lie (:func:`launched`: GPU arrays, or NumPy in the
-simulator) -- A row-major and B as the spec reads it, in place where they lie so, else
-copied; zero-padded where the spec's 16-byte pieces need it -- C made unless given, the
+simulator) -- A and B in the orders the spec reads, in place where they lie so (slices of
+wider matrices too, where the spec can read them: :func:`_takes_pitch`), else copied;
+zero-padded where the spec's 16-byte pieces need it -- C made unless given, the
 call prepared and run (:mod:`gemmlib.runtime.calls`).  Host operands off the simulator
 go back to the caller to be staged through the GPU.
 
@@ -29,7 +30,8 @@ from gemmlib.paths.repeat import remember
 from gemmlib.runtime import calls
 from gemmlib.runtime.memory import stream_handle
 from gemmlib.runtime.select import (AUTO, AUTO_RUNG, DEFAULT_KERNEL, TC_AUTO, get_spec, select,
-                                    select_tc, with_a_layout, with_bias, with_layout, with_out)
+                                    select_tc, with_a_layout, with_bias, with_layout, with_out,
+                                    with_pitch)
 from gemmlib.spec import KernelSpec
 
 
@@ -179,9 +181,11 @@ def _fit_layouts(a: Operand, b: Operand, spec: KernelSpec, stream):
     """(a, b, spec, copied, lds): A and B in the orders ``spec`` reads -- a column-major
     operand goes to the spec's build for it ("KM" A, "NK" B) where the rung has one --
     read in place where they lie so, else copied in the right order.  A slice of a wider
-    matrix (rows further apart than a row: :func:`_pitch`) is read in place by a spec
-    whose tensor maps can step over the gap (:func:`_takes_pitch`); ``lds``: those row
-    strides of the kernel's A and B memory (0: packed)."""
+    matrix (rows further apart than a row: :func:`_pitch`), or the transpose of one, is
+    read in place by a spec that can step over the gap -- through its tensor maps, or (its
+    ``PITCHED`` build: :func:`~gemmlib.runtime.select.with_pitch`) its array arguments' row
+    strides -- where its rows stay 16-byte aligned (:func:`_takes_pitch`); ``lds``: those
+    row strides of the kernel's A and B memory, in elements (0: packed)."""
     copied = False
     pa, pb = _pitch(a), _pitch(b)
     a_want = "KM" if _order(a) == "F" else "MK"
@@ -197,6 +201,8 @@ def _fit_layouts(a: Operand, b: Operand, spec: KernelSpec, stream):
     want_b = "F" if spec.b_operand == "NK" else "C"
     lda = pa[1] if pa and pa[0] == want_a and _takes_pitch(spec, a, pa[1]) else 0
     ldb = pb[1] if pb and pb[0] == want_b and _takes_pitch(spec, b, pb[1], True) else 0
+    if (lda or ldb) and not spec.tma_boxes:   # the rung's build that reads them by pointer
+        spec = with_pitch(spec)
     if a.layout != want_a and not lda:
         a, copied = reordered(a, want_a, stream), True
     if b.layout != want_b and not ldb:
@@ -229,9 +235,22 @@ def _pitch(op: Operand):
 
 
 def _takes_pitch(spec: KernelSpec, op: Operand, ld: int, b_side: bool = False) -> bool:
-    """Whether ``spec`` reads the operand only through a tensor map, whose row stride can
-    be ``ld`` elements (a multiple of 16 bytes): the wgmma rungs' TMA loads.  A rung that
-    transposes B (A) first (``b_prep``, ``a_prep``) reads it by pointer."""
-    if not spec.tma_boxes or (spec.b_prep if b_side else spec.a_prep) is not None:
+    """Whether ``spec`` reads the operand where it lies, its rows ``ld`` elements apart.
+    Two kinds of rung do, both moving rows in 16-byte pieces, so ``ld`` must be a multiple
+    of 16 bytes: the wgmma rungs, through their tensor maps (TMA loads); and the rungs with
+    a build that reads them by pointer (``PITCHED``: the fp32 CUDA-core rungs, mma.sync,
+    skinny), through the row stride in the operand's array argument -- these need its
+    first element 16-byte aligned too (else a packed copy keeps their 16-byte loads).  A
+    rung that transposes B (A) first (``b_prep``, ``a_prep``) reads it packed."""
+    if (spec.b_prep if b_side else spec.a_prep) is not None:
         return False
-    return (ld * np.dtype(op.dtype).itemsize) % 16 == 0
+    if (ld * np.dtype(op.dtype).itemsize) % 16:
+        return False
+    if spec.tma_boxes:
+        return True
+    return _address(op) % 16 == 0 and with_pitch(spec) is not None
+
+
+def _address(op: Operand) -> int:
+    """The address of an operand's first element (a host operand's: its NumPy data)."""
+    return op.obj.ctypes.data if op.on_host else op.ptr

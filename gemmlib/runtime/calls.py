@@ -96,6 +96,6 @@ def cache_info() -> dict:
 def clear_memory_caches() -> None:
     """Forget specs, choices, plans, loaded kernels and checked calls (not the disk cache)."""
     with LOCK:
-        for table in (select._SPECS, select._CHOICES, plans._PLANS, compiling._COMPILED,
-                      launch._BOUND, launch._SCRATCH, CALLS):
+        for table in (select._SPECS, select._CHOICES, select._PITCHED, plans._PLANS,
+                      compiling._COMPILED, launch._BOUND, launch._SCRATCH, CALLS):
             table.clear()

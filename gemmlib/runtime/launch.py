@@ -5,7 +5,8 @@ numba device array (tens of microseconds).  Here that work is done once per (pla
 CUDA context): a bound plan (:func:`bound`) has its kernels loaded and its parameter
 words laid out -- numba's array ABI: meminfo, parent, size, itemsize, data, shape,
 strides, 9 eight-byte words for a 2-D array -- and :func:`run` writes the three
-arrays' pointers into them and calls the driver's ``cuLaunchKernel`` once.  Around
+arrays' pointers into them (and, for a slice of a wider matrix that the rung reads in
+place, its row stride) and calls the driver's ``cuLaunchKernel`` once.  Around
 the main kernel, what some plans need: the split-K sum (:func:`run`), a 16-bit C
 rounded from float32 (:func:`run_rounded`), a bias added after a rung without its own
 epilogue, B transposed first, the workspaces (kept per stream, a captured graph's for
@@ -91,6 +92,12 @@ class _Bound:
         (a_rows, a_cols), (b_rows, b_cols) = _operand_shapes(p)
         self.words = (_array_words(0, a_rows, a_cols, ia) + _array_words(0, b_rows, b_cols, ib)
                       + _array_words(0, c_rows, N, ic))
+        #: builds that read slices of wider matrices by pointer (``spec.reads_pitched``):
+        #: the index, packed value (bytes) and itemsize of A's and B's row-stride words,
+        #: which each launch writes (``run``'s ``lds``)
+        self.pitch_words = None
+        if spec.reads_pitched:
+            self.pitch_words = ((_A_WORD + 3, a_cols * ia, ia), (_B_WORD + 3, b_cols * ib, ib))
         #: rungs with a bias epilogue: the bias row's words right after C ((0, N): none)
         self.bias_word = len(self.words) + 4 if spec.bias_arg else None
         if spec.bias_arg:
@@ -222,7 +229,9 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     caller knows (else the driver is asked, for plans that keep buffers or maps).
     ``lds``: elements from one row to the next of the kernel's A and B memory where that
     is more than a row (a slice of a wider matrix; 0 or () where the rows are packed):
-    the tensor maps' row strides (rungs that read A and B by TMA only).
+    the tensor maps' row strides (rungs that read A and B by TMA only), or the strides
+    words of the kernel's array arguments (``spec.reads_pitched``: a rung's build for
+    such operands; another build ignores them).
     """
     b = bound or _bound(p)
     # Under a CUDA-graph capture the call's buffers and maps are the graph's own
@@ -359,6 +368,11 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
     values[_A_WORD] = a_ptr
     values[_B_WORD] = b_ptr
     values[_C_WORD] = c_ptr
+    if b.pitch_words is not None:   # the row strides in bytes, a packed side's as packed
+        (wa, packed_a, ia), (wb, packed_b, ib) = b.pitch_words
+        lda, ldb = lds or (0, 0)
+        values[wa] = lda * ia or packed_a
+        values[wb] = ldb * ib or packed_b
     if b.bias_word is not None:   # the bias row: (1, N) at its address, or (0, N): none
         w = b.bias_word
         values[w] = bias[0] if bias else 0
@@ -561,7 +575,9 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
     On a GPU: any arrays with ``__cuda_array_interface__`` (CuPy, numba), through
     :func:`run` (:func:`run_rounded` with ``out16``: a 16-bit C of uint16 bits from a
     rung that writes float32).  In the simulator: numba's launch, with the split-K
-    workspace, the reduction and the rounding done the same way.  ``bias``: a (1, N)
+    workspace, the reduction and the rounding done the same way, and a slice of a wider
+    matrix passed as it lies to a build that reads it so (``spec.reads_pitched``; the GPU
+    path's ``lds``, :func:`run`).  ``bias``: a (1, N)
     row of ``bias_type`` ("fp32", or "fp16"/"bf16" as uint16 bits; by default float32
     for a float32 row, else the spec's precision) added to C's rows.
     """
@@ -571,14 +587,19 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
     if not SIMULATOR:
         ptr = [x.__cuda_array_interface__["data"][0] for x in (A, B, C)]
         bias_arg = () if bias is None else (bias.__cuda_array_interface__["data"][0], bias_type)
+        lds = _row_pitches(A, B) if p.spec.reads_pitched else ()
         if out16 is not None:
-            run_rounded(p, *ptr, out16, stream=stream_handle(stream), bias=bias_arg)
+            run_rounded(p, *ptr, out16, stream=stream_handle(stream), bias=bias_arg, lds=lds)
         else:
-            run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales), bias=bias_arg)
+            run(p, *ptr, stream=stream_handle(stream), scales=tuple(scales), bias=bias_arg,
+                lds=lds)
         return
     spec = p.spec
     s = backend.kernel_stream(stream)
     from gemmlib.kernels.split_k import BIAS_FINISH, REDUCE16
+
+    if spec.reads_pitched:   # a slice of a wider matrix is read where it lies, as on the GPU
+        A, B = _as_it_lies(A), _as_it_lies(B)
 
     if bias is not None and (not spec.bias_arg or (spec.tma_boxes and K == 0)):
         out = out16 or "fp32"   # as run's _run_then_bias
@@ -642,6 +663,29 @@ def launch(spec_or_plan, A, B, C, M: int, N: int, K: int, stream=None, scales=()
     spec.kernel[p.grid, p.block, s, p.shared_bytes](A, B, W)
     reduce = spec.reduce_kernel if out16 is None else REDUCE16[out16]
     reduce[p.reduce_grid, spec.reduce_block, s](W, C)
+
+
+def _row_pitches(A, B) -> tuple:
+    """(lda, ldb): the elements between rows of GPU arrays A and B (0: packed), from their
+    ``__cuda_array_interface__`` strides."""
+    out = []
+    for x in (A, B):
+        cai = x.__cuda_array_interface__
+        strides = cai.get("strides")
+        out.append(strides[0] // int(cai["typestr"][2:]) if strides else 0)
+    return tuple(out)
+
+
+def _as_it_lies(x):
+    """A NumPy operand whose rows lie further apart than a row, as a simulated device array
+    of the same memory that reads as the GPU's argument does (numba's simulator refuses to
+    copy it in): ``gemmlib.intrinsics.pitch.simulated_argument``.  Anything else as it is."""
+    if (isinstance(x, np.ndarray) and x.ndim == 2 and not x.flags.c_contiguous
+            and x.strides[1] == x.itemsize and x.strides[0] > x.strides[1] * x.shape[1]):
+        from gemmlib.intrinsics.pitch import simulated_argument
+
+        return simulated_argument(x)
+    return x
 
 
 #: a NaN of each operand type, by (dtype kind, itemsize): float32, fp16/bf16 bits, FP8 bits

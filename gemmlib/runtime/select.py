@@ -22,7 +22,7 @@ the choice is made:
 The tensor-core precisions choose in :func:`select_tc` (Hopper: :func:`select_hopper`;
 decode sizes: :func:`select_skinny`; a 16-bit C: :func:`select_out`), a batch in one
 launch in :func:`select_batched`; the ``with_*`` functions give a choice's build for
-another output type, operand layout or a bias epilogue.
+another output type, operand layout (a slice of a wider matrix too) or a bias epilogue.
 """
 
 from __future__ import annotations
@@ -483,7 +483,8 @@ def with_layout(spec: KernelSpec, b_layout: str) -> KernelSpec | None:
 
         p = spec.params
         params = dict(params_for(p["precision"], p["MT"], "NK"),
-                      **{k: p[k] for k in ("OUT", "SPLITS", "NC") if k in p})
+                      **{k: p[k] for k in ("OUT", "SPLITS", "NC", "A_LAYOUT", "PITCHED")
+                         if k in p})
         try:
             return build(SKINNY_RUNG, params)
         except (TypeError, ValueError):
@@ -501,6 +502,21 @@ def with_a_layout(spec: KernelSpec, a_layout: str, M: int) -> KernelSpec | None:
     if a_layout == "KM" and M % align:
         return None
     return _rebuilt(spec, A_LAYOUT=a_layout)
+
+
+_PITCHED: dict = {}   # id(spec) -> (spec, its PITCHED build or None)
+
+
+def with_pitch(spec: KernelSpec) -> KernelSpec | None:
+    """``spec``'s build that reads operands lying in wider matrices where they lie
+    (``PITCHED``: :mod:`gemmlib.intrinsics.pitch`), or None where the rung has none (the
+    caller copies them).  Remembered per spec: a call with such an operand asks each time."""
+    if spec.reads_pitched or spec.tma_boxes:   # (TMA rungs read slices through their maps)
+        return spec if spec.reads_pitched else None
+    hit = _PITCHED.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        hit = _PITCHED[id(spec)] = (spec, _rebuilt(spec, PITCHED=True))
+    return hit[1]
 
 
 def with_bias(spec: KernelSpec) -> KernelSpec:
