@@ -596,7 +596,8 @@ def test_torch_slices_in_place_on_gpu(precision, M, N, K, orders, monkeypatch):
     torch.cuda.synchronize()
     ref = A.double() @ B.double()
     err = float((C.double() - ref).norm() / ref.norm())
-    assert torch.isfinite(C).all() and err <= P.tolerance(precision, K), err
+    rounded = P.OUT16_ROUNDOFF.get(precision, 0.0) if C.dtype != torch.float32 else 0.0
+    assert torch.isfinite(C).all() and err <= P.tolerance(precision, K) + rounded, err
     spec, lds = seen[-1]
     if spec.reads_pitched:   # (a TMA rung reads slices by its maps, where its builds can)
         assert any(lds) and not copies, (spec.name, copies)
@@ -633,7 +634,7 @@ def test_each_rung_reads_torch_slices_in_place_on_gpu(rung, params, precision, o
     C = gemmlib.matmul(A, B, kernel=spec, precision=precision)
     torch.cuda.synchronize()
     ref = A.double() @ B.double()
-    bound = P.tolerance(precision, K) + (2.0 ** -8 if params.get("OUT") else 0.0)
+    bound = P.tolerance(precision, K) + P.OUT16_ROUNDOFF.get(params.get("OUT"), 0.0)
     err = float((C.double() - ref).norm() / ref.norm())
     assert torch.isfinite(C).all() and err <= bound, err
     assert not copies and any(seen[-1][1]) and seen[-1][0].reads_pitched, copies
