@@ -161,10 +161,12 @@ def resources(ptx: str, cc=(9, 0), max_registers: int | None = None,
         m = re.search(pattern, text)
         return int(m.group(1)) if m else None
 
+    serialized = re.search(r"wgmma\.mma_async instructions are serialized due to ([^.']+)", text)
     return {"registers": num(r"[Uu]sed (\d+) registers"),
             "spill_stores": num(r"(\d+) bytes spill stores"),
             "spill_loads": num(r"(\d+) bytes spill loads"),
-            "stack_bytes": num(r"(\d+) bytes stack frame")}
+            "stack_bytes": num(r"(\d+) bytes stack frame"),
+            "wgmma_serialized": serialized.group(1).strip() if serialized else None}
 
 
 #: PTX that may read or write global memory: loads, stores and atomics other than to
@@ -183,6 +185,10 @@ def problems(spec, ptx: str, res: dict | None = None) -> list[str]:
         wait = entry.find("griddepcontrol.wait")
         if wait < 0 or (first is not None and first.start() < wait):
             out.append("launched early, but touches global memory before griddepcontrol.wait")
+    if (res or {}).get("wgmma_serialized"):   # each wgmma waits for the one before
+        out.append(f"ptxas serialized the wgmma instructions: {res['wgmma_serialized']} "
+                   "(a 64-bit division by a run-time value is such a call: "
+                   "gemmlib.intrinsics.index)")
     spills = (res or {}).get("spill_stores") or 0
     if spills > spec.max_spill_bytes:
         out.append(f"{spills} bytes of register spills (allowed: {spec.max_spill_bytes})")

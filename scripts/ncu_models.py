@@ -43,11 +43,19 @@ SERVING_CASES = [("bf16", 256, 4096, 4096), ("bf16", 512, 4096, 4096),
                  ("bf16", 256, 6144, 4096), ("bf16", 256, 28672, 4096),
                  ("bf16", 512, 4096, 14336), ("bf16", 128, 4608, 3584),
                  ("bf16", 512, 3584, 18944)]
+#: ``NCU_CASES=decode``: issue 34's slowest decode and band rows on the serving layers
+#: (``wgmma_swap`` at 1-64 tokens on 9216-28672 outputs; the 2048-wide layers at 128-512)
+DECODE_CASES = [("bf16", 16, 11264, 2048), ("bf16", 1, 9216, 3072), ("bf16", 64, 28672, 4096),
+                ("bf16", 128, 2048, 2048), ("bf16", 512, 3072, 3072)]
 _SET = __import__("os").environ.get("NCU_CASES")
 if _SET == "hopper":
     CASES = HOPPER_CASES
 elif _SET == "serving":
     CASES = SERVING_CASES
+elif _SET == "decode":
+    CASES = DECODE_CASES
+#: the cases that take W as nn.Linear holds it and write the inputs' 16-bit type
+LINEAR = _SET in ("serving", "decode")
 
 
 def run(profile: bool) -> None:
@@ -59,14 +67,14 @@ def run(profile: bool) -> None:
     meta = []
     for prec, M, N, K in CASES:
         A, B = fw.operands(prec, M, N, K, 0)
-        if CASES is SERVING_CASES:   # W (N, K) as nn.Linear holds it; the product reads W.t()
+        if LINEAR:   # W (N, K) as nn.Linear holds it; the product reads W.t()
             B = B.t().contiguous().t()
         call_prec = prec if prec == "3xtf32" else None
-        kw = dict(out_dtype=A.dtype) if CASES is SERVING_CASES else dict(precision=call_prec)
+        kw = dict(out_dtype=A.dtype) if LINEAR else dict(precision=call_prec)
         C = gemmlib.matmul(A, B, **kw)      # compiles; then a checked result
         err = fw.rel_error(C, A, B, M)
         name = (dispatch.select_tc(prec, M, N, K, out=prec, b_layout="NK").name
-                if CASES is SERVING_CASES else dispatch.select_tc(prec, M, N, K).name)
+                if LINEAR else dispatch.select_tc(prec, M, N, K).name)
         meta.append(dict(precision=prec, M=M, N=N, K=K, kernel=name, rel_error=err))
         print(f"{prec:6s} {M:5d}x{N:5d}x{K:5d} {name} err {err:.1e}", flush=True)
         if profile:

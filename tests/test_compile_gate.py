@@ -47,3 +47,27 @@ def test_an_early_launched_kernel_must_wait_before_touching_global_memory():
     ordinary = SimpleNamespace(ptx_must=(), ptx_must_not=(), max_spill_bytes=0,
                                early_launch=False)
     assert problems(ordinary, head + "ld.f32 %f1, [%rd1];\n") == []
+
+
+def test_serialized_wgmma_fails_the_gate():
+    """ptxas's C7509 (wgmma serialized around a call: each waits for the one before) is a
+    problem the gate reports; a kernel without the message passes."""
+    from types import SimpleNamespace
+
+    from gemmlib.ptx import problems
+
+    spec = SimpleNamespace(ptx_must=(), ptx_must_not=(), max_spill_bytes=0, early_launch=False)
+    assert problems(spec, "", {"wgmma_serialized": None}) == []
+    found = problems(spec, "", {"wgmma_serialized": "the presence of Extern calls"})
+    assert len(found) == 1 and "Extern calls" in found[0]
+
+
+def test_tile_walks_divide_in_32_bits():
+    """The walks' quotients in the simulator equal Python's (the kernels divide as u32)."""
+    from gemmlib.kernels.wgmma_async import grouped_order
+
+    origin = grouped_order(128, 64, 8)
+    M, N = 128 * 19 + 5, 64 * 7 + 3
+    tiles_m, tiles_n = 20, 8
+    seen = {tuple(int(v) for v in origin(p, M, N)) for p in range(tiles_m * tiles_n)}
+    assert seen == {(128 * i, 64 * j) for i in range(tiles_m) for j in range(tiles_n)}

@@ -23,8 +23,17 @@ rung -- 128 x 128 x 8 tiles, 8 x 8 results per thread -- went from 484
 machine instructions (256 of them FMAs) to 329 per four k-steps, and from 174
 registers to 128 with no cap; on an H200 from 26.9% to 53.1% of cuBLAS at 4096^3
 (results/uidx-2026-11-22/, which has every rung before and after).
+
+**32-bit quotients.**  A 64-bit integer division or remainder by a value known only at
+run time is no single instruction on the GPU: ptxas calls a subroutine for it.  A kernel
+with a call in it gets its wgmma instructions serialized -- each waits for the one before
+to finish (ptxas's "C7509 ... serialized due to the presence of Extern calls") -- which
+hides little behind a 128 x 256 tile and most behind the narrow ones of small batches.
+Tile walks divide tile numbers and counts that fit 32 bits, so they divide as
+``u32(a) // u32(b)`` (``div.u32``, inlined) and widen the result with ``int64``;
+``gemmlib.ptx.problems`` fails any Hopper rung whose machine code is serialized.
 """
 
-from numba import uint64 as uidx
+from numba import int64, uint32 as u32, uint64 as uidx
 
-__all__ = ["uidx"]
+__all__ = ["int64", "u32", "uidx"]

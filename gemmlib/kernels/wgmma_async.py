@@ -64,7 +64,7 @@ The pieces the later (TMA) rungs share live here too, with two options of theirs
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16
 from gemmlib.intrinsics import async_copy
 from gemmlib.intrinsics import hopper as H
-from gemmlib.intrinsics.index import uidx
+from gemmlib.intrinsics.index import int64, u32, uidx
 from gemmlib.intrinsics.vector import aligned8, store2
 from gemmlib.kernels.mma_atom import ARG_DTYPES, INPUT_DTYPE
 from gemmlib.spec import Constraint, KernelSpec, cdiv
@@ -179,11 +179,11 @@ def grouped_order(BM: int, BN: int, GROUP_M: int):
     chapters call it as it is (``gemmcourse.viz_hopper.wave_traffic``)."""
     def tile_origin(pid, M, N):
         tiles_m, tiles_n = (M + BM - 1) // BM, (N + BN - 1) // BN
-        group = pid // (GROUP_M * tiles_n)
-        first_m = group * GROUP_M
-        rows = min(tiles_m - first_m, GROUP_M)
-        return ((first_m + (pid % (GROUP_M * tiles_n)) % rows) * BM,
-                ((pid % (GROUP_M * tiles_n)) // rows) * BN)
+        span = u32(GROUP_M * tiles_n)
+        first_m = int64(u32(pid) // span) * GROUP_M
+        rows = u32(min(tiles_m - first_m, GROUP_M))
+        at = u32(pid) % span
+        return (first_m + int64(at % rows)) * BM, int64(at // rows) * BN
 
     return tile_origin
 

@@ -176,15 +176,18 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
             if t == 0:
                 acquire_maps(maps)
                 it = 0
-                for i in range(first, supers, step):
+                i = first
+                while i < supers:   # (range()'s trip count: a 64-bit division)
                     m0, n0 = super_origin(i, M, N)
                     it = fill(ring, bars, 0, it, 0, num_k, maps, m0 + rank * BM, n0, rank)
+                    i += step
         else:                                # ---- consumer warpgroups
             more()
             acc = cuda.local.array(ACC, float32)
             slice_ = (wg - 1) * SLICE_BYTES
             it = 0
-            for i in range(first, supers, step):
+            i = first
+            while i < supers:   # (range()'s trip count: a 64-bit division)
                 m0, n0 = super_origin(i, M, N)
                 for e in range(ACC):
                     acc[e] = float32(0.0)
@@ -193,6 +196,7 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
                 finish(acc, maps)
                 add_bias(acc, bias, t % 128, n0, N)
                 store_acc(C, acc, t % 128, m0 + rank * BM + 64 * (wg - 1), n0, M, N)
+                i += step
         CL.cluster_sync()                    # no block leaves while peers may signal it
 
     return bias_entry(wgmma_cluster_kernel, BIAS, jit_opts), NT, STAGES * STAGE_BYTES + 1024

@@ -138,11 +138,13 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
                 acquire_maps(maps)
                 it = 0
                 owner = 0                    # the consumer of this tile
-                for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                tile = cuda.blockIdx.x
+                while tile < tiles:   # (range()'s trip count: a 64-bit division)
                     product, m0, n0 = place(tile, per, M, N)
                     it = fill(ring, bars, owner * STAGES, it, 0, num_k, maps, product * M + m0,
                               n0, product * b_rows)
                     owner ^= 1
+                    tile += cuda.gridDim.x
         else:                                # ---- consumers 0 and 1, a tile each in turn
             more()
             c = wg - 1
@@ -150,7 +152,8 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
             it = c * num_k                   # my first k-tile's place in the ring
             phases = 0                       # bit s: the parity of my next use of stage s
             j = 0                            # my tiles so far
-            for tile in range(cuda.blockIdx.x + c * cuda.gridDim.x, tiles, 2 * cuda.gridDim.x):
+            tile = cuda.blockIdx.x + c * cuda.gridDim.x
+            while tile < tiles:   # (range()'s trip count: a 64-bit division)
                 product, m0, n0 = place(tile, per, M, N)
                 a_row = product * M
                 for e in range(ACC):
@@ -165,6 +168,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
                 store_acc(C, acc, t % 128, a_row + m0, n0, a_row + M, N)
                 it += num_k                  # the other consumer's tile
                 j += 1
+                tile += 2 * cuda.gridDim.x
 
     return bias_entry(wgmma_pingpong_kernel, BIAS, jit_opts), NT, STAGES * STAGE_BYTES + 1024
 

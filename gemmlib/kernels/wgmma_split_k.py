@@ -49,6 +49,7 @@ from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
+from gemmlib.intrinsics.index import int64, u32
 from gemmlib.intrinsics.vector import load4, store4
 from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bias_entry,
                                          bias_fields, bias_params, bias_suffix,
@@ -59,7 +60,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
 from gemmlib.kernels.wgmma_ws import check_build, register_roles, regs_suffix
 from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
-from gemmlib.spec import KernelSpec, cdiv
+from gemmlib.spec import Constraint, KernelSpec, cdiv
 
 #: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
 MIN_KTILES = 4
@@ -194,15 +195,15 @@ def slice_walk(j, S, tiles, num_k):
     unit = cuda.blockIdx.x + j * cuda.gridDim.x
     if unit >= tiles * S:
         return -1, 0, 0, 0, S
-    per = (num_k + S - 1) // S
-    k0 = (unit % S) * per
-    return unit // S, k0, min(num_k, k0 + per), unit % S, S
+    per = int64(u32(num_k + S - 1) // u32(S))
+    z = int64(u32(unit) % u32(S))
+    return int64(u32(unit) // u32(S)), z * per, min(num_k, (z + 1) * per), z, S
 
 
 @cuda.jit(device=True)
 def owner(i, G, T):
     """The block whose share holds k-iteration i of T (block c's: [c T / G, (c + 1) T / G))."""
-    return ((i + 1) * G - 1) // T
+    return int64(u32((i + 1) * G - 1) // u32(T))
 
 
 @cuda.jit(device=True)
@@ -213,11 +214,11 @@ def stream_k_walk(j, S, tiles, num_k):
     in its j-th tile: (tile, k0, k1, piece, pieces), the piece's index among the blocks
     that share the tile (in block order) and how many there are; tile -1 past the last."""
     G = cuda.gridDim.x
-    T = tiles * num_k
+    T = tiles * num_k                    # (G T < 2^32: STREAM_LIMIT)
     c = cuda.blockIdx.x
-    start = (c * T) // G
-    end = ((c + 1) * T) // G
-    tile = start // num_k + j
+    start = int64(u32(c * T) // u32(G))
+    end = int64(u32((c + 1) * T) // u32(G))
+    tile = int64(u32(start) // u32(num_k)) + j
     first = tile * num_k
     if start >= end or first >= end:
         return -1, 0, 0, 0, 1
@@ -225,6 +226,15 @@ def stream_k_walk(j, S, tiles, num_k):
     k1 = min(end - first, num_k)
     lead = owner(first, G, T)
     return tile, k0, k1, c - lead, owner(first + num_k - 1, G, T) - lead + 1
+
+
+def stream_walk_fits(work) -> Constraint:
+    """The constraint of a stream-K build: :func:`stream_k_walk` divides in 32 bits
+    (:mod:`gemmlib.intrinsics.index`), so ``work(M, N, K)`` -- the k-tiles of all tiles
+    times the blocks sharing them -- must stay under 2^32."""
+    return Constraint("32-bit stream-K walk", lambda spec, M, N, K, dev: work(M, N, K) < 2 ** 32,
+                      "the blocks times all tiles' k-tiles must stay under 2^32 (the walk "
+                      "divides in 32 bits); use a sliced or whole-tile build")
 
 
 def stream_k_pieces(tiles: int, num_k: int, G: int) -> int:
@@ -413,6 +423,12 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                                                  cdiv(max(K, 1), BK), blocks(M, N, K)))
         return work(M, N, K, slices(M, N, K))
 
+    fields = {**spec_fields(precision, __name__), **out_fields(precision, OUT),
+              **layout_fields(B_LAYOUT, A_LAYOUT), **bias_fields(BIAS),
+              "chapter": "18d-wgmma-split-k"}
+    if STREAM:
+        fields["constraints"] += (stream_walk_fits(
+            lambda M, N, K: cdiv(M, BM) * cdiv(N, BN) * cdiv(max(K, 1), BK) * blocks(M, N, K)),)
     default = (BM, BN, STAGES, GROUP_M, REGS) == (128, 256, 3, 8, (40, 232))
     name = rung_name("wgmma_split_k", precision, default, BM, BN, STAGES, GROUP_M)
     name += regs_suffix(REGS)
@@ -448,9 +464,7 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 3
                   r"membar\.gl|fence\.sc\.gpu|fence\.acq_rel\.gpu") + (
             (r"setmaxnreg\.inc",) if REGS else ()) + out_ptx(OUT)
             + layout_ptx(B_LAYOUT, A_LAYOUT),
-        **{**spec_fields(precision, __name__), **out_fields(precision, OUT),
-           **layout_fields(B_LAYOUT, A_LAYOUT), **bias_fields(BIAS),
-           "chapter": "18d-wgmma-split-k"},
+        **fields,
     )
 
 

@@ -228,17 +228,20 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
             if t == 0:                       # warp 0: one thread issues the loads
                 acquire_maps(maps)
                 it = 0
-                for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                tile = cuda.blockIdx.x
+                while tile < tiles:   # (range()'s trip count: a 64-bit division)
                     product, m0, n0 = place(tile, per, M, N)
                     it = fill(ring, bars, 0, it, 0, num_k, maps, product * M + m0, n0,
                               product * b_rows)
+                    tile += cuda.gridDim.x
             elif to_tma and t % 32 == 0 and t // 32 <= CONSUMERS:   # warps 1, 2: storers
                 c = t // 32 - 1              # the consumer this thread stores for
                 cmap = maps + uint64(256)
                 H.tensormap_acquire(cmap)
                 rows = stage + c * BOX_ROWS * BOX_ROW_BYTES
                 e = 0
-                for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                tile = cuda.blockIdx.x
+                while tile < tiles:   # (range()'s trip count: a 64-bit division)
                     product, m0, n0 = place(tile, per, M, N)
                     y = m0 + BOX_ROWS * c
                     for piece in range(PIECES):
@@ -251,6 +254,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                         T.bulk_wait_read()   # the stage is read: it may be refilled
                         H.mbarrier_arrive(H.smem_addr(bars, EPI_EMPTY + c))
                         e += 1
+                    tile += cuda.gridDim.x
                 T.bulk_wait_all()            # C written before the thread leaves
         else:                                # ---- consumer warpgroups
             more()
@@ -259,7 +263,8 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
             slice_ = c * SLICE_BYTES
             it = 0
             e = 0
-            for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+            tile = cuda.blockIdx.x
+            while tile < tiles:   # (range()'s trip count: a 64-bit division)
                 product, m0, n0 = place(tile, per, M, N)
                 for i in range(ACC):
                     acc[i] = float32(0.0)
@@ -282,6 +287,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
                 else:
                     a_row = product * M
                     store_acc(C, acc, t % 128, a_row + m0 + 64 * c, n0, a_row + M, N)
+                tile += cuda.gridDim.x
 
     return (bias_entry(wgmma_store_kernel, BIAS, jit_opts), NT,
             STAGES * STAGE_BYTES + 1024 + stage_bytes(BN, out, PIECES))

@@ -51,7 +51,8 @@ from gemmlib.kernels.wgmma_async import (BK, HOPPER_ONLY, K_SIXTEEN_BYTE_ROWS, S
                                          check_layout, check_out, compile_sources, out_fields,
                                          out_params, out_suffix, spec_fields, tile_order,
                                          warpgroup_code)
-from gemmlib.kernels.wgmma_split_k import SUM_GROUPS, split_kernel, stream_k_pieces, widest_fill
+from gemmlib.kernels.wgmma_split_k import (SUM_GROUPS, split_kernel, stream_k_pieces,
+                                           stream_walk_fits, widest_fill)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
 from gemmlib.kernels.wgmma_ws import regs_suffix
 from gemmlib.spec import KernelSpec, cdiv
@@ -297,7 +298,9 @@ def build(precision: str = "fp16", BM: int = 64, BN: int = 16, STAGES: int = 0,
     fields = {**spec_fields(precision, __name__), **out_fields(precision, OUT),
               **bias_fields(BIAS), "chapter": "18h-swap-ab"}
     fields["constraints"] = (HOPPER_ONLY,
-                             K_SIXTEEN_BYTE_ROWS if B_LAYOUT == "NK" else SIXTEEN_BYTE_ROWS)
+                             K_SIXTEEN_BYTE_ROWS if B_LAYOUT == "NK" else SIXTEEN_BYTE_ROWS,
+                             stream_walk_fits(lambda M, N, K: cdiv(N, BM) * cdiv(M, BN)
+                                              * cdiv(max(K, 1), KT) * grid(M, N, K)[0]))
     return KernelSpec(
         early_launch=True,
         name=name,

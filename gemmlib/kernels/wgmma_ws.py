@@ -56,6 +56,7 @@ from gemmlib import backend
 from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
+from gemmlib.intrinsics.index import int64, u32
 from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bias_entry,
                                          bias_fields, bias_params, bias_suffix,
                                          check_a_layout, check_layout, check_out,
@@ -113,13 +114,14 @@ def batched_walk(BM: int, BN: int, b_kmajor: bool, tile_origin):
     @cuda.jit(device=True)
     def walk(a_rows, K, N, b_rows_all):
         b_rows = N if B_KMAJOR else K
-        M = a_rows // (b_rows_all // b_rows)
+        products = int64(u32(b_rows_all) // u32(b_rows))
+        M = int64(u32(a_rows) // u32(products))
         per = ((M + BM - 1) // BM) * ((N + BN - 1) // BN)
-        return b_rows, M, per, per * (b_rows_all // b_rows)
+        return b_rows, M, per, per * products
 
     @cuda.jit(device=True)
     def place(tile, per, M, N):
-        product = tile // per
+        product = int64(u32(tile) // u32(per))
         m0, n0 = tile_origin(tile - product * per, M, N)
         return product, m0, n0
 
@@ -177,16 +179,19 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
             if t == 0:
                 acquire_maps(maps)
                 it = 0
-                for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+                tile = cuda.blockIdx.x
+                while tile < tiles:   # (range()'s trip count: a 64-bit division)
                     product, m0, n0 = place(tile, per, M, N)
                     it = fill(ring, bars, 0, it, 0, num_k, maps, product * M + m0, n0,
                               product * b_rows)
+                    tile += cuda.gridDim.x
         else:                                # ---- consumer warpgroups
             more()
             acc = cuda.local.array(ACC, float32)
             slice_ = (wg - 1) * SLICE_BYTES
             it = 0
-            for tile in range(cuda.blockIdx.x, tiles, cuda.gridDim.x):
+            tile = cuda.blockIdx.x
+            while tile < tiles:   # (range()'s trip count: a 64-bit division)
                 product, m0, n0 = place(tile, per, M, N)
                 a_row = product * M
                 for e in range(ACC):
@@ -196,6 +201,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
                 finish(acc, maps)
                 add_bias(acc, bias, t % 128, n0, N)
                 store_acc(C, acc, t % 128, a_row + m0 + 64 * (wg - 1), n0, a_row + M, N)
+                tile += cuda.gridDim.x
 
     return bias_entry(wgmma_ws_kernel, BIAS, jit_opts), NT, STAGES * STAGE_BYTES + 1024
 
