@@ -77,7 +77,7 @@ SHAPE = re.compile(r"^(tile\+|\d+x\d+x\d+)(?:@(\d+))?(?:/(\d+))?$")
 #: ``wgmma_split_k.split_kernel`` (``unit_at``: slices or stream-K, for any gridDim.x): any
 #: grid is right
 GRID_STRIDE = re.compile(r"range\(\s*cuda\.blockIdx\.x\s*,\s*\w+\s*,\s*cuda\.gridDim\.x\s*\)"
-                         r"|\bunit_at\(")
+                         r"|\+=\s*cuda\.gridDim\.x|\bunit_at\(")
 
 
 @functools.lru_cache(maxsize=None)
