@@ -57,27 +57,7 @@ def compile_ptx(spec, cc=(9, 0)) -> str:
     arch = arch_of(spec, cc)
     if arch.endswith("a"):
         ptx = re.sub(r"\.target sm_\d+\b", f".target {arch}", ptx)
-    if spec.tma_boxes:   # as the runtime compiles it (gemmlib.runtime.compile)
-        from gemmlib.runtime.maps import MAPS_BYTES
-
-        ptx = maps_by_value(ptx, MAPS_BYTES)
     return ptx
-
-
-def maps_by_value(ptx: str, nbytes: int) -> str:
-    """``ptx`` with its kernel's last parameter -- numba's uint64 of a TMA rung's maps --
-    made a 64-byte aligned block of ``nbytes`` passed by value, and each load of it made
-    the block's generic address (``cvta.param``): what nvcc writes for a
-    ``__grid_constant__`` CUtensorMap parameter (:mod:`gemmlib.runtime.maps`)."""
-    entry = re.search(r"\.entry\s+\S+\s*\(([^)]*)\)", ptx)
-    names = re.findall(r"\.param\s+\.u64\s+(\S+_param_\d+)", entry.group(1)) if entry else []
-    if not names:
-        raise ValueError("no 64-bit kernel parameter to pass the maps in")
-    last = re.escape(names[-1])
-    ptx = re.sub(rf"\.param\s+\.u64\s+({last})(?=\s*\))",
-                 rf".param .align 64 .b8 \1[{nbytes}]", ptx, count=1)
-    return re.sub(rf"ld\.param\.u64\s+(%rd\d+),\s*\[({last})\];",
-                  r"mov.b64 \1, \2;\n\tcvta.param.u64 \1, \1;", ptx)
 
 
 def compile_prep_ptx(spec, cc=(9, 0)) -> str:

@@ -144,9 +144,9 @@ class KernelSpec:
     #: other operands into zero-padded aligned copies (0: no requirement)
     operand_align: int = 0
     #: TMA rungs: the boxes (rows, cols) that the tensor maps of A and B copy, written
-    #: into shared memory with a ``tma_swizzle``-byte swizzle.  The kernel then takes a last
-    #: argument, a uint64 in numba: the address of A's map, B's 128 bytes further, which
-    #: the compile step makes a block of maps passed by value (``gemmlib.runtime.maps``)
+    #: into shared memory with a ``tma_swizzle``-byte swizzle.  The kernel then takes a
+    #: fourth argument, a uint64: the device address of A's map, B's 128 bytes further
+    #: (``gemmlib.runtime.maps.operand_maps``; numba kernels have no by-value map parameters)
     tma_boxes: tuple = ()
     tma_swizzle: int = 128
     #: rungs that store C by TMA (``wgmma_store``): the box (rows, cols) of C's map, the

@@ -8,12 +8,11 @@ driver encodes it (``cuTensorMapEncodeTiled``, reached through
 ``cuda.bindings``); the kernel only needs its address.
 
 CUDA C++ passes the map by value as a ``__grid_constant__`` kernel parameter.
-numba has no such parameter.  :func:`tensor_map_2d` (the course's probes) copies the
-map into device memory and kernels take its 64-bit address; a thread acquires it with
+numba has no such parameter, so :func:`tensor_map_2d` copies the map into
+device memory and kernels take its 64-bit address; a thread acquires it with
 ``fence.proxy.tensormap::generic.acquire`` (``gemmlib.intrinsics.hopper.
-tensormap_acquire``) before its first copy, as PTX requires for a map that reached
-global memory through ordinary writes.  gemmlib's rungs get theirs by value after all:
-the compile step rewrites numba's parameter (``gemmlib.runtime.maps``).
+tensormap_acquire``) before its first copy, as PTX requires for a map that
+reached global memory through ordinary writes.
 """
 from __future__ import annotations
 

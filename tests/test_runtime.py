@@ -1,7 +1,7 @@
-"""gemmlib.runtime without a GPU: tensor maps travel by value in the launch (encodings
-kept, a new address readdressed), a captured call's buffers are the graph's own (CuPy's
-memory: never reused, never freed; torch's: the graph's temporaries), and importing the
-torch front end leaves CuPy out."""
+"""gemmlib.runtime and the tensor maps' slots, without a GPU: the store kernel's PTX
+assembles, slots never overlap, a captured call's maps and buffers are the graph's own
+(CuPy's memory: never reused, never freed; torch's: the graph's temporaries), and
+importing the torch front end leaves CuPy out."""
 
 import shutil
 import subprocess
@@ -21,8 +21,8 @@ class _FakeBuffer:
 
 @pytest.fixture
 def fake_device(monkeypatch):
-    """Allocations from a counter and encodings counted, instead of a GPU."""
-    state = {"next": 1 << 20}
+    """Allocations from a counter and stores recorded, instead of a GPU."""
+    state = {"next": 1 << 20, "stores": []}
 
     def allocate(nbytes, stream, zero=False):
         buf = _FakeBuffer(state["next"], nbytes)
@@ -31,6 +31,8 @@ def fake_device(monkeypatch):
 
     monkeypatch.setattr(memory, "allocate", allocate)
     monkeypatch.setattr(memory, "synchronize", lambda: None)
+    monkeypatch.setattr(maps, "_store", lambda addr, raw, stream:
+                        state["stores"].append((addr, raw.nbytes, stream)))
     state["encodes"] = 0
 
     def encode(ptr, *rest):
@@ -45,6 +47,10 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(maps, "_readdressed", readdressed)
     monkeypatch.setattr(maps, "_ENCODED", {})
     monkeypatch.setattr(maps, "_WHOLE", {})
+    monkeypatch.setattr(maps, "_KEPT", {})
+    monkeypatch.setattr(maps, "_GRAPH_KEPT", {})
+    monkeypatch.setattr(maps, "_EAGER_SLOTS", maps._Slots())
+    monkeypatch.setattr(maps, "_GRAPH_SLOTS", maps._Slots())
     return state
 
 
@@ -52,18 +58,64 @@ def _op(ptr):
     return (ptr, (64, 64), 128, "float16", (64, 64), 128)
 
 
+def test_the_store_kernel_assembles():
+    ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
+    if not shutil.which(ptxas):
+        pytest.skip("no ptxas here")
+    import tempfile, os
+
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "s.ptx")
+        with open(src, "wb") as f:
+            f.write(maps._store_ptx().rstrip(b"\0"))
+        for arch in ("sm_75", "sm_90"):
+            r = subprocess.run([ptxas, f"-arch={arch}", src, "-o", os.path.join(d, "s.cubin")],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+
+
+def test_eager_maps_are_kept_and_reused(fake_device):
+    a = maps.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7)
+    assert maps.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7) == a
+    assert len(fake_device["stores"]) == 1   # written once, then found
+    b = maps.operand_maps((_op(3 << 30), _op(2 << 30)), stream=7)
+    assert abs(b - a) >= maps.SLOT_BYTES
+
+
 def test_a_new_address_reuses_the_encoding(fake_device):
     """An activation at a new address (a model's next layer) is not encoded again: the
     kept encoding of its shape gets the address; another shape is encoded."""
-    block = maps.operand_maps((_op(1 << 30), _op(2 << 30)), (77,))
+    maps.operand_maps((_op(1 << 30), _op(2 << 30)), stream=7)
     assert fake_device["encodes"] == 1            # A and B alike but for the address
-    assert block.nbytes == maps.MAPS_BYTES and int(block[16]) == 2 << 30 and block[32] == 77
-    raw = maps.operand_maps((_op(5 << 30),))
+    raw = maps._encoded((_op(5 << 30),), ())
     assert fake_device["encodes"] == 1 and int(raw[0]) == 5 << 30
-    maps.operand_maps(((6 << 30, (64, 32), 64, "float16", (64, 32), 64),))
+    maps._encoded(((6 << 30, (64, 32), 64, "float16", (64, 32), 64),), ())
     assert fake_device["encodes"] == 2
-    with pytest.raises(ValueError, match="do not fit"):
-        maps.operand_maps((_op(1 << 30),) * 3, tuple(range(20)))
+
+
+def test_slots_never_overlap_across_slabs(fake_device):
+    slots = maps._Slots()
+    got = [slots.take(0) for _ in range(3 * maps._SLAB_SLOTS + 5)]
+    assert len(set(got)) == len(got)
+    got.sort()
+    assert all(b - a >= maps.SLOT_BYTES for a, b in zip(got, got[1:]))
+
+
+def test_captured_maps_are_the_graphs_own(fake_device, monkeypatch):
+    ops = (_op(1 << 30), _op(2 << 30))
+    eager = maps.operand_maps(ops, stream=7)
+    g1 = maps.operand_maps(ops, stream=9, graph=True)
+    g2 = maps.operand_maps(ops, stream=9, graph=True)
+    assert g1 == g2 and g1 != eager
+    # every captured call records its own write (a replay does not rely on an earlier one)
+    assert [s[0] for s in fake_device["stores"]].count(g1) == 2
+    # eager maps filling up free the eager slots only
+    monkeypatch.setattr(maps, "MAX_KEPT", 4)
+    for i in range(12):
+        maps.operand_maps((_op((10 + i) << 30), _op(2 << 30)), stream=7)
+    assert maps.operand_maps(ops, stream=11, graph=True) == g1
+    eager_slots = set(maps._EAGER_SLOTS.free)
+    assert g1 not in eager_slots
 
 
 def test_a_graphs_workspace_is_kept_for_good(fake_device, monkeypatch):
@@ -111,9 +163,9 @@ class _Freed:
 
 
 def test_a_captured_torch_calls_buffers_are_the_graphs_temporaries(fake_device):
-    """With torch's memory (the graph's private pool) the buffers a captured call makes
-    are held until its launches are recorded, then handed back -- nested calls share the
-    outer scope -- and nothing is kept with the plan or for good."""
+    """With torch's memory (the graph's private pool) the buffers and map slot a captured
+    call makes are held until its launches are recorded, then handed back -- nested calls
+    share the outer scope -- and nothing is kept with the plan or for good."""
     class Bound:
         scratch = {}
 
@@ -122,6 +174,8 @@ def test_a_captured_torch_calls_buffers_are_the_graphs_temporaries(fake_device):
     with memory.CapturedCall():
         assert memory.holding()
         launch._keep(b, ("w", 9, True), (_Freed(freed, "work"), 123), 10**9, graph=True)
+        slot = maps.operand_maps((_op(1 << 30), _op(2 << 30)), stream=9, graph=True)
+        assert fake_device["stores"][-1][0] == slot and not maps._GRAPH_KEPT
         with memory.CapturedCall():   # a call inside the call (the rounding, a bias)
             memory.keep_for_graphs(_Freed(freed, "inner"))
         assert freed == []            # held until the outer call's launches are recorded
@@ -155,9 +209,9 @@ def bound_plan(monkeypatch, fake_device):
     monkeypatch.setattr(memory, "copy_async", lambda dst, src, n, stream:
                         fake_device["copies"].append((dst, src, n, stream)))
 
-    def operand_maps(ops, words=()):
-        fake_device["maps"].append(ops)
-        return np.full(maps.MAPS_BYTES // 8, len(fake_device["maps"]), np.uint64)
+    def operand_maps(ops, stream=0, words=(), graph=False):
+        fake_device["maps"].append((ops, graph))
+        return 10_000 + len(fake_device["maps"])
 
     monkeypatch.setattr(maps, "operand_maps", operand_maps)
 
@@ -170,63 +224,51 @@ def bound_plan(monkeypatch, fake_device):
 
 @pytest.mark.parametrize("rung, params", [("wgmma_ws", dict(precision="fp16")),
                                           ("wgmma_swap", dict(precision="bf16"))])
-def test_a_calls_maps_are_remembered_per_operand_address(bound_plan, fake_device, rung,
-                                                          params):
-    """Each new activation address gets its own maps block (nothing copied, nothing written
-    to the device); an address met again finds its block; a swap-AB rung's maps take the
-    weight as their A."""
+def test_a_new_small_activation_is_staged_not_mapped(bound_plan, fake_device, rung, params):
+    """A decode-sized A at a new address every call (a model's next activation) is copied
+    into the plan's kept buffer, whose maps are written once; the weight stays where it is;
+    a swap-AB rung's maps take the weight as their A."""
     b, p = bound_plan(rung, 16, 256, 512, **params)
     W = 1 << 32
-    got = [launch._maps_for_call(b, p, (5 << 30) + 4096 * i, W, 0) for i in range(5)]
-    assert len(fake_device["maps"]) == 5 and not fake_device["copies"]
-    a_of = [ops[1 if p.spec.swap_ab else 0][0] for ops in fake_device["maps"]]
-    assert a_of == [(5 << 30) + 4096 * i for i in range(5)]
-    assert {ops[0 if p.spec.swap_ab else 1][0] for ops in fake_device["maps"]} == {W}
-    assert launch._maps_for_call(b, p, 5 << 30, W, 0) is got[0]
-    assert len(fake_device["maps"]) == 5
+    got = [launch._maps_for_call(b, p, (5 << 30) + 4096 * i, W, 0, 7) for i in range(5)]
+    copies = fake_device["copies"]
+    assert len(copies) == 5 and {c[0] for c in copies} == {got[0][1]}
+    assert [c[1] for c in copies] == [(5 << 30) + 4096 * i for i in range(5)]
+    assert {c[2] for c in copies} == {16 * 512 * 2} and {c[3] for c in copies} == {7}
+    assert len(fake_device["maps"]) == 1 and len({g for g in got}) == 1
+    ops = fake_device["maps"][0][0]
+    kernel_a = ops[0][0]
+    assert kernel_a == (W if p.spec.swap_ab else got[0][1])
+    # an A met again (a loop over the same operands) gets maps of its own: no more copies
+    again = launch._maps_for_call(b, p, 5 << 30, W, 0, 7)
+    assert again[1] == 5 << 30 and len(copies) == 5 and len(fake_device["maps"]) == 2
+    assert launch._maps_for_call(b, p, 5 << 30, W, 0, 7) == again
+    assert len(copies) == 5 and len(fake_device["maps"]) == 2
 
 
-def test_maps_travel_in_the_launch(bound_plan, fake_device, monkeypatch):
-    """The maps block is copied into the launch's own 64-byte aligned parameter, which the
-    pointer array names: a CUDA-graph capture records it by value."""
-    import ctypes
-
-    seen = []
-
-    class Driver:
-        def launch_kernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, pointers, extra):
-            seen.append(pointers)
-            return 0
-
-        def launch_kernel_ex(self, config, fn, pointers, extra):
-            seen.append(pointers)
-            return 0
-
-        def check(self, rc, what):
-            assert rc == 0, what
-
-    monkeypatch.setattr(launch, "driver", lambda: Driver())
-    monkeypatch.setattr(launch, "EARLY_LAUNCH", False)
-    b, p = bound_plan("wgmma_ws", 128, 256, 512, precision="fp16")
-    launch._launch_main(b, p, 5 << 30, 6 << 30, 7 << 30, 7, ())
-    values, pointers, at = b.parameters()
-    assert seen == [pointers] and at % 64 == 0
-    words = (ctypes.c_uint64 * (maps.MAPS_BYTES // 8)).from_address(at)
-    assert ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p))[b.maps_word] == at
-    assert list(words) == [1] * (maps.MAPS_BYTES // 8)   # the first (stubbed) block
+def test_a_large_or_captured_a_is_mapped_where_it_is(bound_plan, fake_device):
+    b, p = bound_plan("wgmma_ws", 2048, 256, 512, precision="fp16")   # 2 MB of A
+    assert b.stage_a == 0
+    first = launch._maps_for_call(b, p, 5 << 30, 1 << 32, 0, 7)
+    again = launch._maps_for_call(b, p, 5 << 30, 1 << 32, 0, 7)
+    assert first == again and first[1] == 5 << 30 and len(fake_device["maps"]) == 1
+    small, ps = bound_plan("wgmma_ws", 16, 256, 512, precision="fp16")
+    addr, a = launch._maps_for_call(small, ps, 6 << 30, 1 << 32, 0, 9, graph=True)
+    assert a == 6 << 30 and not fake_device["copies"]
+    assert fake_device["maps"][-1][1] is True and fake_device["maps"][-1][0][0][0] == 6 << 30
 
 
 def test_buffers_between_launches_are_each_threads_own(bound_plan, fake_device):
     """Two threads calling on one stream interleave their launches: a buffer one call fills
-    in one launch and reads in the next (a transposed operand, the slices' sums) is per
-    thread."""
+    in one launch and reads in the next (a staged A, the slices' sums) is per thread."""
     import threading
 
     b, p = bound_plan("wgmma_ws", 16, 256, 512, precision="fp16")
-    mine = launch._kept_buffer(b, "bt", 4096, 7)
-    assert launch._kept_buffer(b, "bt", 4096, 7) == mine
+    mine = launch._maps_for_call(b, p, 5 << 30, 1 << 32, 0, 7)[1]
+    assert launch._maps_for_call(b, p, 6 << 30, 1 << 32, 0, 7)[1] == mine
     theirs = []
-    t = threading.Thread(target=lambda: theirs.append(launch._kept_buffer(b, "bt", 4096, 7)))
+    t = threading.Thread(target=lambda: theirs.append(
+        launch._maps_for_call(b, p, 8 << 30, 1 << 32, 0, 7)[1]))
     t.start()
     t.join()
     assert theirs and theirs[0] != mine
@@ -248,6 +290,7 @@ def test_the_transposing_pre_passes_launch_into_kept_buffers(bound_plan, fake_de
     (g_b, src_b, dst_b, s_b), (g_a, src_a, dst_a, _), _ = launches
     assert (src_b, dst_b, s_b) == (1 << 30, bt, 7) and (src_a, dst_a) == (2 << 30, at)
     assert g_b == p.spec.b_prep_grid(36, 72) and g_a == p.spec.a_prep_grid(36, 40)
+    assert b.stage_a == 0   # the pre-pass reads A where it lies
 
 
 def test_a_dropped_driver_buffer_is_freed_later_and_never_inside_a_capture(monkeypatch):

@@ -136,15 +136,15 @@ def test_dispatch_words_and_maps_of_a_km_a(monkeypatch):
     b = launch._Bound(p, 0)
     assert b.words[:len(launch._array_words(0, K, M, 2))] == launch._array_words(0, K, M, 2)
     seen = {}
-    monkeypatch.setattr(maps, "operand_maps", lambda ops, scales: seen.setdefault("ops", ops)
-                        and 0)
-    launch._tensor_maps(p, 111, 222)
+    monkeypatch.setattr(maps, "operand_maps", lambda ops, stream, scales, graph=False:
+                        seen.setdefault("ops", ops) and 0)
+    launch._tensor_maps(p, 111, 222, 0)
     (a_ptr, a_shape, a_pitch, _, a_box, _), (_, b_shape, b_pitch, _, _, _) = seen["ops"]
     assert (a_ptr, a_shape, a_pitch, a_box) == (111, (K, M), M * 2, (64, 64))
     assert (b_shape, b_pitch) == ((N, K), K * 2)
     mk = dispatch.plan(wgmma_ws.build("fp16"), M, 24, K)
     seen.clear()
-    launch._tensor_maps(mk, 111, 222)
+    launch._tensor_maps(mk, 111, 222, 0)
     assert seen["ops"][0][1:3] == ((M, K), K * 2)
 
 

@@ -41,8 +41,6 @@ pointers are 64-bit):
 ``setmaxnreg(n, increase)``          (a factory) move registers between warpgroups
 ``tma_load_2d(dst, tmap, x, y, bar)`` the box at column ``x``, row ``y`` -> ``dst``
 ``tensormap_acquire(tmap)``          the map was written through the generic proxy
-``tensormap_prefetch(tmap)``         start fetching a map (a kernel parameter) into cache
-``ld_u64(addr)``, ``ld_global_f32(addr)``  one load (generic; from global memory)
 ``grid_dependency_wait()``           wait for the grids this one may overlap (see below)
 ``launch_dependents()``              let the next grid on the stream start launching
 
@@ -154,8 +152,6 @@ def _make():
     tensormap_acquire = _one_operand("tensormap_acquire",
                                      "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;",
                                      types.uint64, i64, "l")
-    tensormap_prefetch = _one_operand("tensormap_prefetch", "prefetch.tensormap [$0];",
-                                      types.uint64, i64, "l")
 
     _REGS = {}
 
@@ -193,20 +189,19 @@ def _make():
             return context.get_dummy_value()
         return types.void(dst, tmap, x, y, bar), codegen
 
-    def _ld(name, space, ptx_type, numba_type, ir_type, constraint):
-        """An intrinsic f(addr) -> value: one ``ld`` (``space``: ".global", or "" for a
-        generic address) from a 64-bit address."""
+    def _ld_global(name, ptx_type, numba_type, ir_type, constraint):
+        """An intrinsic f(addr) -> value: one ``ld.global`` from a 64-bit address."""
         def typer(typingctx, addr):
             def codegen(context, builder, sig, args):
                 a = _u(context, builder, args[0], sig.args[0], types.uint64)
-                return _asm(builder, ir_type, [a], [i64], f"ld{space}.{ptx_type} $0, [$1];",
+                return _asm(builder, ir_type, [a], [i64], f"ld.global.{ptx_type} $0, [$1];",
                             f"={constraint},l,~{{memory}}")
             return numba_type(addr), codegen
         typer.__name__ = name
         return intrinsic(typer)
 
-    ld_u64 = _ld("ld_u64", "", "u64", types.uint64, i64, "l")
-    ld_global_f32 = _ld("ld_global_f32", ".global", "f32", types.float32, f32, "f")
+    ld_global_u64 = _ld_global("ld_global_u64", "u64", types.uint64, i64, "l")
+    ld_global_f32 = _ld_global("ld_global_f32", "f32", types.float32, f32, "f")
 
     _WGMMA = {}
 
@@ -291,9 +286,8 @@ def _make():
                 wgmma_commit=wgmma_commit, waits=_WAITS, mbarrier_init=mbarrier_init,
                 mbarrier_expect_tx=mbarrier_expect_tx, mbarrier_try_wait=mbarrier_try_wait,
                 mbarrier_arrive=mbarrier_arrive, tensormap_acquire=tensormap_acquire,
-                tensormap_prefetch=tensormap_prefetch,
                 tma_load_2d=tma_load_2d, wgmma=_wgmma, setmaxnreg=_setmaxnreg,
-                ld_u64=ld_u64, ld_global_f32=ld_global_f32,
+                ld_global_u64=ld_global_u64, ld_global_f32=ld_global_f32,
                 grid_dependency_wait=grid_dependency_wait, launch_dependents=launch_dependents)
 
 
@@ -519,7 +513,7 @@ def tma_load_2d_py(dst, tmap, x, y, bar):
         _bar_step(_bar(bar), 0, -flat.nbytes)
 
 
-def ld_u64_py(addr):
+def ld_global_u64_py(addr):
     from gemmlib import tma
 
     return np.uint64(tma.simulated_word(int(addr)))
@@ -549,7 +543,7 @@ _PHASE_DONE = __import__("threading").Condition(_SIM_LOCK)   # an mbarrier phase
 
 _NAMES = ("smem_addr", "fence_proxy_async", "fence_mbarrier_init", "wgmma_fence", "wgmma_commit",
           "mbarrier_init", "mbarrier_expect_tx", "mbarrier_try_wait", "mbarrier_arrive",
-          "tensormap_acquire", "tensormap_prefetch", "tma_load_2d", "ld_u64", "ld_global_f32",
+          "tensormap_acquire", "tma_load_2d", "ld_global_u64", "ld_global_f32",
           "grid_dependency_wait", "launch_dependents")
 
 if SIMULATOR:
@@ -557,18 +551,17 @@ if SIMULATOR:
                  fence_mbarrier_init=_nothing, wgmma_fence=_nothing, wgmma_commit=_nothing,
                  mbarrier_init=mbarrier_init_py, mbarrier_expect_tx=mbarrier_expect_tx_py,
                  mbarrier_try_wait=mbarrier_try_wait_py, mbarrier_arrive=mbarrier_arrive_py,
-                 tensormap_acquire=_nothing, tensormap_prefetch=_nothing,
-                 tma_load_2d=tma_load_2d_py,
+                 tensormap_acquire=_nothing, tma_load_2d=tma_load_2d_py,
                  waits={n: wgmma_wait_py for n in range(8)}, wgmma=_wgmma_py,
-                 setmaxnreg=lambda n, inc: _nothing, ld_u64=ld_u64_py,
+                 setmaxnreg=lambda n, inc: _nothing, ld_global_u64=ld_global_u64_py,
                  ld_global_f32=ld_global_f32_py, grid_dependency_wait=_nothing,
                  launch_dependents=_nothing)
 else:
     _impl = _make()
 
 (smem_addr, fence_proxy_async, fence_mbarrier_init, wgmma_fence, wgmma_commit, mbarrier_init,
- mbarrier_expect_tx, mbarrier_try_wait, mbarrier_arrive, tensormap_acquire, tensormap_prefetch,
- tma_load_2d, ld_u64, ld_global_f32, grid_dependency_wait,
+ mbarrier_expect_tx, mbarrier_try_wait, mbarrier_arrive, tensormap_acquire,
+ tma_load_2d, ld_global_u64, ld_global_f32, grid_dependency_wait,
  launch_dependents) = (_impl[n] for n in _NAMES)
 
 #: N of the m64nNk16 shapes wgmma offers with fp32 accumulators

@@ -62,7 +62,7 @@ from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, bias_code
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes
 from gemmlib.kernels.wgmma_ws import as_accumulated, check_tile, register_roles, regs_suffix
-from gemmlib.kernels.ws_pipeline import prefetch_maps, early_launch, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 #: blocks per cluster of the default build: 2 on a GPU, 1 in the simulator (see above)
@@ -174,7 +174,7 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                prefetch_maps(maps)
+                acquire_maps(maps)
                 it = 0
                 i = first
                 while i < supers:   # (range()'s trip count: a 64-bit division)

@@ -60,8 +60,8 @@ def scale_code(BN: int):
 
     @cuda.jit(device=True)
     def scale(acc, maps):
-        s = (H.ld_global_f32(H.ld_u64(maps + SCALE_WORDS))
-             * H.ld_global_f32(H.ld_u64(maps + SCALE_WORDS + 8)))
+        s = (H.ld_global_f32(H.ld_global_u64(maps + SCALE_WORDS))
+             * H.ld_global_f32(H.ld_global_u64(maps + SCALE_WORDS + 8)))
         for e in range(ACC):
             acc[e] = acc[e] * s
 

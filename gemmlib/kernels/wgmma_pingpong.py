@@ -70,7 +70,7 @@ from gemmlib.kernels.wgmma_async import (BK, bias_code, bias_entry, bias_fields,
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (batched_walk, check_tile, persistent_grid, register_roles,
                                       regs_suffix)
-from gemmlib.kernels.ws_pipeline import prefetch_maps, early_launch, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec
 
 #: dynamic shared memory one block may opt in to on an H100 / H200
@@ -135,7 +135,7 @@ def pingpong_kernel(BM: int, BN: int, STAGES: int, REGS, ORDERED: bool, k_tile, 
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                prefetch_maps(maps)
+                acquire_maps(maps)
                 it = 0
                 owner = 0                    # the consumer of this tile
                 tile = cuda.blockIdx.x

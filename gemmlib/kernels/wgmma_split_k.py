@@ -59,7 +59,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
 from gemmlib.kernels.wgmma_ws import check_build, register_roles, regs_suffix
-from gemmlib.kernels.ws_pipeline import prefetch_maps, early_launch, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import Constraint, KernelSpec, cdiv
 
 #: a slice holds at least this many k-tiles of 64 (shorter ones are mostly fill and drain)
@@ -316,7 +316,7 @@ def split_kernel(BM: int, BN: int, STAGES: int, REGS, SUM: int, k_tile, store_ac
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                prefetch_maps(maps)
+                acquire_maps(maps)
                 it = 0
                 j = 0
                 while True:

@@ -55,7 +55,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, bias_code, bias_entry,
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader, wait
 from gemmlib.kernels.wgmma_ws import (DEFAULT_REGS, as_accumulated, batched_walk, check_build,
                                       persistent_grid, register_roles, regs_suffix)
-from gemmlib.kernels.ws_pipeline import prefetch_maps, early_launch, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec
 
 #: bytes of one staged row of a box (the 128-byte swizzle's span) and rows per box
@@ -226,7 +226,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:                       # warp 0: one thread issues the loads
-                prefetch_maps(maps)
+                acquire_maps(maps)
                 it = 0
                 tile = cuda.blockIdx.x
                 while tile < tiles:   # (range()'s trip count: a 64-bit division)
@@ -237,7 +237,7 @@ def store_kernel(BM: int, BN: int, STAGES: int, REGS, out: str, k_tile, store_ac
             elif to_tma and t % 32 == 0 and t // 32 <= CONSUMERS:   # warps 1, 2: storers
                 c = t // 32 - 1              # the consumer this thread stores for
                 cmap = maps + uint64(256)
-                H.tensormap_prefetch(cmap)
+                H.tensormap_acquire(cmap)
                 rows = stage + c * BOX_ROWS * BOX_ROW_BYTES
                 e = 0
                 tile = cuda.blockIdx.x

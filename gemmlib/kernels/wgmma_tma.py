@@ -153,8 +153,8 @@ def build(precision: str = "fp16", BM: int = 128, BN: int = 256, STAGES: int = 4
             H.fence_mbarrier_init()                         # visible to the copy engine
         cuda.syncthreads()
         if t == 0:
-            H.tensormap_prefetch(maps)
-            H.tensormap_prefetch(maps + uint64(128))
+            H.tensormap_acquire(maps)
+            H.tensormap_acquire(maps + uint64(128))
             for s in range(STAGES):                         # the first STAGES k-tiles
                 if s < num_k:
                     load_stage(ring, s, H.smem_addr(full, s), maps, s * BK, m0, n0, 0)

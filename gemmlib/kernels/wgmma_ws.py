@@ -65,7 +65,7 @@ from gemmlib.kernels.wgmma_async import (BK, SLICE_BYTES, a_dims, bias_code, bia
                                          out_ptx, out_suffix, rung_name, spec_fields,
                                          tile_order, warpgroup_code)
 from gemmlib.kernels.wgmma_tma import tma_boxes, tma_loader
-from gemmlib.kernels.ws_pipeline import prefetch_maps, early_launch, ring_parts
+from gemmlib.kernels.ws_pipeline import acquire_maps, early_launch, ring_parts
 from gemmlib.spec import KernelSpec, cdiv
 
 
@@ -177,7 +177,7 @@ def ws_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, k_tile, store_acc, t
         if wg == 0:                          # ---- the producer warpgroup
             fewer()
             if t == 0:
-                prefetch_maps(maps)
+                acquire_maps(maps)
                 it = 0
                 tile = cuda.blockIdx.x
                 while tile < tiles:   # (range()'s trip count: a 64-bit division)

@@ -10,7 +10,7 @@ built on it -- ``wgmma_ws`` (and through its kernel ``wgmma_tf32`` and ``wgmma_f
 ``wgmma_swap`` -- differ in the tiles they walk and what they do around the ring, so the
 ring's parts live here and each rung's kernel keeps only its own idea:
 
-* ``prefetch_maps(maps)``: the producer's tensor maps of A and B, prefetched once;
+* ``acquire_maps(maps)``: the producer's tensor maps of A and B, acquired once;
 * ``fill(ring, bars, full, it, k0, k1, maps, m0, n0, b_row) -> it``: the producer's copies
   of one tile's k-tiles ``k0 .. k1`` into the ring from position ``it`` (``m0, n0, b_row``
   go to the rung's ``load_stage``);
@@ -59,11 +59,11 @@ def early_launch():
 
 
 @cuda.jit(device=True)
-def prefetch_maps(maps):
-    """The producer's tensor maps of A and B (the first two of ``maps``, a launch
-    parameter: ``gemmlib.runtime.maps``) fetched ahead of its first copies."""
-    H.tensormap_prefetch(maps)
-    H.tensormap_prefetch(maps + uint64(128))
+def acquire_maps(maps):
+    """The producer's tensor maps of A and B (the first two of ``maps``) made visible to its
+    copies before the first of them."""
+    H.tensormap_acquire(maps)
+    H.tensormap_acquire(maps + uint64(128))
 
 
 def ring_parts(STAGES: int, STAGE_BYTES: int, A_BYTES: int, load_stage, k_tile, KT: int = BK,

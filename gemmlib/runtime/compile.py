@@ -16,7 +16,6 @@ import ctypes
 import hashlib
 import json
 import os
-import re
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -119,27 +118,25 @@ def _signature(dtype, nargs: int, scalars: tuple = ()):
 
 
 def compiled(kernel, *, module: str, params: dict, dtype: str = "float32",
-             nargs: int = 3, scalars: tuple = (), maps_by_value: bool = False) -> Compiled:
-    """The machine code of numba kernel ``kernel``: memory, then disk, then numba (GPU only).
-    ``maps_by_value``: a TMA rung, whose last parameter (the tensor maps) is passed by value
-    (:func:`gemmlib.ptx.maps_by_value`)."""
+             nargs: int = 3, scalars: tuple = ()) -> Compiled:
+    """The machine code of numba kernel ``kernel``: memory, then disk, then numba (GPU only)."""
     c = _COMPILED.get(id(kernel))
     if c is not None:
         return c
     with LOCK:
         c = _COMPILED.get(id(kernel))
         if c is None:
-            c = _compile(kernel, module, params, dtype, nargs, scalars, maps_by_value)
+            c = _compile(kernel, module, params, dtype, nargs, scalars)
             c.kernel = kernel  # the id stays this kernel's while the entry lives
             _COMPILED[id(kernel)] = c
     return c
 
 
-def _compile(kernel, module, params, dtype, nargs, scalars=(), by_value=False) -> Compiled:
+def _compile(kernel, module, params, dtype, nargs, scalars=()) -> Compiled:
     cc = backend.device_info().compute_capability
     sig = _signature(dtype, nargs, scalars)
     name = getattr(kernel, "py_func", kernel).__qualname__
-    key = cache_key(module, name, dict(params, maps_by_value=by_value), cc, str(sig))
+    key = cache_key(module, name, params, cc, str(sig))
     existed = diskcache.entry_path(cache_dir(), key).exists()
     hit = diskcache.load(cache_dir(), key)  # None for a damaged entry (which it removes)
     if hit is not None and hit[1].get("key") == key and hit[1].get("entry"):
@@ -155,7 +152,7 @@ def _compile(kernel, module, params, dtype, nargs, scalars=(), by_value=False) -
     lib = k._codelibrary
     if getattr(lib, "_setup_functions", None):  # e.g. numba's runtime (NRT): not ours to init
         raise CudaError(f"{name} needs numba's module set-up; gemmlib kernels must not")
-    cubin = machine_code(lib, cc, by_value)
+    cubin = machine_code(lib, cc)
     diskcache.store(cache_dir(), key, cubin, {"key": key, "entry": k.entry_name,
                                               "kernel": name, "module": module,
                                               "params": {k_: repr(v) for k_, v in params.items()},
@@ -163,7 +160,7 @@ def _compile(kernel, module, params, dtype, nargs, scalars=(), by_value=False) -
     return Compiled(cubin, k.entry_name)
 
 
-def machine_code(lib, cc, maps_by_value: bool = False) -> bytes:
+def machine_code(lib, cc) -> bytes:
     """SASS for compute capability ``cc`` of numba code library ``lib``.
 
     From compute capability 8.0, numba's own ``get_cubin`` (on 9.0 and newer for the
@@ -171,17 +168,10 @@ def machine_code(lib, cc, maps_by_value: bool = False) -> bytes:
     numba's link step can hand the PTX to the driver's JIT when it finds no nvJitLink, and an
     older driver cannot JIT PTX from a newer compiler (a T4 on Colab): there gemmlib
     assembles the PTX itself (:func:`gemmlib.ptx.assemble`), so the driver only loads
-    machine code.  A TMA rung (``maps_by_value``) is assembled here too, from its PTX with
-    the maps parameter rewritten (:func:`gemmlib.ptx.maps_by_value`).
+    machine code.
     """
-    from gemmlib import ptx as P
-    from gemmlib.runtime.maps import MAPS_BYTES
+    from gemmlib.ptx import assemble
 
-    if maps_by_value:
-        arch = f"sm_{cc[0]}{cc[1]}" + ("a" if tuple(cc) >= (9, 0) else "")
-        text = re.sub(r"\.target sm_\d+\b", f".target {arch}",
-                      lib.get_asm_str(cc=(cc[0], cc[1], "")))
-        return P.assemble(P.maps_by_value(text, MAPS_BYTES), arch, lib._max_registers)
     if tuple(cc) >= (8, 0):
         # numba's own link step is what every committed H100/H200 measurement ran; the
         # nvJitLink assembly below has not been timed on those GPUs (one H200 run with it
@@ -194,7 +184,7 @@ def machine_code(lib, cc, maps_by_value: bool = False) -> bytes:
         raise CudaError("gemmlib kernels link no other code; this one asks numba to link "
                         f"{sorted(map(str, lib._linking_files)) or 'cudadevrt'}")
     ptx = lib.get_asm_str(cc=(cc[0], cc[1], ""))
-    return P.assemble(ptx, f"sm_{cc[0]}{cc[1]}", lib._max_registers)
+    return assemble(ptx, f"sm_{cc[0]}{cc[1]}", lib._max_registers)
 
 
 def compiled_spec(spec: KernelSpec) -> Compiled:
@@ -202,7 +192,7 @@ def compiled_spec(spec: KernelSpec) -> Compiled:
     dtypes = spec.array_dtypes
     return compiled(spec.kernel, module=spec.module, params=spec.code_params,
                     dtype=dtypes[0] if len(set(dtypes)) == 1 else dtypes, nargs=len(dtypes),
-                    scalars=spec.scalar_args, maps_by_value=bool(spec.tma_boxes))
+                    scalars=spec.scalar_args)
 
 
 def compiled_prep(spec: KernelSpec, operand: str = "b") -> Compiled:

@@ -107,9 +107,8 @@ class _Bound:
         for rows, cols, dt in p.workspace:
             self.work_words.append(len(self.words) + 4)
             self.words += _array_words(0, rows, cols, np.dtype(dt).itemsize)
-        #: the parameter after the arrays: TMA rungs' tensor maps, passed by value
-        #: (gemmlib.runtime.maps: MAPS_BYTES of this thread's own, see parameters)
-        self.maps_word = len(self.words) if spec.tma_boxes else None
+        #: the word after the arrays: TMA rungs' address of the tensor maps
+        self.maps_word = len(self.words)
         self.words += [0] * len(spec.scalar_args)
         #: (stream, graph) -> the workspace buffers, kept (_scratch); a buffer one call writes
         #: in one launch and reads in the next (the slices' sums, a transposed operand, a
@@ -117,8 +116,13 @@ class _Bound:
         #: interleave their launches, and would otherwise overwrite each other's
         self.scratch = {}
         self.red = self.red_words = None
-        #: the maps blocks of this plan's recent operands (_maps_for_call)
-        self.maps_memo = {}
+        #: the maps' addresses of this plan's recent operands, and the small As met once
+        #: (_maps_for_call)
+        self.maps_memo, self.met_a = {}, set()
+        #: bytes of a caller's A small enough to stage (_maps_for_call), else 0
+        a_bytes = M * K * (ib if spec.swap_ab else ia)   # the caller's A
+        self.stage_a = (a_bytes if spec.tma_boxes and spec.a_prep is None and p.batch == 1
+                        and a_bytes <= STAGE_A_BYTES else 0)   # (a pre-pass reads A as it is)
         self._local = threading.local()
         self.prep = self.prep_words = None
         #: the grid launched: a cluster rung's, cut to the clusters that fit at once
@@ -142,18 +146,17 @@ class _Bound:
         self.finish = {}
         self.finish_words = {}
         self.reduce_grid = p.reduce_grid   # computed once, not per launch
-        #: whether a launch uses buffers of its own (what a CUDA-graph capture must give
-        #: the graph: see run)
-        self.needs_buffers = bool(p.splits > 1 or p.workspace
+        #: whether a launch uses buffers or maps of its own (what a CUDA-graph capture
+        #: must give the graph: see run)
+        self.needs_buffers = bool(p.splits > 1 or p.workspace or spec.tma_boxes
                                   or spec.b_prep is not None or spec.a_prep is not None)
 
 
     def parameters(self, which: str = "words"):
         """This thread's kernel-parameter block, the constant words packed once: (the
         int64 values a launch overwrites the pointers in, the address of their pointer
-        array for cuLaunchKernel, the address of the MAPS_BYTES a TMA rung's maps are
-        copied into, 64-byte aligned, or 0).  ``which``: the main kernel's ("words") or
-        the split-K sum's ("red_words")."""
+        array for cuLaunchKernel).  ``which``: the main kernel's ("words") or the split-K
+        sum's ("red_words")."""
         blks = getattr(self._local, "blks", None)
         if blks is None:
             blks = self._local.blks = {}
@@ -164,13 +167,8 @@ class _Bound:
             values = (ctypes.c_int64 * n)(*words)
             base = ctypes.addressof(values)
             pointers = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
-            block, at = None, 0
-            if which == "words" and self.maps_word is not None:
-                block = (ctypes.c_uint8 * (maps.MAPS_BYTES + 64))()
-                at = ctypes.addressof(block) + (-ctypes.addressof(block) % 64)
-                pointers[self.maps_word] = at
-            blk = blks[which] = (values, ctypes.addressof(pointers), pointers, block, at)
-        return blk[0], blk[1], blk[4]
+            blk = blks[which] = (values, ctypes.addressof(pointers), pointers)
+        return blk[0], blk[1]
 
 
 def _operand_shapes(p: Plan) -> tuple:
@@ -228,7 +226,7 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     ``(address, type)`` of a row of N values ("fp32", "fp16", "bf16") added to every row
     of C -- by the rung's own epilogue (``spec.bias_arg``), else by one more kernel
     (:func:`_run_then_bias`).  ``graph``: whether ``stream`` is being captured, when the
-    caller knows (else the driver is asked, for plans that keep buffers).
+    caller knows (else the driver is asked, for plans that keep buffers or maps).
     ``lds``: elements from one row to the next of the kernel's A and B memory where that
     is more than a row (a slice of a wider matrix; 0 or () where the rows are packed):
     the tensor maps' row strides (rungs that read A and B by TMA only), or the strides
@@ -236,7 +234,7 @@ def run(p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int = 0, bound=None
     such operands; another build ignores them).
     """
     b = bound or _bound(p)
-    # Under a CUDA-graph capture the call's buffers are the graph's own
+    # Under a CUDA-graph capture the call's buffers and maps are the graph's own
     # (gemmlib.runtime.memory); a plan that needs none launches as it would eagerly.
     if graph is None:
         graph = b.needs_buffers and memory.capturing(stream)
@@ -354,18 +352,19 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
                  lds: tuple = ()) -> None:
     """The main kernel of bound plan ``b`` writing ``c_ptr`` (C, or the slices' buffer):
     the pointers into its parameter block, packed once (then its workspace arrays and the
-    tensor maps, by value, where it takes them).  ``graph``: ``stream`` is being
-    captured (the workspace is the graph's own).  ``lds``: see :func:`run`."""
+    address of its tensor maps where it takes them).  ``graph``: ``stream`` is being
+    captured (the workspace and maps are the graph's own).  ``lds``: see :func:`run`."""
     if b.prep is not None:   # the kernel reads B K-major: transpose it first, same stream
         b_ptr = _prepared_b(b, p, b_ptr, stream, graph)
     if b.a_prep is not None:   # and A
         a_ptr = _prepared_a(b, p, a_ptr, stream, graph)
     if p.spec.tma_boxes:
-        block = _maps_for_call(b, p, a_ptr, b_ptr, c_ptr, scales, lds)
+        maps_addr, a_ptr = _maps_for_call(b, p, a_ptr, b_ptr, c_ptr, stream, scales, graph,
+                                          lds)
     if p.spec.swap_ab:       # the kernel's A is the caller's B, its B the caller's A
         a_ptr, b_ptr = b_ptr, a_ptr
         lds = lds[::-1]
-    values, pointers, maps_at = b.parameters()
+    values, pointers = b.parameters()
     values[_A_WORD] = a_ptr
     values[_B_WORD] = b_ptr
     values[_C_WORD] = c_ptr
@@ -386,8 +385,8 @@ def _launch_main(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, strea
                 memory.zero_async(ptr, nbytes, stream)
         for w, ptr in zip(b.work_words, ws[1]):
             values[w] = ptr
-    if p.spec.tma_boxes:   # the last parameter: the tensor maps, by value
-        ctypes.memmove(maps_at, block.ctypes.data, maps.MAPS_BYTES)
+    if p.spec.tma_boxes:   # the last word: where the tensor maps of A and B are
+        values[b.maps_word] = maps_addr
     drv = driver()
     early = EARLY_LAUNCH and p.spec.early_launch
     if early or p.spec.cluster > 1:
@@ -407,7 +406,7 @@ def _launch_reduce(fn: int, b: "_Bound", p: Plan, w_ptr: int, c_ptr: int, stream
                    which: str) -> None:
     """A sum of the slices (``fn``: the spec's reduction, or a 16-bit rounding one) from
     the buffer at ``w_ptr`` into C."""
-    values, pointers, _ = b.parameters(which)
+    values, pointers = b.parameters(which)
     values[_DATA[0]], values[_DATA[1]] = w_ptr, c_ptr
     drv = driver()
     rc = drv.launch_kernel(fn, *b.reduce_grid, *p.spec.reduce_block, 0, stream, pointers,
@@ -490,37 +489,59 @@ def _transposed(b: "_Bound", name: str, fn: int, words: list, src: int, nbytes: 
     return dst
 
 
+#: a caller's A of at most this many bytes (a decode step's activation) whose maps are not
+#: kept yet is copied into a buffer of the bound plan's, whose maps are (_maps_for_call)
+STAGE_A_BYTES = 1 << 20
 #: operand addresses whose maps one bound plan remembers before it forgets them all
 MEMO_ENTRIES = 256
 
 
-def _maps_for_call(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int,
-                   scales: tuple = (), lds: tuple = ()) -> np.ndarray:
-    """The maps block (``maps.MAPS_BYTES``) of the caller's A and B for plan ``p`` (a
-    swap-AB rung's maps are its own A and B: the caller's B and A), remembered per bound
-    plan for recent operand addresses.  It goes into the launch's parameters, so a
-    CUDA-graph capture records it with the kernel."""
+def _maps_for_call(b: "_Bound", p: Plan, a_ptr: int, b_ptr: int, c_ptr: int, stream: int,
+                   scales: tuple = (), graph: bool = False, lds: tuple = (),
+                   stage: bool = True) -> tuple[int, int]:
+    """(the address of the call's tensor maps, the A the kernel reads), for the caller's
+    A and B (a swap-AB rung's maps are its own A and B: the caller's B and A).
+
+    The maps of recent operand addresses are remembered per bound plan.  A model's layers
+    hand each call a new activation, whose maps would be written on every call (a
+    readdressed map and one more launch, tens of microseconds of host time); a small A
+    (``b.stage_a`` bytes, at most STAGE_A_BYTES) at an address not met before is instead
+    copied, in order on ``stream``, into a buffer kept per bound plan, stream and thread,
+    whose maps are remembered: one asynchronous copy per call.  An A met again (a loop over
+    the same operands) gets maps of its own, and later calls on it no copy.  Under a
+    CUDA-graph capture the maps are the graph's own (``graph``), written in it, and A is
+    read where it is."""
     spec = p.spec
     c_key = c_ptr if spec.tma_store_box else 0   # C matters only to a TMA-store rung
     key = (a_ptr, b_ptr, c_key, scales, lds)
-    hit = b.maps_memo.get(key)
-    if hit is not None:
-        return hit
+    if not graph:
+        hit = b.maps_memo.get(key)
+        if hit is not None and hit[1] == maps.GENERATION:
+            return hit[0], a_ptr
+        if stage and b.stage_a and not lds and a_ptr not in b.met_a:
+            if len(b.met_a) >= MEMO_ENTRIES:
+                b.met_a.clear()
+            b.met_a.add(a_ptr)
+            staged = _kept_buffer(b, "sa", b.stage_a, stream)
+            memory.copy_async(staged, a_ptr, b.stage_a, stream)
+            return _maps_for_call(b, p, staged, b_ptr, c_ptr, stream, scales, graph, lds,
+                                  stage=False)
     ka, kb, klds = (b_ptr, a_ptr, lds[::-1]) if spec.swap_ab else (a_ptr, b_ptr, lds)
     c_map = c_key if spec.c_map_ok(p.N, c_key) else 0
-    block = _tensor_maps(p, ka, kb, scales, c_map, lds=klds)
-    if len(b.maps_memo) >= MEMO_ENTRIES:
-        b.maps_memo.clear()
-    b.maps_memo[key] = block
-    return block
+    addr = _tensor_maps(p, ka, kb, stream, scales, c_map, graph=graph, lds=klds)
+    if not graph:
+        if len(b.maps_memo) >= MEMO_ENTRIES:
+            b.maps_memo.clear()
+        b.maps_memo[key] = (addr, maps.GENERATION)
+    return addr, a_ptr
 
 
-def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, scales: tuple = (), c_ptr: int = 0,
-                 lds: tuple = ()) -> np.ndarray:
-    """The maps block of A (M x K) and B (K x N) for plan ``p``, then C's when ``c_ptr``
-    is given (a spec that stores C by TMA, and a C that can take it:
-    ``KernelSpec.c_map_ok``, decided by :func:`_maps_for_call`): 3-D, (batch, M, N), so
-    that a batched launch's boxes stop at their product's last row."""
+def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, stream: int, scales: tuple = (),
+                 c_ptr: int = 0, graph: bool = False, lds: tuple = ()) -> int:
+    """Device address of the TMA maps of A (M x K) and B (K x N) for plan ``p``, then C's
+    when ``c_ptr`` is given (a spec that stores C by TMA, and a C that can take it:
+    ``KernelSpec.c_map_ok``, decided by :func:`_maps_for_call`): 3-D, (batch, M, N), so that a
+    batched launch's boxes stop at their product's last row."""
     spec, M, N = p.spec, p.M, p.N
     ia, ib, ic = spec.kernel_dtypes
     name = TMA_DTYPE[spec.precision]
@@ -535,7 +556,8 @@ def _tensor_maps(p: Plan, a_ptr: int, b_ptr: int, scales: tuple = (), c_ptr: int
     if c_ptr:
         ops.append((c_ptr, (p.batch, M // p.batch, N), N * np.dtype(ic).itemsize,
                     np.dtype(ic).name, spec.tma_store_box, 128))
-    return maps.operand_maps(tuple(ops), tuple(scales) if spec.scale_words else ())
+    return maps.operand_maps(tuple(ops), stream, tuple(scales) if spec.scale_words else (),
+                            graph=graph)
 
 
 #: the element type a tensor map of each precision's operands names

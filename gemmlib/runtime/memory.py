@@ -1,5 +1,5 @@
 """Device memory for the runtime's own buffers (split-K partial sums, counters, a
-transposed B), safe under CUDA graphs.
+transposed B, tensor maps), safe under CUDA graphs.
 
 Where it comes from.  Once torch has initialised CUDA (a torch caller then never needs
 CuPy): the buffers kept across calls straight from the driver (``cuMemAlloc``), outside
