@@ -619,7 +619,7 @@ GPU_RUNGS = [("warptile", {}, "fp32"), ("split_k", dict(SPLITS=4), "fp32"),
 def test_each_rung_reads_torch_slices_in_place_on_gpu(rung, params, precision, orders,
                                                       monkeypatch):
     """Each pointer-reading rung by name on torch slices (odd M and N where the rung reads
-    them in place): right, no copy, and the call's peak memory its C alone."""
+    them in place): right, no copy, and the call's peak memory its C and less than a slice's copy."""
     torch = pytest.importorskip("torch")
     spec = select.build(rung, params)
     if tuple(backend.device_info().compute_capability) < tuple(spec.min_cc):
@@ -646,4 +646,7 @@ def test_each_rung_reads_torch_slices_in_place_on_gpu(rung, params, precision, o
     C = gemmlib.matmul(A, B, kernel=spec, precision=precision)
     torch.cuda.synchronize()
     grew = torch.cuda.max_memory_allocated() - base
-    assert grew <= C.numel() * C.element_size() + 1024, (grew, C.numel() * C.element_size())
+    # C, and less than a copy of either slice (torch's allocator may round or keep a small
+    # block of its own: 288 KiB once on an H200, mma_split_k 3xtf32 FF)
+    copy = min(A.numel() * A.element_size(), B.numel() * B.element_size())
+    assert grew < C.numel() * C.element_size() + copy // 4, (grew, C.numel() * C.element_size())
