@@ -619,7 +619,8 @@ GPU_RUNGS = [("warptile", {}, "fp32"), ("split_k", dict(SPLITS=4), "fp32"),
 def test_each_rung_reads_torch_slices_in_place_on_gpu(rung, params, precision, orders,
                                                       monkeypatch):
     """Each pointer-reading rung by name on torch slices (odd M and N where the rung reads
-    them in place): right, no copy, and the call's peak memory its C and less than a slice's copy."""
+    them in place): right, no copy, and the call's peak memory its C and less than a
+    slice's copy."""
     torch = pytest.importorskip("torch")
     spec = select.build(rung, params)
     if tuple(backend.device_info().compute_capability) < tuple(spec.min_cc):
