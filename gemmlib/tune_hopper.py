@@ -68,11 +68,6 @@ CANDIDATES = {
     "swap64xfit": dict(rung="wgmma_swap", params=dict(BM=64, KT=64), width="fit", grid="even"),
     "swap128xfit": dict(rung="wgmma_swap", params=dict(BM=128, KT=64), width="fit",
                         grid="even"),
-    # pairs of blocks one above the other sharing the weight's k-tiles (TMA multicast): the
-    # 2x1 clusters of cuBLAS's 128x128 and 112x128 tiles at 512 tokens in the same profile
-    "cluster128x128": dict(rung="wgmma_cluster", params=dict(BM=128, BN=128, STAGES=6)),
-    "cluster128x192": dict(rung="wgmma_cluster", params=dict(BM=128, BN=192, STAGES=4)),
-    "cluster64x128": dict(rung="wgmma_cluster", params=dict(BM=64, BN=128, STAGES=8)),
 }
 
 

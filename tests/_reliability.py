@@ -154,6 +154,17 @@ def run_offline(code: str, timeout: int = 900):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def check_offline(code: str, timeout: int = 300) -> None:
+    """Run ``code``, which prints "ok" when its checks of the real compiler's output hold,
+    in a subprocess; skip where no NVVM can compile PTX."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode and "NvvmSupportError" in proc.stderr + proc.stdout:
+        pytest.skip("no NVVM available to compile PTX")
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
 def compile_offline(imports: str, pairs: str) -> list[dict]:
     """One record per (spec, cc) of ``pairs`` (source of that list, after ``imports``):
     the PTX assembled by ptxas -- registers, spills -- and ``gemmlib.ptx.problems``."""

@@ -10,6 +10,7 @@ import pytest
 
 from gemmlib import backend
 from gemmlib.intrinsics import vector
+from _reliability import check_offline
 
 
 def test_twins_load_and_store_four_floats():
@@ -82,12 +83,7 @@ PTX_CHECK = textwrap.dedent('''
 
 def test_intrinsics_compile_to_16_byte_instructions():
     """The real compiler (subprocess: this session runs the simulator) emits v4 accesses."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-c", PTX_CHECK], env=env, capture_output=True,
-                          text=True, timeout=300)
-    if proc.returncode and "NvvmSupportError" in proc.stderr + proc.stdout:
-        pytest.skip("no NVVM available to compile PTX")
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+    check_offline(PTX_CHECK)
 
 
 def test_intrinsic_rejects_wrong_array_types():

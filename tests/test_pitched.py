@@ -14,9 +14,6 @@ gpu``): torch slices through ``auto`` and each rung by name, with no copy.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -26,6 +23,7 @@ import gemmlib
 from gemmlib import backend
 from gemmlib import precision as P
 from gemmlib.runtime import launch, select
+from _reliability import check_offline
 
 sim_only = pytest.mark.skipif(not backend.SIMULATOR, reason="simulator sizes and NumPy inputs")
 
@@ -525,12 +523,7 @@ def test_builds_for_slices_compile_without_spills():
 def test_pitched_views_compile_to_global_loads():
     """The real compiler (subprocess): a pitched view's 16-byte loads, scalar reads and
     cp.async stay global instructions."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-c", PTX_CHECK], env=env, capture_output=True,
-                          text=True, timeout=300)
-    if proc.returncode and "NvvmSupportError" in proc.stderr + proc.stdout:
-        pytest.skip("no NVVM available to compile PTX")
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+    check_offline(PTX_CHECK)
 
 
 # --------------------------------------------------------------------------- on a GPU
