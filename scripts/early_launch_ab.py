@@ -34,7 +34,7 @@ def main(argv=None):
     from gemmlib.bench_models import framework, operand_sets
     from gemmlib.bench_serving import time_rounds, warm_gpu
 
-    launch = __import__("gemmlib.runtime.launch", fromlist=["EARLY_LAUNCH"])
+    from gemmlib.runtime import launch
     fw = framework("torch")
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size

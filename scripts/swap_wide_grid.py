@@ -39,17 +39,15 @@ def main(argv=None):
     from gemmlib import backend
     from gemmlib.bench_models import operand_sets
     from gemmlib.bench_serving import warm_gpu
-    from gemmlib.kernels import get as rung_spec
+    from gemmlib.kernels import wgmma_swap as swap
+    from gemmlib.runtime import select
 
-    select = __import__("gemmlib.runtime.select", fromlist=["build"])
-    swap = __import__("gemmlib.kernels.wgmma_swap", fromlist=["plan_for"])
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
     sms = backend.device_info().sm_count
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     g = torch.Generator(device="cuda").manual_seed(0)
     warm_gpu(torch, 1.0)
     rows = []
-    assert rung_spec("wgmma_swap") is not None
     for N, K in LAYERS:
         for M in args.tokens:
             BM, planned = swap.plan_for(M, N, K)

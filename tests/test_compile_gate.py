@@ -30,13 +30,19 @@ def test_kernel_compiles_and_ptx_shows_its_claims(gate_records, name, cc):
     assert not rec["problems"], f"{name} for {cc}: " + "; ".join(rec["problems"])
 
 
-def test_an_early_launched_kernel_must_wait_before_touching_global_memory():
-    """The gate's rule for ``KernelSpec.early_launch`` rungs, on PTX written here."""
+def _claims(early_launch=False):
+    """A spec's fields the gate reads, claiming nothing but ``early_launch``."""
     from types import SimpleNamespace
 
+    return SimpleNamespace(ptx_must=(), ptx_must_not=(), max_spill_bytes=0,
+                           early_launch=early_launch)
+
+
+def test_an_early_launched_kernel_must_wait_before_touching_global_memory():
+    """The gate's rule for ``KernelSpec.early_launch`` rungs, on PTX written here."""
     from gemmlib.ptx import problems
 
-    spec = SimpleNamespace(ptx_must=(), ptx_must_not=(), max_spill_bytes=0, early_launch=True)
+    spec = _claims(early_launch=True)
     head = ".visible .entry k(\n.param .u64 k_param_0\n)\n{\nld.param.u64 %rd1, [k_param_0];\n"
     waits = "griddepcontrol.wait;\n"
     assert problems(spec, head + "mbarrier.init.shared::cta.b64 [%r1], 1;\n" + waits
@@ -44,19 +50,15 @@ def test_an_early_launched_kernel_must_wait_before_touching_global_memory():
     assert problems(spec, head + "ld.f32 %f1, [%rd1];\n" + waits)     # a generic load first
     assert problems(spec, head + "cp.async.bulk.tensor.2d [%r1], [%rd1];\n" + waits)
     assert problems(spec, head + "ld.shared.f32 %f1, [%r1];\n")       # never waits
-    ordinary = SimpleNamespace(ptx_must=(), ptx_must_not=(), max_spill_bytes=0,
-                               early_launch=False)
-    assert problems(ordinary, head + "ld.f32 %f1, [%rd1];\n") == []
+    assert problems(_claims(), head + "ld.f32 %f1, [%rd1];\n") == []
 
 
 def test_serialized_wgmma_fails_the_gate():
     """ptxas's C7509 (wgmma serialized around a call: each waits for the one before) is a
     problem the gate reports; a kernel without the message passes."""
-    from types import SimpleNamespace
-
     from gemmlib.ptx import problems
 
-    spec = SimpleNamespace(ptx_must=(), ptx_must_not=(), max_spill_bytes=0, early_launch=False)
+    spec = _claims()
     assert problems(spec, "", {"wgmma_serialized": None}) == []
     found = problems(spec, "", {"wgmma_serialized": "the presence of Extern calls"})
     assert len(found) == 1 and "Extern calls" in found[0]

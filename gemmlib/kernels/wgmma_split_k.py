@@ -214,7 +214,7 @@ def stream_k_walk(j, S, tiles, num_k):
     in its j-th tile: (tile, k0, k1, piece, pieces), the piece's index among the blocks
     that share the tile (in block order) and how many there are; tile -1 past the last."""
     G = cuda.gridDim.x
-    T = tiles * num_k                    # (G T < 2^32: STREAM_LIMIT)
+    T = tiles * num_k                    # (G T < 2^32: stream_walk_fits)
     c = cuda.blockIdx.x
     start = int64(u32(c * T) // u32(G))
     end = int64(u32((c + 1) * T) // u32(G))

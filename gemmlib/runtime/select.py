@@ -511,8 +511,10 @@ def with_pitch(spec: KernelSpec) -> KernelSpec | None:
     """``spec``'s build that reads operands lying in wider matrices where they lie
     (``PITCHED``: :mod:`gemmlib.intrinsics.pitch`), or None where the rung has none (the
     caller copies them).  Remembered per spec: a call with such an operand asks each time."""
-    if spec.reads_pitched or spec.tma_boxes:   # (TMA rungs read slices through their maps)
-        return spec if spec.reads_pitched else None
+    if spec.reads_pitched:
+        return spec
+    if spec.tma_boxes:   # (TMA rungs read slices through their maps, with no such build)
+        return None
     hit = _PITCHED.get(id(spec))
     if hit is None or hit[0] is not spec:
         hit = _PITCHED[id(spec)] = (spec, _rebuilt(spec, PITCHED=True))
