@@ -103,20 +103,30 @@ def mma_source(BN: int, halves: int, ab: str, b_layout: str = "KN", a_layout: st
     which starts PANEL_BYTES * h in -- the same offset as the K-major slice's, both being
     64 x 64 halves -- and a k-step moves 16 k-rows down)."""
     R = BN // 2
-    lines = ["def k_tile(a, b, acc):"]
+    # Each descriptor is built once per k-tile; a k-step or a slice moves only its start
+    # address, which the descriptor holds >> 4 in its low bits (shared addresses stay below
+    # 2^18 bytes, so the add never carries out of that field): one 64-bit add per wgmma
+    # instead of the masks, shifts and ors of a fresh descriptor.
+    if a_layout == "KM":
+        lines = ["def k_tile(a, b, acc):", f"    da = desc(a, {PANEL_BYTES}, {GROUP_BYTES}, 1)"]
+        a_step = B_KSTEP
+    else:
+        lines = ["def k_tile(a, b, acc):", f"    da = desc(a, 16, {GROUP_BYTES}, 1)"]
+        a_step = A_KSTEP
+    if b_layout == "NK":
+        lines.append(f"    db = desc(b, 16, {GROUP_BYTES}, 1)")
+        b_step = A_KSTEP
+    else:
+        lines.append(f"    db = desc(b, {PANEL_BYTES}, {GROUP_BYTES}, 1)")
+        b_step = B_KSTEP
 
-    def da(h, kk):
-        if a_layout == "KM":
-            return f"desc(a + {h * PANEL_BYTES + kk * B_KSTEP}, {PANEL_BYTES}, {GROUP_BYTES}, 1)"
-        return f"desc(a + {h * SLICE_BYTES + kk * A_KSTEP}, 16, {GROUP_BYTES}, 1)"
+    def plus(d, offset):
+        return f"{d} + u64({offset // 16})" if offset else d
 
     for kk in range(BK // 16):
-        if b_layout == "NK":
-            lines.append(f"    db = desc(b + {kk * A_KSTEP}, 16, {GROUP_BYTES}, 1)")
-        else:
-            lines.append(f"    db = desc(b + {kk * B_KSTEP}, {PANEL_BYTES}, {GROUP_BYTES}, 1)")
         for h in range(halves):
-            lines.append(f"    mma({da(h, kk)}, db, one, acc, {h * R})")
+            lines.append(f"    mma({plus('da', h * SLICE_BYTES + kk * a_step)}, "
+                         f"{plus('db', kk * b_step)}, one, acc, {h * R})")
     return "\n".join(lines) + "\n"
 
 
@@ -208,7 +218,7 @@ def warpgroup_code(precision: str, BN: int, halves: int, out: str = "fp32",
     # trans-a: A's tile is MN-major (KM); an MK tile is K-major
     mma = (H.wgmma_f16 if precision == "fp16" else H.wgmma_bf16)(
         BN, trans_b=b_layout == "KN", in_place=True, trans_a=a_layout == "KM")
-    env = {"desc": H.smem_desc, "mma": mma, "uidx": uidx, "store2": store2,
+    env = {"desc": H.smem_desc, "mma": mma, "uidx": uidx, "u64": uidx, "store2": store2,
            "aligned8": aligned8}
     return compile_sources((mma_source(BN, halves, precision, b_layout, a_layout),
                             out_store(BN, halves, precision, out, env)), env)

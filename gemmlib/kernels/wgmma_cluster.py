@@ -54,6 +54,7 @@ from gemmlib.backend import SIMULATOR, cuda, float32, uint16, uint64
 from gemmlib.intrinsics import cluster as CL
 from gemmlib.intrinsics import hopper as H
 from gemmlib.intrinsics.hopper import BAR_ALIGN   # a global: numba needs a literal
+from gemmlib.intrinsics.index import u32
 from gemmlib.kernels.wgmma_async import (BK, PANEL_BYTES, SLICE_BYTES, bias_code, bias_entry,
                                          bias_fields, bias_params, bias_suffix, check_layout,
                                          check_out, layout_fields, layout_params, layout_ptx,
@@ -130,7 +131,7 @@ def cluster_kernel(BM: int, BN: int, BK: int, STAGES: int, REGS, CM: int, k_tile
     @cuda.jit(device=True)
     def release(bars, i, t, rank):
         """Stage ``i % STAGES`` is read: thread r < CM of the warpgroup tells block r."""
-        bar = H.smem_addr(bars, STAGES + i % STAGES)
+        bar = H.smem_addr(bars, STAGES + u32(i) % STAGES)
         if ALL:
             for r in range(CM):
                 if r == rank:

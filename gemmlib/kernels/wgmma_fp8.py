@@ -88,7 +88,7 @@ def build(precision: str = "e4m3", OUT: str = "bf16", B_LAYOUT: str = "NK", BM: 
                          f"given as KN or NK; got {precision!r}, {OUT!r}, {B_LAYOUT!r}")
     check_tile(BM, BN, STAGES, REGS)
     env = {"mma": H.wgmma_kmajor(BN, precision, in_place=True), "desc": H.smem_desc,
-           "uidx": uidx, "store2": store2, "aligned8": aligned8, "bf16": bf16_bits,
+           "uidx": uidx, "u64": uidx, "store2": store2, "aligned8": aligned8, "bf16": bf16_bits,
            "store2_u16": store2_u16, "aligned4": aligned4}
     store = (store_source(BN, 1, "bf16", "store2_u16", "aligned4") if OUT == "bf16"
              else store_source(BN, 1))

@@ -108,10 +108,11 @@ def mma_source(BN: int) -> str:
     """Source of ``k_tile(a, b, acc)``: the k-steps of one k-tile, A's 64-row slice at
     shared address ``a`` and B's BN rows at ``b``, both K-major and 128-byte swizzled; each
     wgmma updates the BN/2 accumulators of ``acc`` in place (``wgmma_async.mma_source``)."""
-    lines = ["def k_tile(a, b, acc):"]
-    for kk in range(ROW_BYTES // STEP_BYTES):
-        lines.append(f"    mma(desc(a + {kk * STEP_BYTES}, 16, {GROUP_BYTES}, 1), "
-                     f"desc(b + {kk * STEP_BYTES}, 16, {GROUP_BYTES}, 1), one, acc, 0)")
+    lines = ["def k_tile(a, b, acc):", f"    da = desc(a, 16, {GROUP_BYTES}, 1)",
+             f"    db = desc(b, 16, {GROUP_BYTES}, 1)"]
+    for kk in range(ROW_BYTES // STEP_BYTES):   # a k-step moves both start addresses (>> 4)
+        step = f" + u64({kk * STEP_BYTES // 16})" if kk else ""
+        lines.append(f"    mma(da{step}, db{step}, one, acc, 0)")
     return "\n".join(lines) + "\n"
 
 
@@ -155,7 +156,7 @@ def build(precision: str = "tf32", BM: int = 128, BN: int = 256, STAGES: int = 3
     NK = B_LAYOUT == "NK"
     assert SLICE_BYTES == 64 * ROW_BYTES      # a consumer's 64 rows of A, as in wgmma_ws
     env = {"mma": H.wgmma_kmajor(BN, "tf32", in_place=True), "desc": H.smem_desc,
-           "uidx": uidx, "store2": store2, "aligned8": aligned8}
+           "uidx": uidx, "u64": uidx, "store2": store2, "aligned8": aligned8}
     k_tile, store_acc = compile_sources((mma_source(BN), store_source(BN, 1)), env)
     load_stage, A_BYTES, STAGE_BYTES = kmajor_loader(BM, BN)
     kernel, NT, SHARED = ws_kernel(BM, BN, BK, STAGES, REGS, k_tile, store_acc,

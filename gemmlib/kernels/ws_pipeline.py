@@ -4,7 +4,9 @@
 guarded by a *full* mbarrier (the producer's TMA bytes have landed) and an *empty* one
 (the consumers' wgmma have read it).  The producer and the consumers count the same ring
 positions ``it = 0, 1, 2, ...``, on across tiles: position ``it`` is stage ``it % STAGES``
-in its ``it // STAGES``-th use, whose phase has parity ``(it // STAGES) % 2``.  The rungs
+in its ``it // STAGES``-th use, whose phase has parity ``(it // STAGES) % 2``.  Both are
+computed from the position's low 32 bits: a 64-bit signed remainder costs the ring a dozen
+instructions per k-tile, and no launch walks 2^32 k-tiles through one block's ring.  The rungs
 built on it -- ``wgmma_ws`` (and through its kernel ``wgmma_tf32`` and ``wgmma_fp8``),
 ``wgmma_store``, ``wgmma_pingpong``, ``wgmma_cluster``, ``wgmma_split_k`` and
 ``wgmma_swap`` -- differ in the tiles they walk and what they do around the ring, so the
@@ -36,6 +38,7 @@ from typing import NamedTuple
 
 from gemmlib.backend import cuda, uint64
 from gemmlib.intrinsics import hopper as H
+from gemmlib.intrinsics.index import u32
 from gemmlib.kernels.wgmma_async import BK
 from gemmlib.kernels.wgmma_tma import wait
 
@@ -78,9 +81,9 @@ def ring_parts(STAGES: int, STAGE_BYTES: int, A_BYTES: int, load_stage, k_tile, 
     @cuda.jit(device=True)
     def fill(ring, bars, full, it, k0, k1, maps, m0, n0, b_row):
         for kt in range(k0, k1):
-            s = it % STAGES
+            s = u32(it) % STAGES
             # the phase before this use: a fresh barrier passes it, so the first fills go
-            wait(H.smem_addr(bars, EMPTY + s), ((it // STAGES) % 2) ^ 1)
+            wait(H.smem_addr(bars, EMPTY + s), ((u32(it) // STAGES) % 2) ^ 1)
             load_stage(ring, s, H.smem_addr(bars, full + s), maps, kt * KT, m0, n0, b_row)
             it += 1
         return it
@@ -88,18 +91,18 @@ def ring_parts(STAGES: int, STAGE_BYTES: int, A_BYTES: int, load_stage, k_tile, 
     if take is None:
         @cuda.jit(device=True)
         def take(bars, full, s, it, ph):
-            wait(H.smem_addr(bars, full + s), (it // STAGES) % 2)
+            wait(H.smem_addr(bars, full + s), (u32(it) // STAGES) % 2)
             return ph
 
     if release is None:
         @cuda.jit(device=True)
         def release(bars, i, t, rank):
-            H.mbarrier_arrive(H.smem_addr(bars, EMPTY + i % STAGES))
+            H.mbarrier_arrive(H.smem_addr(bars, EMPTY + u32(i) % STAGES))
 
     @cuda.jit(device=True)
     def mma(ring, bars, full, acc, slice_, it, ph, k0, k1, t, rank):
         for kt in range(k0, k1):
-            s = it % STAGES
+            s = u32(it) % STAGES
             ph = take(bars, full, s, it, ph)
             H.wgmma_fence()
             k_tile(ring + s * STAGE_BYTES + slice_, ring + s * STAGE_BYTES + A_BYTES, acc)
