@@ -145,3 +145,25 @@ def test_fit_columns_fills_whole_waves():
         p = S.hopper_candidate(entry, "bf16", 512, N, 4096, "NK").params
         assert 2 <= p["STAGES"] <= 8 and p["STAGES"] * 128 * (128 + p["BN"]) <= 200 * 1024
 
+
+
+def test_a_tuned_fixed_tile_that_spills_into_a_nearly_empty_wave_is_fitted(monkeypatch):
+    """A class's fixed tile (64 x 128, whole K) where it would spill into a wave it barely
+    fills (128 x 9216: 144 tiles on 132 SMs): a K-major B takes whole-wave tiles instead;
+    where the same tile stays within one wave (128 x 6144: 96 tiles) the table's choice."""
+    from dataclasses import replace
+
+    dev = replace(backend.device_info(), sm_count=132, simulated=False)
+    monkeypatch.setattr(backend, "device_info", lambda device_id=None: dev)
+    monkeypatch.setattr(S, "SIMULATOR", False)
+    entry = dict(T.CANDIDATES["split64x128s8"], candidate="split64x128s8")
+    monkeypatch.setattr(S.tuning, "best_entry", lambda *a, **k: dict(entry))
+    S._CHOICES.clear()
+    try:
+        fit = S.select_tc("bf16", 128, 9216, 3072, out="bf16", b_layout="NK")
+        tiles = -(-128 // fit.params["BM"]) * -(-9216 // fit.params["BN"])
+        assert fit.params["BN"] != 128 and tiles <= 132, fit.params
+        kept = S.select_tc("bf16", 128, 6144, 3072, out="bf16", b_layout="NK")
+        assert (kept.params["BM"], kept.params["BN"]) == (64, 128)
+    finally:
+        S._CHOICES.clear()

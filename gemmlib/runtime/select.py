@@ -349,18 +349,39 @@ def _tuned_kmajor(precision: str, M: int, N: int, K: int, slug, out: str):
     B, rebuilt K-major, serves)."""
     if not (_hopper16(precision, slug) and HOPPER_SWAP_MMAX < M <= HOPPER_FIT_MMAX):
         return None
+    from gemmlib.kernels.wgmma_split_k import wave_fill
+
+    sms = backend.device_info().sm_count
     entry = _tuned_entry(M, N, K, slug) if M <= HOPPER_TUNED_MMAX else None
     if entry and entry.get("rung") not in (None, "rule"):
         if entry.get("width") != "fit_n":
-            return None
+            if not _tail_wave(hopper_candidate(entry, precision, M, N, K), M, N, K, sms):
+                return None
+            entry = HOPPER_FIT_ENTRY
     else:   # the rule's tiles, unless their last wave would run mostly empty
-        from gemmlib.kernels.wgmma_split_k import wave_fill
-
-        if wave_fill(M, N, 128, 256, backend.device_info().sm_count) >= HOPPER_FIT_FILL:
+        if wave_fill(M, N, 128, 256, sms) >= HOPPER_FIT_FILL:
             return None
         entry = HOPPER_FIT_ENTRY
     spec = hopper_candidate(entry, precision, M, N, K, "NK")
     return spec if spec is None or out == "fp32" else select_out(spec, out, M, N, K)
+
+
+def _tail_wave(spec, M: int, N: int, K: int, sms: int) -> bool:
+    """Whether a tuned build of a class's fixed tile runs whole K per tile (``wgmma_ws``, or
+    ``wgmma_split_k`` where its cost model keeps one slice) and spills into a wave it fills
+    less than HOPPER_FIT_FILL: the class's training layers filled their waves, this one
+    does not (9216 outputs at 128 tokens: 144 tiles of 64 x 128, 1.09 waves of 132 SMs, ran
+    at 60% of torch on an H200)."""
+    from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for, wave_fill
+
+    if spec is None or rung_of(spec) not in ("wgmma_ws", "wgmma_split_k"):
+        return False
+    BM, BN = spec.params["BM"], spec.params["BN"]
+    if rung_of(spec) == "wgmma_split_k" and (
+            spec.params.get("STREAM") or effective_splits(
+                spec.params.get("SPLITS") or splits_for(M, N, K, BM, BN), K) > 1):
+        return False
+    return cdiv(M, BM) * cdiv(N, BN) > sms and wave_fill(M, N, BM, BN, sms) < HOPPER_FIT_FILL
 
 
 def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None):
