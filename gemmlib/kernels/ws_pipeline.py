@@ -5,7 +5,7 @@ guarded by a *full* mbarrier (the producer's TMA bytes have landed) and an *empt
 (the consumers' wgmma have read it).  The producer and the consumers count the same ring
 positions ``it = 0, 1, 2, ...``, on across tiles: position ``it`` is stage ``it % STAGES``
 in its ``it // STAGES``-th use, whose phase has parity ``(it // STAGES) % 2``.  Both are
-computed from the position's low 32 bits: a 64-bit signed remainder costs the ring a dozen
+computed from the position's low 32 bits: a 64-bit signed remainder costs the ring several
 instructions per k-tile, and no launch walks 2^32 k-tiles through one block's ring.  The rungs
 built on it -- ``wgmma_ws`` (and through its kernel ``wgmma_tf32`` and ``wgmma_fp8``),
 ``wgmma_store``, ``wgmma_pingpong``, ``wgmma_cluster``, ``wgmma_split_k`` and
