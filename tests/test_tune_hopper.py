@@ -61,75 +61,67 @@ def test_tune_refuses_without_a_hopper_gpu(capsys):
     assert "H100 or H200" in capsys.readouterr().out
 
 
-def test_fitted_output_widths_serve_a_k_major_weight_only(monkeypatch):
-    """A tuned ``fit_n`` entry (tiles of any multiple of 8 outputs): a K-major B (``W.t()``)
-    gets it, a (K, N) B the rule (its copies come in 64-column panels)."""
+@pytest.fixture
+def hopper_table(monkeypatch):
+    """An H100-sized GPU (132 SMs) outside the simulator whose tuning table answers every
+    class with the entry given: ``hopper_table(entry)`` (None: no table)."""
     from dataclasses import replace
-
-    from gemmlib.kernels.wgmma_split_k import fit_columns
 
     dev = replace(backend.device_info(), sm_count=132, simulated=False)
     monkeypatch.setattr(backend, "device_info", lambda device_id=None: dev)
     monkeypatch.setattr(S, "SIMULATOR", False)
-    entry = dict(T.CANDIDATES["split128xfit"], candidate="split128xfit")
-    monkeypatch.setattr(S.tuning, "best_entry", lambda *a, **k: dict(entry))
-    S._CHOICES.clear()
-    try:
-        M, N, K = 512, 4608, 3584
-        assert S.tuned_hopper("bf16", M, N, K) is None
-        spec = S.select_tc("bf16", M, N, K, out="bf16", b_layout="NK")
-        BN = fit_columns(M, N, K, 128, 132)
-        assert spec.b_operand == "NK" and spec.params["BN"] == BN and BN % 8 == 0
-        assert -(-M // 128) * -(-N // BN) <= 132     # one wave
-        assert spec.params.get("OUT") == "bf16"
-    finally:
+
+    def table(entry):
+        monkeypatch.setattr(S.tuning, "best_entry",
+                            lambda *a, **k: None if entry is None else dict(entry))
         S._CHOICES.clear()
 
+    yield table
+    S._CHOICES.clear()
 
-def test_past_the_table_whole_wave_tiles_where_wide_ones_leave_a_wave_empty(monkeypatch):
+
+def test_fitted_output_widths_serve_a_k_major_weight_only(hopper_table):
+    """A tuned ``fit_n`` entry (tiles of any multiple of 8 outputs): a K-major B (``W.t()``)
+    gets it, a (K, N) B the rule (its copies come in 64-column panels)."""
+    from gemmlib.kernels.wgmma_split_k import fit_columns
+
+    entry = dict(T.CANDIDATES["split128xfit"], candidate="split128xfit")
+    hopper_table(entry)
+    M, N, K = 512, 4608, 3584
+    assert S.tuned_hopper("bf16", M, N, K) is None
+    spec = S.select_tc("bf16", M, N, K, out="bf16", b_layout="NK")
+    BN = fit_columns(M, N, K, 128, 132)
+    assert spec.b_operand == "NK" and spec.params["BN"] == BN and BN % 8 == 0
+    assert -(-M // 128) * -(-N // BN) <= 132     # one wave
+    assert spec.params.get("OUT") == "bf16"
+
+
+def test_past_the_table_whole_wave_tiles_where_wide_ones_leave_a_wave_empty(hopper_table):
     """Past HOPPER_TUNED_MMAX a K-major B takes whole-wave tiles where 128 x 256 ones fill
     too little of their last wave (1024 x 4608: 144 tiles on 132 SMs), and the rule where
     they fill it (1024 x 4096: 128 tiles; 4096 x 4096: 512); a (K, N) B always the rule."""
-    from dataclasses import replace
-
-    dev = replace(backend.device_info(), sm_count=132, simulated=False)
-    monkeypatch.setattr(backend, "device_info", lambda device_id=None: dev)
-    monkeypatch.setattr(S, "SIMULATOR", False)
-    monkeypatch.setattr(S.tuning, "best_entry", lambda *a, **k: None)
-    S._CHOICES.clear()
-    try:
-        fit = S.select_tc("bf16", 1024, 4608, 3584, out="bf16", b_layout="NK")
-        assert fit.b_operand == "NK" and fit.params["BN"] not in (128, 256)
-        assert -(-1024 // 128) * -(-4608 // fit.params["BN"]) <= 2 * 132
-        for M, N in ((1024, 4096), (4096, 4096), (1024, 4608)):
-            rule = S.select_tc("bf16", M, N, 3584, out="bf16")      # a (K, N) B
-            assert rule.params.get("BN", 256) == 256, (M, N)
-        for M, N in ((1024, 4096), (4096, 4096)):
-            assert S.select_tc("bf16", M, N, 3584, out="bf16", b_layout="NK").params.get(
-                "BN", 256) == 256, (M, N)
-    finally:
-        S._CHOICES.clear()
+    hopper_table(None)
+    fit = S.select_tc("bf16", 1024, 4608, 3584, out="bf16", b_layout="NK")
+    assert fit.b_operand == "NK" and fit.params["BN"] not in (128, 256)
+    assert -(-1024 // 128) * -(-4608 // fit.params["BN"]) <= 2 * 132
+    for M, N in ((1024, 4096), (4096, 4096), (1024, 4608)):
+        rule = S.select_tc("bf16", M, N, 3584, out="bf16")      # a (K, N) B
+        assert rule.params.get("BN", 256) == 256, (M, N)
+    for M, N in ((1024, 4096), (4096, 4096)):
+        assert S.select_tc("bf16", M, N, 3584, out="bf16", b_layout="NK").params.get(
+            "BN", 256) == 256, (M, N)
 
 
-def test_a_class_that_keeps_the_rule_still_fits_a_nearly_empty_last_wave(monkeypatch):
+def test_a_class_that_keeps_the_rule_still_fits_a_nearly_empty_last_wave(hopper_table):
     """Within the table (M <= HOPPER_TUNED_MMAX) a class whose entry is the rule: a K-major
     B takes whole-wave tiles where 128 x 256 ones would leave their last wave nearly empty
     (512 x 9216: 144 tiles on 132 SMs), and the rule where they fill it (512 x 8192: 128)."""
-    from dataclasses import replace
-
-    dev = replace(backend.device_info(), sm_count=132, simulated=False)
-    monkeypatch.setattr(backend, "device_info", lambda device_id=None: dev)
-    monkeypatch.setattr(S, "SIMULATOR", False)
-    monkeypatch.setattr(S.tuning, "best_entry", lambda *a, **k: dict(rung="rule"))
-    S._CHOICES.clear()
-    try:
-        fit = S.select_tc("bf16", 512, 9216, 3072, out="bf16", b_layout="NK")
-        assert fit.b_operand == "NK" and fit.params["BN"] not in (128, 256)
-        assert -(-512 // 128) * -(-9216 // fit.params["BN"]) <= 2 * 132
-        rule = S.select_tc("bf16", 512, 8192, 3072, out="bf16", b_layout="NK")
-        assert rule.params.get("BN", 256) == 256
-    finally:
-        S._CHOICES.clear()
+    hopper_table(dict(rung="rule"))
+    fit = S.select_tc("bf16", 512, 9216, 3072, out="bf16", b_layout="NK")
+    assert fit.b_operand == "NK" and fit.params["BN"] not in (128, 256)
+    assert -(-512 // 128) * -(-9216 // fit.params["BN"]) <= 2 * 132
+    rule = S.select_tc("bf16", 512, 8192, 3072, out="bf16", b_layout="NK")
+    assert rule.params.get("BN", 256) == 256
 
 
 def test_fit_columns_fills_whole_waves():
@@ -146,24 +138,14 @@ def test_fit_columns_fills_whole_waves():
         assert 2 <= p["STAGES"] <= 8 and p["STAGES"] * 128 * (128 + p["BN"]) <= 200 * 1024
 
 
-
-def test_a_tuned_fixed_tile_that_spills_into_a_nearly_empty_wave_is_fitted(monkeypatch):
+def test_a_tuned_fixed_tile_that_spills_into_a_nearly_empty_wave_is_fitted(hopper_table):
     """A class's fixed tile (64 x 128, whole K) where it would spill into a wave it barely
     fills (128 x 9216: 144 tiles on 132 SMs): a K-major B takes whole-wave tiles instead;
     where the same tile stays within one wave (128 x 6144: 96 tiles) the table's choice."""
-    from dataclasses import replace
-
-    dev = replace(backend.device_info(), sm_count=132, simulated=False)
-    monkeypatch.setattr(backend, "device_info", lambda device_id=None: dev)
-    monkeypatch.setattr(S, "SIMULATOR", False)
     entry = dict(T.CANDIDATES["split64x128s8"], candidate="split64x128s8")
-    monkeypatch.setattr(S.tuning, "best_entry", lambda *a, **k: dict(entry))
-    S._CHOICES.clear()
-    try:
-        fit = S.select_tc("bf16", 128, 9216, 3072, out="bf16", b_layout="NK")
-        tiles = -(-128 // fit.params["BM"]) * -(-9216 // fit.params["BN"])
-        assert fit.params["BN"] != 128 and tiles <= 132, fit.params
-        kept = S.select_tc("bf16", 128, 6144, 3072, out="bf16", b_layout="NK")
-        assert (kept.params["BM"], kept.params["BN"]) == (64, 128)
-    finally:
-        S._CHOICES.clear()
+    hopper_table(entry)
+    fit = S.select_tc("bf16", 128, 9216, 3072, out="bf16", b_layout="NK")
+    tiles = -(-128 // fit.params["BM"]) * -(-9216 // fit.params["BN"])
+    assert fit.params["BN"] != 128 and tiles <= 132, fit.params
+    kept = S.select_tc("bf16", 128, 6144, 3072, out="bf16", b_layout="NK")
+    assert (kept.params["BM"], kept.params["BN"]) == (64, 128)
