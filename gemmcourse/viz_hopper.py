@@ -131,7 +131,8 @@ def plot_swizzle128(rows: int = 16, *, ax=None):
 # Descriptors
 
 
-_DESC = re.compile(r"desc\((a|b) \+ (\d+), (\d+), (\d+), (\d+)\)")
+_BASE = re.compile(r"(da|db) = desc\((a|b), (\d+), (\d+), (\d+)\)")
+_MMA = re.compile(r"mma\(da(?: \+ u64\((\d+)\))?, db(?: \+ u64\((\d+)\))?, one, acc, (\d+)\)")
 
 
 def kernel_descriptors(BN: int = 128, halves: int = 2, precision: str = "fp16"):
@@ -139,27 +140,32 @@ def kernel_descriptors(BN: int = 128, halves: int = 2, precision: str = "fp16"):
     ``gemmlib.kernels.wgmma_async.mma_source`` generates (the very code the kernels run):
     dicts ``operand`` ("A"/"B"), ``kstep``, ``half`` (A's 64-row slice; None for B),
     ``offset`` (bytes from the tile's start), ``lbo``, ``sbo`` (bytes), ``swizzle`` (bytes).
-    ``wgmma_async`` uses ``halves = BM / 64`` slices per warpgroup, the TMA rungs one."""
+    The source builds each operand's descriptor once (``da = desc(a, LBO, SBO, mode)``) and
+    moves it per wgmma by an offset >> 4 (``da + u64(offset // 16)``); each wgmma's last
+    argument is where its slice's accumulators start (``half * BN / 2``).  ``wgmma_async``
+    uses ``halves = BM / 64`` slices per warpgroup, the TMA rungs one."""
     from gemmlib.kernels import wgmma_async
 
     src = wgmma_async.mma_source(BN, halves, precision)
-    out, kstep, half = [], -1, 0
-    for line in src.splitlines():
-        m = _DESC.search(line)
-        if m is None:
-            continue
-        op, off, lbo, sbo, mode = m.group(1), *map(int, m.groups()[1:])
-        if op == "b":
+    base = {m.group(2): tuple(map(int, m.groups()[2:])) for m in _BASE.finditer(src)}
+    out, kstep = [], -1
+    for m in _MMA.finditer(src):
+        a_step, b_step, acc = (int(g or 0) for g in m.groups())
+        half = acc // (BN // 2)
+        if half == 0:
             kstep += 1
-            half = 0
-        out.append(dict(operand=op.upper(), kstep=kstep, half=None if op == "b" else half,
-                        offset=off, lbo=lbo, sbo=sbo, swizzle=SWIZZLE_BYTES[mode]))
-        if op == "a":
-            half += 1
-    if not out or kstep < 0:
+            out.append(_descriptor("B", kstep, None, 16 * b_step, base["b"]))
+        out.append(_descriptor("A", kstep, half, 16 * a_step, base["a"]))
+    if not out or set(base) != {"a", "b"}:
         raise ValueError("no descriptors found in wgmma_async.mma_source's output: has its "
                          "format changed?")
     return out
+
+
+def _descriptor(operand, kstep, half, offset, fields):
+    lbo, sbo, mode = fields
+    return dict(operand=operand, kstep=kstep, half=half, offset=offset, lbo=lbo, sbo=sbo,
+                swizzle=SWIZZLE_BYTES[mode])
 
 
 def decode_descriptor(desc: int) -> dict:
