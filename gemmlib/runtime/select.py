@@ -369,9 +369,10 @@ def _tuned_kmajor(precision: str, M: int, N: int, K: int, slug, out: str):
 def _tail_wave(spec, M: int, N: int, K: int, sms: int) -> bool:
     """Whether a tuned build of a class's fixed tile runs whole K per tile (``wgmma_ws``, or
     ``wgmma_split_k`` where its cost model keeps one slice) and spills into a wave it fills
-    less than HOPPER_FIT_FILL: the class's training layers filled their waves, this one
-    does not (9216 outputs at 128 tokens: 144 tiles of 64 x 128, 1.09 waves of 132 SMs, ran
-    at 60% of torch on an H200)."""
+    less than HOPPER_FIT_FILL.  A class's tile was chosen on its training layers' widths; at
+    another width it can make a few tiles more than the SMs (9216 outputs at 128 tokens: 144
+    tiles of 64 x 128 on 132 SMs ran at 60% of torch on an H200; the whole-wave 128 x 72
+    tiles at 97% on an H100, results/tune-2026-11-28/)."""
     from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for, wave_fill
 
     if spec is None or rung_of(spec) not in ("wgmma_ws", "wgmma_split_k"):
