@@ -18,7 +18,8 @@ some):
     bytes (for a packed array a row's length: the same elements), a row's elements
     ``itemsize`` apart.  Indexing it, ``load4``, ``load16`` and ``cp.async`` read the
     slice where it lies.  A 16-byte access needs ``strides[0]`` (as well as the base
-    pointer) to keep every row 16-byte aligned, which a kernel tests once per launch.
+    pointer) to keep every row 16-byte aligned, which a kernel tests once per launch
+    (``gemmlib.intrinsics.vector.aligned16`` of the view checks both).
     The view is numba's "A" layout with the element step a constant: an address is
     ``data + i * strides[0] + j * itemsize``, the strides word read as a kernel
     parameter as the shape word was.

@@ -33,7 +33,8 @@ Functions (all usable inside ``@cuda.jit`` kernels):
 ``store4(arr, i, j, a, b, c, d)``
     write four floats to ``arr[i, j:j+4]``
 ``aligned16(arr) -> bool``
-    whether ``arr``'s data pointer is a multiple of 16 bytes
+    whether ``arr``'s data pointer is a multiple of 16 bytes -- and, for a ``pitched``
+    view (:mod:`gemmlib.intrinsics.pitch`), its row stride too: every row starts aligned
 ``store2(arr, i, j, a, b)`` / ``aligned8(arr) -> bool``
     the 8-byte forms (``st.global.v2.f32``): two floats to ``arr[i, j:j+2]``, for
     ``j`` even, an even row length and an 8-byte-aligned base pointer
@@ -106,7 +107,10 @@ def store4_py(arr, i, j, a, b, c, d):
 def _aligned_py(nbytes: int):
     def aligned(arr):
         a = _ndarray(arr)
-        return True if a is None else a.ctypes.data % nbytes == 0
+        if a is None:
+            return True
+        pitched = a.ndim == 2 and not a.flags.c_contiguous   # a pitched view's rows
+        return a.ctypes.data % nbytes == 0 and not (pitched and a.strides[0] % nbytes)
 
     aligned.__name__ = f"aligned{nbytes}_py"
     return aligned
@@ -141,6 +145,7 @@ store2_u16_py = _pair_store_py("store2_u16", 2)
 def _make_intrinsics():
     from llvmlite import ir
     from numba import types
+    from numba.cuda import cgutils
     from numba.cuda.core.errors import NumbaTypeError
     from numba.cuda.extending import intrinsic
 
@@ -232,8 +237,12 @@ def _make_intrinsics():
             sig = types.boolean(arr)
 
             def codegen(context, builder, sig, args):
-                ary = context.make_array(sig.args[0])(context, builder, args[0])
+                aty = sig.args[0]
+                ary = context.make_array(aty)(context, builder, args[0])
                 addr = builder.ptrtoint(ary.data, ir.IntType(64))
+                if aty.layout == "A" and aty.ndim == 2:   # a pitched view: its rows too
+                    pitch = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+                    addr = builder.or_(addr, builder.sext(pitch, ir.IntType(64)))
                 low = builder.and_(addr, ir.Constant(ir.IntType(64), nbytes - 1))
                 return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))
 

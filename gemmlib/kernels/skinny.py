@@ -56,7 +56,7 @@ The ``PITCHED`` build (name suffix ``_ld``) reads A and B where they lie when th
 slices of wider matrices (rows further apart than a row, ``x[:, :k]``): through
 ``pitched`` views, which step by the row stride of the array argument
 (:mod:`gemmlib.intrinsics.pitch`); B's 16-byte loads then also need that stride to be a
-multiple of 16 bytes.  A column-major A (``x.t()``,
+multiple of 16 bytes (``aligned16`` of the view checks it).  A column-major A (``x.t()``,
 or a slice's transpose) is read as its (K, M) memory by the ``A_LAYOUT="KM"`` build
 (name suffix ``_km``), which changes only how A is staged.
 
@@ -514,9 +514,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         ke = min(K, kb + per)
         Ap, Bp = view(A), view(B)   # PITCHED: slices of wider matrices, read by their strides
         # Uniform decisions, once per launch: may B's rows be read in 16-byte pieces?
-        b_vec = N % V == 0 and aligned16(B)
-        if PITCHED:   # (rows a pitch apart: aligned if it is a multiple of 16 bytes)
-            b_vec = b_vec and Bp.strides[0] % 16 == 0
+        b_vec = N % V == 0 and aligned16(Bp)   # (a pitched view: its row stride too)
         active = n < N
         for e in range(ACC):
             acc[e] = float32(0.0)
@@ -706,9 +704,7 @@ def _code(precision: str, MT: int, CT: int, NT: int, U: int, NC: int, OUT: str,
         ke = min(K, kb + per)
         Ap, Bp = view(A), view(B)   # as the KN form
         # Uniform, once per launch: may B's rows be read in 16-byte pieces?
-        b_vec = K % V == 0 and aligned16(B)
-        if PITCHED:
-            b_vec = b_vec and Bp.strides[0] % 16 == 0
+        b_vec = K % V == 0 and aligned16(Bp)
         for e in range(ACC):
             acc[e] = float32(0.0)
 

@@ -355,11 +355,8 @@ def build(BM: int = DEFAULTS["BM"], BN: int = DEFAULTS["BN"], BK: int = DEFAULTS
         m0 = cuda.blockIdx.y * BM
         n0 = cuda.blockIdx.x * BN
         row0, col0 = _thread_origin(tid)
-        a_vec = (M if KM_ else K) % 4 == 0 and aligned16(A)   # A's rows 16-byte aligned
-        b_vec = (K if NK_ else N) % 4 == 0 and aligned16(B)   # B's rows 16-byte aligned
-        if PITCHED_:   # (rows a pitch apart: aligned if it is a multiple of 16 bytes)
-            a_vec = a_vec and Ap.strides[0] % 16 == 0
-            b_vec = b_vec and Bp.strides[0] % 16 == 0
+        a_vec = (M if KM_ else K) % 4 == 0 and aligned16(Ap)   # A's rows 16-byte aligned
+        b_vec = (K if NK_ else N) % 4 == 0 and aligned16(Bp)   # B's rows 16-byte aligned
         c_vec = N % 4 == 0 and aligned16(C)
         for i in range(ACC):
             acc[i] = float32(0.0)
