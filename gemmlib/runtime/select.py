@@ -373,16 +373,23 @@ def _tail_wave(spec, M: int, N: int, K: int, sms: int) -> bool:
     another width it can make a few tiles more than the SMs (9216 outputs at 128 tokens: 144
     tiles of 64 x 128 on 132 SMs ran at 60% of torch on an H200; the whole-wave 128 x 72
     tiles at 97% on an H100, results/tune-2026-11-28/)."""
-    from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for, wave_fill
+    from gemmlib.kernels.wgmma_split_k import wave_fill
 
-    if spec is None or rung_of(spec) not in ("wgmma_ws", "wgmma_split_k"):
+    if spec is None or rung_of(spec) not in ("wgmma_ws", HOPPER_SPLIT):
+        return False
+    if rung_of(spec) == HOPPER_SPLIT and (spec.params.get("STREAM") or _cuts_k(spec, M, N, K)):
         return False
     BM, BN = spec.params["BM"], spec.params["BN"]
-    if rung_of(spec) == "wgmma_split_k" and (
-            spec.params.get("STREAM") or effective_splits(
-                spec.params.get("SPLITS") or splits_for(M, N, K, BM, BN), K) > 1):
-        return False
     return cdiv(M, BM) * cdiv(N, BN) > sms and wave_fill(M, N, BM, BN, sms) < HOPPER_FIT_FILL
+
+
+def _cuts_k(spec: KernelSpec, M: int, N: int, K: int) -> bool:
+    """Whether a ``wgmma_split_k`` build cuts K into slices for (M, N, K): its ``SPLITS``,
+    or its cost model's count where that is 0 (one slice: it runs as ``wgmma_ws``)."""
+    from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for
+
+    p = spec.params
+    return effective_splits(p["SPLITS"] or splits_for(M, N, K, p["BM"], p["BN"]), K) > 1
 
 
 def tuned_hopper(precision: str, M: int, N: int, K: int, slug: str | None = None):
@@ -622,13 +629,9 @@ def select_out(spec: KernelSpec, out: str, M: int, N: int, K: int) -> KernelSpec
     rounds the float32 sum).  ``skinny`` is built with ``OUT`` too; any other choice
     (``mma_pipeline``, ...) stays float32 and ``gemmlib.matmul`` rounds its result into C
     (:func:`gemmlib.runtime.launch.run_rounded`)."""
-    if rung_of(spec) != HOPPER_SPLIT:
+    if rung_of(spec) != HOPPER_SPLIT or _cuts_k(spec, M, N, K):
         return with_out(spec, out)
-    from gemmlib.kernels.wgmma_split_k import effective_splits, splits_for
-
     p = spec.params
-    if effective_splits(p["SPLITS"] or splits_for(M, N, K, p["BM"], p["BN"]), K) > 1:
-        return with_out(spec, out)
     base = {k: p[k] for k in ("precision", "BM", "BN", "GROUP_M", "REGS", "B_LAYOUT")
             if k in p}
     if (p["BM"], p["BN"]) == (128, 256):
