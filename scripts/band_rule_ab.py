@@ -51,6 +51,20 @@ def graph_rounds(torch, calls: dict, per_loop: int = 20, rounds: int = 7) -> dic
     return out
 
 
+def linear_operands(torch, M: int, N: int, K: int, dt, g, l2: int):
+    """Operand sets (x (M, K), W (N, K) as ``nn.Linear`` holds it, C (M, N)) enough to rotate
+    past an L2 of ``l2`` bytes, uniform in [-1, 1), and the float32 x @ W.t() of the first."""
+    from gemmlib.bench_models import operand_sets
+
+    def rand(*dims):
+        return (torch.rand(dims, device="cuda", generator=g) * 2 - 1).to(dt)
+
+    sets = operand_sets(2 * (M * K + N * K + M * N), l2)
+    ops = [(rand(M, K), rand(N, K), torch.empty(M, N, device="cuda", dtype=dt))
+           for _ in range(sets)]
+    return ops, ops[0][0].float() @ ops[0][1].float().t()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="*", default=[128, 256, 512])
@@ -63,7 +77,6 @@ def main(argv=None):
 
     import gemmlib
     from gemmlib import tune_hopper
-    from gemmlib.bench_models import operand_sets
     from gemmlib.bench_serving import MODELS, projections_of, warm_gpu
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.precision]
@@ -77,11 +90,7 @@ def main(argv=None):
     rows = []
     for (N, K), use in shapes.items():
         for M in args.tokens:
-            sets = operand_sets(2 * (M * K + N * K + M * N), l2)
-            ops = [((torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(dt),
-                    (torch.rand(N, K, device="cuda", generator=g) * 2 - 1).to(dt),
-                    torch.empty(M, N, device="cuda", dtype=dt)) for _ in range(sets)]
-            ref = ops[0][0].float() @ ops[0][1].float().t()
+            ops, ref = linear_operands(torch, M, N, K, dt, g, l2)
             specs = {"auto": "auto"}
             for c in args.candidates:
                 s = tune_hopper.spec_of(c, args.precision, M, N, K)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from band_rule_ab import graph_rounds  # noqa: E402
+from band_rule_ab import graph_rounds, linear_operands  # noqa: E402
 
 LAYERS = [(28672, 4096), (28672, 3584), (37888, 3584), (16384, 3072), (11264, 2048),
           (9216, 3072), (14336, 4096)]
@@ -37,7 +37,6 @@ def main(argv=None):
 
     import gemmlib
     from gemmlib import backend
-    from gemmlib.bench_models import operand_sets
     from gemmlib.bench_serving import warm_gpu
     from gemmlib.kernels import wgmma_swap as swap
     from gemmlib.runtime import select
@@ -55,11 +54,7 @@ def main(argv=None):
             tiles = -(-N // BM) * -(-M // BN)
             grids = sorted({planned, sms, 128, *swap.even_counts(tiles, K, sms)} - {0},
                            reverse=True)[:6]
-            sets = operand_sets(2 * (M * K + N * K + M * N), l2)
-            ops = [((torch.rand(M, K, device="cuda", generator=g) * 2 - 1).to(dt),
-                    (torch.rand(N, K, device="cuda", generator=g) * 2 - 1).to(dt),
-                    torch.empty(M, N, device="cuda", dtype=dt)) for _ in range(sets)]
-            ref = ops[0][0].float() @ ops[0][1].float().t()
+            ops, ref = linear_operands(torch, M, N, K, dt, g, l2)
             calls = {"torch": [lambda o=o: torch.matmul(o[0], o[1].t(), out=o[2]) for o in ops]}
             for grid in grids:
                 spec = select.build("wgmma_swap", {"precision": args.precision, "BM": BM,
